@@ -1,0 +1,54 @@
+# Two commands do everything on a fresh machine:
+#   make lab    set up .venv and start JupyterLab on notebooks/
+#   make test   set up .venv and run every test
+# Other targets: demo, bench, lint, validate, clean.
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+PORT   ?= 8888
+
+.PHONY: lab test demo bench lint validate browser-deps clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip setuptools wheel
+
+# Reinstall only when the dependency list changes. torch is pinned in pyproject.toml
+# so pip takes the local CPU wheel instead of downloading CUDA packages.
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+lab: $(STAMP)
+	$(BIN)/jupyter lab --no-browser --ip=127.0.0.1 --port=$(PORT) --notebook-dir=notebooks
+
+# The browser test needs Debian's chromium; install it when we can (root + apt),
+# otherwise the test skips and says why.
+browser-deps:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
+	      || echo "chromium could not be installed; the browser test will skip"; \
+	  else echo "no root/apt: chromium not installed; the browser test will skip"; fi; }
+
+test: $(STAMP) browser-deps
+	$(BIN)/ruff check zero_sim real_runs tests bench
+	$(BIN)/python -m pytest -q
+
+demo: $(STAMP)
+	mkdir -p out
+	$(BIN)/zero-sim demo --out out
+
+bench: $(STAMP)
+	$(BIN)/python bench/bench_engine.py
+
+lint: $(STAMP)
+	$(BIN)/ruff check zero_sim real_runs tests bench
+
+validate: $(STAMP)
+	$(BIN)/zero-sim validate --quick --report out/validation
+
+clean:
+	rm -rf $(VENV) out build *.egg-info

@@ -1,0 +1,133 @@
+"""The names shared by the simulator, the real runs, the traces and the notebooks.
+
+A measured timeline can only be laid over a predicted one if both call the same
+thing by the same name.  This module is the one place those names are written down:
+streams, phases, memory categories, strategies, and the op names
+(``fwd L3``, ``all_reduce B2``, ``reduce_scatter L5`` ...).
+
+Both halves of the project build op names with these helpers and read them back with
+:func:`parse_op_name`; neither invents its own spelling.
+
+An op record, as written by the simulator (``SimResult.ops``) and by the real runs
+(``rank<r>.json``), is a flat dict with the fields in :data:`OP_FIELDS`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+# Streams: a Chrome-trace ``tid`` each.  ``comm:<group>`` when several process groups
+# run their collectives on separate streams at once (e.g. FSDP hybrid sharding).
+HOST = "host"
+COMPUTE = "compute"
+COMM = "comm"
+STREAMS = (HOST, COMPUTE, COMM)
+
+# Phases of a training step.  ``optimizer`` runs from the end of the last backward op
+# to the point where the next forward may start.
+FORWARD = "forward"
+BACKWARD = "backward"
+OPTIMIZER = "optimizer"
+PHASES = (FORWARD, BACKWARD, OPTIMIZER)
+
+# Memory categories.  ``buffers`` holds communication buffers: gradient buckets,
+# gathered (unsharded) parameters, scratch space for collectives.
+PARAMS = "params"
+GRADS = "grads"
+OPTIMIZER_STATE = "optimizer"
+ACTIVATIONS = "activations"
+BUFFERS = "buffers"
+MEMORY_CATEGORIES = (PARAMS, GRADS, OPTIMIZER_STATE, ACTIVATIONS, BUFFERS)
+
+# Strategies the simulator models, and the implementation variants real runs add.
+SIM_STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "fsdp")
+REAL_STRATEGIES = (
+    "ddp-torch", "ddp", "zero1", "zero2", "zero2-step", "zero2-hook", "zero3", "fsdp-torch",
+)
+
+# Collective kinds, as nccl-tests and torch.distributed name them.
+ALL_REDUCE = "all_reduce"
+REDUCE_SCATTER = "reduce_scatter"
+ALL_GATHER = "all_gather"
+BROADCAST = "broadcast"
+COLLECTIVES = (ALL_REDUCE, REDUCE_SCATTER, ALL_GATHER, BROADCAST)
+
+# Fields of one op record.  Times are seconds from the start of the recorded step.
+OP_FIELDS = ("rank", "stream", "name", "start_s", "end_s", "bytes", "layer", "phase", "step")
+
+
+def fwd(layer: int) -> str:
+    return f"fwd L{layer}"
+
+
+def bwd(layer: int) -> str:
+    return f"bwd L{layer}"
+
+
+def recompute(layer: int) -> str:
+    return f"recompute L{layer}"
+
+
+def opt(target: str | int) -> str:
+    """Optimizer update of one parameter, one shard, or one layer (``opt L3``)."""
+    return f"opt L{target}" if isinstance(target, int) else f"opt {target}"
+
+
+def bucket_collective(kind: str, bucket: int) -> str:
+    """A collective over gradient bucket ``bucket``: ``all_reduce B2``."""
+    _check_kind(kind)
+    return f"{kind} B{bucket}"
+
+
+def layer_collective(kind: str, layer: int) -> str:
+    """A collective over one layer's tensors: ``all_gather L5``, ``reduce_scatter L5``."""
+    _check_kind(kind)
+    return f"{kind} L{layer}"
+
+
+def wait(what: str) -> str:
+    return f"wait {what}"
+
+
+def _check_kind(kind: str) -> None:
+    if kind not in COLLECTIVES:
+        raise ValueError(f"unknown collective {kind!r}; expected one of {', '.join(COLLECTIVES)}")
+
+
+@dataclass(frozen=True)
+class OpName:
+    """An op name taken apart: ``kind`` is fwd/bwd/recompute/opt/wait or a collective."""
+
+    kind: str
+    layer: int | None = None
+    bucket: int | None = None
+    target: str | None = None
+
+    @property
+    def category(self) -> str:
+        """Coarse category for error tables: compute, a collective kind, optimizer or wait."""
+        if self.kind in ("fwd", "bwd", "recompute"):
+            return self.kind
+        return self.kind
+
+
+_OP_RE = re.compile(
+    r"^(?P<kind>fwd|bwd|recompute|opt|wait|all_reduce|reduce_scatter|all_gather|broadcast)"
+    r"(?: (?P<rest>.+))?$"
+)
+
+
+def parse_op_name(name: str) -> OpName:
+    """Read an op name back.  Raises ValueError naming the bad op if it is not ours."""
+    m = _OP_RE.match(name)
+    if not m:
+        raise ValueError(f"op name {name!r} is not in the shared vocabulary (e.g. 'fwd L3', 'all_reduce B2')")
+    kind, rest = m["kind"], m["rest"] or ""
+    layer = bucket = None
+    target = rest or None
+    if re.fullmatch(r"L\d+", rest):
+        layer, target = int(rest[1:]), None
+    elif re.fullmatch(r"B\d+", rest):
+        bucket, target = int(rest[1:]), None
+    return OpName(kind=kind, layer=layer, bucket=bucket, target=target)
