@@ -1,0 +1,375 @@
+"""The discrete-event engine: ranks, their host thread and FIFO streams, on simpy.
+
+What is simulated, per rank:
+
+* a **host thread** that walks the program in order, paying a per-op issue cost, putting
+  each op on its stream, and blocking only at ``sync`` ops;
+* one **compute stream** and one or more **comm streams** (``comm``, ``comm:<group>``),
+  each a FIFO queue: an op starts when it reaches the head of its stream *and* the ops it
+  waits on (CUDA-event semantics) have finished.  Two ops on one stream never overlap,
+  even when the second one's data is ready (seed 000);
+* **collectives** start on every member rank at the same instant: when the last member's
+  stream reaches it.  A slow rank delays everyone (seed 004's allocator flushes are
+  injected as per-rank, per-collective stalls);
+* a **fluid network**: a collective's bytes cross links whose capacity is split among the
+  ring edges of every transfer active on them; rates are recomputed whenever a transfer
+  starts or ends.  Two process groups' collectives in flight together share the links
+  they both cross;
+* compute that starts while a collective is in flight on its rank runs
+  ``1 + overlap_slowdown`` times longer (communication kernels take SMs).
+
+Symmetry: when every rank runs the same program on a symmetric topology, all ranks have
+identical timelines, so by default only rank 0 is simulated and collectives rendezvous
+with themselves while costing what the full group costs (link loads include every
+sibling group).  ``explicit_ranks=True`` simulates each rank as its own set of processes;
+the tests check both give the same answer.  Straggler stalls keep the collapse exact: the
+stall a collective sees is the longest among its ``n`` members, drawn per member.
+
+Steps: the program runs ``steps`` times back to back (the host runs ahead into the next
+step as a real training loop does).  The last step is reported: it starts when the one
+before has finished all its ops and ends when all of its own have.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+from dataclasses import dataclass, field
+
+import simpy
+
+from zero_sim.collectives import CollectiveModel, CollectivePlan
+from zero_sim.program import Op, Program
+from zero_sim.topology import Topology
+from zero_sim.vocabulary import HOST, MEMORY_CATEGORIES
+
+
+@dataclass(frozen=True)
+class Straggler:
+    """Each rank stalls before a collective with ``probability``, for ``seconds`` (seeded)."""
+
+    probability: float
+    seconds: float
+    seed: int = 0
+
+
+@dataclass
+class EngineConfig:
+    steps: int = 2
+    host_overhead_s: float = 10e-6
+    overlap_slowdown: float = 0.0
+    explicit_ranks: bool = False  # simulate every rank (True) or rank 0 standing for all (False)
+    straggler: Straggler | None = None
+
+
+@dataclass
+class OpRecord:
+    rank: int
+    stream: str
+    name: str
+    start_s: float
+    end_s: float
+    bytes: float
+    layer: int | None
+    phase: str
+    step: int
+    kind: str
+    algorithm: str = ""
+
+
+@dataclass
+class RunOutput:
+    records: list[OpRecord]
+    memory: dict[int, list[tuple[float, str, int]]]  # rank -> (t, category, total after change)
+    resident: dict[str, int]
+    step_ends: dict[int, list[float]]  # rank -> end time of each step
+    simulated_ranks: list[int]
+    events: int
+    plans: dict[int, CollectivePlan] = field(default_factory=dict)  # op index -> plan
+
+
+def process_groups(topo: Topology, kind: str) -> tuple[tuple[int, ...], ...]:
+    n, g = topo.world_size, topo.gpus_per_node
+    if kind == "world":
+        return (tuple(range(n)),)
+    if kind == "intra":
+        return tuple(tuple(range(node * g, (node + 1) * g)) for node in range(n // g))
+    if kind == "inter":
+        return tuple(tuple(range(i, n, g)) for i in range(g))
+    raise ValueError(f"unknown process group {kind!r}")
+
+
+def group_index(topo: Topology, kind: str, rank: int) -> int:
+    if kind == "world":
+        return 0
+    if kind == "intra":
+        return topo.node_of(rank)
+    return topo.local_rank(rank)
+
+
+class _Flow:
+    __slots__ = ("loads", "remaining", "rate", "last", "version", "done")
+
+    def __init__(self, loads, remaining, done):
+        self.loads, self.remaining, self.done = loads, remaining, done
+        self.rate, self.last, self.version = 0.0, 0.0, 0
+
+
+class FluidNetwork:
+    """Transfers share each link's capacity per ring edge; rates change as transfers come and go."""
+
+    def __init__(self, env: simpy.Environment, topo: Topology):
+        self.env, self.topo = env, topo
+        self.active: list[_Flow] = []
+        self.link_load: dict[str, int] = {}
+
+    def transfer(self, loads: tuple[tuple[str, int], ...], edge_bytes: float) -> simpy.Event:
+        done = self.env.event()
+        flow = _Flow(loads, edge_bytes, done)
+        for name, load in loads:
+            self.link_load[name] = self.link_load.get(name, 0) + load
+        self.active.append(flow)
+        self._reshare()
+        return done
+
+    def _rate(self, flow: _Flow) -> float:
+        links, link_load = self.topo.links, self.link_load
+        return min(links[name].capacity / link_load[name] for name, _ in flow.loads)
+
+    def _reshare(self) -> None:
+        now = self.env.now
+        for flow in self.active:
+            if flow.rate:
+                flow.remaining = max(0.0, flow.remaining - flow.rate * (now - flow.last))
+            flow.last = now
+            rate = self._rate(flow)
+            if rate != flow.rate:
+                flow.rate = rate
+                flow.version += 1
+                timer = self.env.timeout(flow.remaining / rate)
+                timer.callbacks.append(lambda _ev, f=flow, v=flow.version: self._finish(f, v))
+
+    def _finish(self, flow: _Flow, version: int) -> None:
+        if version != flow.version or flow not in self.active:
+            return  # a stale timer: the flow's rate changed since it was set
+        self.active.remove(flow)
+        for name, load in flow.loads:
+            self.link_load[name] -= load
+        flow.done.succeed()
+        flow.rate = 0.0
+        self._reshare()
+
+
+class _Stream:
+    __slots__ = ("queue", "waiter")
+
+    def __init__(self):
+        self.queue: deque = deque()
+        self.waiter: simpy.Event | None = None
+
+
+class _Rendezvous:
+    __slots__ = ("expected", "arrived", "done", "start", "stall")
+
+    def __init__(self, env, expected):
+        self.expected, self.arrived = expected, 0
+        self.done = env.event()
+        self.start = 0.0
+        self.stall = 0.0
+
+
+class Engine:
+    def __init__(self, program: Program, topo: Topology, collectives: CollectiveModel, config: EngineConfig):
+        self.program, self.topo, self.coll, self.config = program, topo, collectives, config
+        n = topo.world_size
+        self.explicit = bool(config.explicit_ranks)
+        self.ranks = list(range(n)) if self.explicit else [0]
+        self.env = simpy.Environment()
+        self.net = FluidNetwork(self.env, topo)
+        self.records: list[OpRecord] = []
+        self.rendezvous: dict[tuple, _Rendezvous] = {}
+        self.plans: dict[int, CollectivePlan] = {}
+        self.comm_busy: dict[int, int] = {r: 0 for r in self.ranks}
+        self.rng = {r: random.Random((config.straggler.seed if config.straggler else 0) * 1_000_003 + r)
+                    for r in self.ranks}
+        self.memory: dict[int, list[tuple[float, str, int]]] = {r: [] for r in self.ranks}
+        self.mem_now: dict[int, dict[str, int]] = {r: dict(program.resident) for r in self.ranks}
+        self.step_ends: dict[int, list[float | None]] = {r: [None] * config.steps for r in self.ranks}
+        self.rank_set = set(self.ranks)
+        self._remaining: dict[tuple[int, int], int] = {}
+        self._plan_groups()
+
+    # ------------------------------------------------------------------ setup
+    def _plan_groups(self) -> None:
+        """Plan every collective once: its cost does not depend on when it runs, only its sharing does."""
+        for op in self.program.ops:
+            if op.kind != "collective":
+                continue
+            groups = process_groups(self.topo, op.group)
+            instances = groups if not self.explicit else (groups[group_index(self.topo, op.group, 0)],)
+            # Explicit ranks share links through the fluid network; a collapsed rank stands for every
+            # sibling group, so its plan already carries all of their link loads.
+            self.plans[op.index] = self.coll.plan(op.collective, op.nbytes, instances)
+        self._own_plans: dict[tuple[int, int], CollectivePlan] = {}
+
+    def _plan_for(self, op: Op, rank: int) -> CollectivePlan:
+        if not self.explicit or op.group == "world":
+            return self.plans[op.index]
+        key = (op.index, group_index(self.topo, op.group, rank))
+        plan = self._own_plans.get(key)
+        if plan is None:
+            groups = process_groups(self.topo, op.group)
+            plan = self.coll.plan(op.collective, op.nbytes, (groups[key[1]],))
+            self._own_plans[key] = plan
+        return plan
+
+    # ------------------------------------------------------------------ run
+    def run(self) -> RunOutput:
+        env, prog = self.env, self.program
+        steps = self.config.steps
+        streams_used = prog.streams()
+        self.done: dict[int, list[list[simpy.Event]]] = {}
+        for r in self.ranks:
+            self.done[r] = [[env.event() for _ in prog.ops] for _ in range(steps)]
+            for s in range(steps):
+                self._remaining[(r, s)] = len(prog.ops)
+            streams = {name: _Stream() for name in streams_used if name != HOST}
+            for name, stream in streams.items():
+                env.process(self._stream(r, name, stream))
+            env.process(self._host(r, streams))
+            for cat in MEMORY_CATEGORIES:
+                self.memory[r].append((0.0, cat, self.mem_now[r].get(cat, 0)))
+        env.run()
+        for r in self.ranks:
+            if None in self.step_ends[r]:
+                stuck = [op.name for op in prog.ops if not self.done[r][steps - 1][op.index].processed][:5]
+                raise RuntimeError(f"deadlock on rank {r}: ops never ran: {stuck}")
+        # simpy numbers every scheduled event; reading the counter tells how much work the run was.
+        events = next(env._eid) if hasattr(env, "_eid") else 0
+        return RunOutput(self.records, self.memory, dict(prog.resident), self.step_ends, self.ranks,
+                         events, self.plans)
+
+    def _host(self, rank: int, streams: dict[str, _Stream]):
+        env, cfg = self.env, self.config
+        default_issue = cfg.host_overhead_s
+        for step in range(cfg.steps):
+            for op in self.program.ops:
+                issue = default_issue if op.host_s is None else op.host_s
+                if issue > 0:
+                    yield env.timeout(issue)
+                if op.kind == "sync":
+                    start = env.now
+                    for ev in self._waits(rank, step, op):
+                        yield ev
+                    self._finish(rank, step, op, start, env.now)
+                elif op.kind == "host":
+                    start = env.now
+                    yield env.timeout(op.seconds)
+                    self._finish(rank, step, op, start, env.now)
+                else:
+                    stream = streams[op.stream]
+                    stream.queue.append((step, op))
+                    if stream.waiter is not None:
+                        waiter, stream.waiter = stream.waiter, None
+                        waiter.succeed()
+
+    def _waits(self, rank: int, step: int, op: Op):
+        done = self.done[rank]
+        for d in op.deps:
+            ev = done[step][d]
+            if not ev.processed:
+                yield ev
+        if step > 0:
+            for d in op.prev_deps:
+                ev = done[step - 1][d]
+                if not ev.processed:
+                    yield ev
+
+    def _stream(self, rank: int, name: str, stream: _Stream):
+        env = self.env
+        slowdown = self.config.overlap_slowdown
+        while True:
+            if not stream.queue:
+                stream.waiter = env.event()
+                yield stream.waiter
+            step, op = stream.queue.popleft()
+            for ev in self._waits(rank, step, op):
+                yield ev
+            if op.kind == "collective":
+                yield from self._collective(rank, step, op)
+            else:
+                start = env.now
+                seconds = op.seconds
+                if slowdown and self.comm_busy[rank]:
+                    seconds *= 1.0 + slowdown
+                self._apply(rank, op.alloc, +1)
+                if seconds > 0:
+                    yield env.timeout(seconds)
+                self._finish(rank, step, op, start, env.now)
+
+    def _stall(self, rank: int, n_members: int) -> float:
+        spec = self.config.straggler
+        if spec is None or spec.probability <= 0:
+            return 0.0
+        rng = self.rng[rank]
+        # A collapsed rank stands for all n members: the collective waits for the slowest one.
+        draws = 1 if self.explicit else n_members
+        p_any = 1.0 - (1.0 - spec.probability) ** draws
+        return spec.seconds if rng.random() < p_any else 0.0
+
+    def _collective(self, rank: int, step: int, op: Op):
+        env = self.env
+        plan = self._plan_for(op, rank)
+        stall = self._stall(rank, plan.n)
+        if stall:
+            t = env.now
+            yield env.timeout(stall)
+            self.records.append(OpRecord(rank, op.stream, "wait stall", t, env.now, 0.0, op.layer,
+                                         op.phase, step, "stall"))
+        gi = group_index(self.topo, op.group, rank)
+        key = (step, op.index, gi)
+        rv = self.rendezvous.get(key)
+        if rv is None:
+            members = process_groups(self.topo, op.group)[gi]
+            expected = sum(1 for r in members if r in self.rank_set) if self.explicit else 1
+            rv = self.rendezvous[key] = _Rendezvous(env, expected)
+        rv.arrived += 1
+        if rv.arrived == rv.expected:
+            del self.rendezvous[key]
+            rv.start = env.now
+            env.process(self._run_plan(plan, rv.done))
+        self._apply(rank, op.alloc, +1)
+        self.comm_busy[rank] += 1
+        yield rv.done
+        self.comm_busy[rank] -= 1
+        self._finish(rank, step, op, rv.start, env.now, plan)
+
+    def _run_plan(self, plan: CollectivePlan, done: simpy.Event):
+        for stage in plan.stages:
+            if stage.latency_s > 0:
+                yield self.env.timeout(stage.latency_s)
+            if stage.edge_bytes > 0 and stage.loads:
+                yield self.net.transfer(stage.loads, stage.edge_bytes)
+        done.succeed()
+
+    # ------------------------------------------------------------------ bookkeeping
+    def _apply(self, rank: int, changes, sign: int) -> None:
+        if not changes:
+            return
+        now_mem = self.mem_now[rank]
+        for cat, nbytes in changes:
+            now_mem[cat] = now_mem.get(cat, 0) + sign * nbytes
+            self.memory[rank].append((self.env.now, cat, now_mem[cat]))
+
+    def _finish(self, rank: int, step: int, op: Op, start: float, end: float,
+                plan: CollectivePlan | None = None) -> None:
+        self._apply(rank, op.free, -1)
+        if op.kind != "sync" or end > start:
+            self.records.append(OpRecord(
+                rank, op.stream, op.name, start, end, op.nbytes, op.layer, op.phase, step, op.kind,
+                plan.algorithm if plan else ""))
+        self.done[rank][step][op.index].succeed()
+        key = (rank, step)
+        self._remaining[key] -= 1
+        if self._remaining[key] == 0:
+            self.step_ends[rank][step] = end

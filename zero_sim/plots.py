@@ -1,0 +1,152 @@
+"""Pictures of a simulation: a Gantt chart per rank x stream, memory over time, and bars.
+
+Colours follow op categories everywhere (simulated and measured), so a reader learns
+them once: forward blue, backward orange, recompute yellow, optimizer green, all_reduce
+red, reduce_scatter purple, all_gather brown, broadcast pink, waits and stalls grey.
+"""
+
+from __future__ import annotations
+
+from zero_sim.vocabulary import MEMORY_CATEGORIES, parse_op_name
+
+COLORS = {
+    "fwd": "#4C72B0", "bwd": "#DD8452", "recompute": "#E8C547", "opt": "#55A868",
+    "all_reduce": "#C44E52", "reduce_scatter": "#8172B3", "all_gather": "#937860",
+    "broadcast": "#DA8BC3", "wait": "#8C8C8C",
+}
+MEMORY_COLORS = {"params": "#4C72B0", "grads": "#DD8452", "optimizer": "#55A868",
+                 "activations": "#C44E52", "buffers": "#8172B3"}
+
+
+def op_color(name: str) -> str:
+    try:
+        return COLORS.get(parse_op_name(name).kind, "#8C8C8C")
+    except ValueError:
+        return "#8C8C8C"
+
+
+def lanes(result, max_ranks: int = 8) -> list[tuple[int, str]]:
+    streams = []
+    for op in result.ops:
+        if op["stream"] not in streams:
+            streams.append(op["stream"])
+    order = {"host": 0, "compute": 1}
+    streams.sort(key=lambda s: (order.get(s, 2), s))
+    return [(rank, s) for rank in range(min(result.world_size, max_ranks)) for s in streams]
+
+
+def plot_timeline(result, ax=None, max_ranks: int = 8, title: str | None = None, legend: bool = True,
+                  alpha: float = 1.0, height: float = 0.8, offset: float = 0.0, lane_index=None):
+    """Gantt of the reported step: one lane per rank x stream, times in ms from the step start."""
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    lane_list = lanes(result, max_ranks)
+    if ax is None:
+        _, ax = plt.subplots(figsize=(12, 0.35 * len(lane_list) + 1.2))
+    index = lane_index or {lane: i for i, lane in enumerate(lane_list)}
+    by_lane: dict[tuple[int, str], list] = {}
+    for rank in range(min(result.world_size, max_ranks)):
+        for op in result.step_ops(result.rank_of_lane(rank)):
+            by_lane.setdefault((rank, op["stream"]), []).append(op)
+    for lane, ops in by_lane.items():
+        if lane not in index:
+            continue
+        y = index[lane]
+        spans = [(op["start_s"] * 1e3, max(op["end_s"] - op["start_s"], 0) * 1e3) for op in ops]
+        ax.broken_barh(spans, (y - height / 2 + offset, height), facecolors=[op_color(op["name"]) for op in ops],
+                       edgecolor="white", linewidth=0.2, alpha=alpha)
+    ax.set_yticks(range(len(index)))
+    ax.set_yticklabels([f"rank {r} {s}" for r, s in index])
+    ax.invert_yaxis()
+    ax.set_xlabel("time in step (ms)")
+    step_ms = result.metrics["step_time_s"] * 1e3
+    ax.set_xlim(0, step_ms * 1.02)
+    m = result.metrics
+    ax.set_title(title or (f"{m['strategy']} · {m['model']} · {m['gpus']} x {m['gpu']} on {m['topology']}: "
+                           f"step {step_ms:.1f} ms, exposed comm {m['exposed_comm_s'] * 1e3:.1f} ms"))
+    if legend:
+        used = {parse_op_name(op["name"]).kind for op in result.ops if _parses(op["name"])}
+        ax.legend(handles=[Patch(color=c, label=k) for k, c in COLORS.items() if k in used],
+                  loc="upper center", bbox_to_anchor=(0.5, -0.12 if len(index) < 8 else -0.05),
+                  ncol=8, fontsize=8, frameon=False)
+    return ax
+
+
+def _parses(name: str) -> bool:
+    try:
+        parse_op_name(name)
+        return True
+    except ValueError:
+        return False
+
+
+def memory_series(result, rank: int = 0):
+    """(times in ms from the reported step's start, {category: bytes at each time}) for one rank."""
+    lo, hi = result.window
+    source = result.rank_of_lane(rank)
+    events = sorted((m for m in result.memory if m["rank"] == source), key=lambda m: m["t_s"])
+    current = dict.fromkeys(MEMORY_CATEGORIES, 0)
+    times, series = [], {c: [] for c in MEMORY_CATEGORIES}
+    for m in events:
+        current[m["category"]] = m["bytes"]
+        if m["t_s"] < lo:
+            continue
+        if m["t_s"] > hi:
+            break
+        times.append((m["t_s"] - lo) * 1e3)
+        for c in MEMORY_CATEGORIES:
+            series[c].append(current[c])
+    if not times or times[0] > 0:
+        # State at the window start, so the curve begins at t=0.
+        state = dict.fromkeys(MEMORY_CATEGORIES, 0)
+        for m in events:
+            if m["t_s"] > lo:
+                break
+            state[m["category"]] = m["bytes"]
+        times.insert(0, 0.0)
+        for c in MEMORY_CATEGORIES:
+            series[c].insert(0, state[c])
+    times.append((hi - lo) * 1e3)
+    for c in MEMORY_CATEGORIES:
+        series[c].append(series[c][-1])
+    return times, series
+
+
+def plot_memory(result, ax=None, rank: int = 0, show_capacity: bool = True):
+    """Stacked memory by category over the reported step, in GB, with the GPU's capacity."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(12, 3))
+    times, series = memory_series(result, rank)
+    ax.stackplot(times, *[[b / 1e9 for b in series[c]] for c in MEMORY_CATEGORIES],
+                 labels=list(MEMORY_CATEGORIES), colors=[MEMORY_COLORS[c] for c in MEMORY_CATEGORIES],
+                 step="post", alpha=0.85)
+    mem = result.metrics["memory"]
+    if show_capacity and mem["peak_bytes"] > 0.5 * mem["capacity_bytes"]:
+        ax.axhline(mem["capacity_bytes"] / 1e9, color="black", linestyle="--", linewidth=1,
+                   label=f"{result.metrics['gpu']} capacity")
+    ax.set_xlabel("time in step (ms)")
+    ax.set_ylabel("GB on rank %d" % rank)
+    ax.set_title(f"memory: peak {mem['peak_bytes'] / 1e9:.2f} GB"
+                 + ("" if mem["fits"] else f" — does NOT fit, short by {mem['shortfall_bytes'] / 1e9:.2f} GB"))
+    ax.legend(loc="upper left", fontsize=8, ncol=6, frameon=False)
+    ax.set_xlim(0, times[-1] if times else 1)
+    return ax
+
+
+def plot_overview(result, path=None, max_ranks: int = 4):
+    """Timeline above memory in one figure; saved to ``path`` when given."""
+    import matplotlib.pyplot as plt
+
+    n_lanes = len(lanes(result, max_ranks))
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(13, 0.32 * n_lanes + 4.5),
+                                   gridspec_kw={"height_ratios": [max(n_lanes, 3), 4]}, sharex=True)
+    plot_timeline(result, ax=ax1, max_ranks=max_ranks)
+    plot_memory(result, ax=ax2)
+    ax1.set_xlabel("")
+    fig.tight_layout()
+    if path is not None:
+        fig.savefig(path, dpi=110)
+    return fig

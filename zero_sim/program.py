@@ -1,0 +1,112 @@
+"""A rank's program for one training step: the ops its host thread issues, in order.
+
+This is the interface between strategies and the engine.  A strategy (``strategies/``)
+turns a workload and its knobs into a :class:`Program`; the engine runs it on every rank.
+Ops are issued by the host in list order and land on a stream:
+
+* ``compute`` ops take ``seconds`` on the compute stream;
+* ``collective`` ops run on a comm stream over a process group (``world``, ``intra``
+  = the ranks of one node, ``inter`` = one rank per node), moving ``nbytes``;
+* ``sync`` ops block the *host* until their dependencies finish (``work.wait()`` on a
+  CPU backend, ``stream.synchronize()``, ``.item()``);
+* ``host`` ops are work on the host thread itself (Python deciding what to fetch).
+
+``deps`` are CUDA-event waits: the op may not start on its stream before those ops (of
+the same step; ``prev_deps`` for the previous step) have finished.  Streams are FIFO, so
+an op also waits for everything issued before it on its stream.
+
+Memory effects: ``alloc`` at the op's start and ``free`` at its end, per category, so the
+engine can draw memory over time.  ``Program.resident`` is what stays allocated across
+steps (model states, persistent buffers); every step must free what it allocates.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from zero_sim.vocabulary import COMM, COMPUTE, HOST, MEMORY_CATEGORIES
+
+OP_KINDS = ("compute", "collective", "sync", "host")
+GROUPS = ("world", "intra", "inter")
+
+
+@dataclass
+class Op:
+    index: int
+    name: str
+    stream: str
+    kind: str
+    phase: str
+    layer: int | None = None
+    seconds: float = 0.0
+    collective: str | None = None
+    group: str = "world"
+    nbytes: float = 0.0
+    deps: tuple[int, ...] = ()
+    prev_deps: tuple[int, ...] = ()
+    alloc: tuple[tuple[str, int], ...] = ()
+    free: tuple[tuple[str, int], ...] = ()
+    host_s: float | None = None  # host time to issue; None: the scenario's per-op overhead
+    flops: float = 0.0  # hardware FLOPs executed (recompute included)
+
+
+@dataclass
+class Program:
+    ops: list[Op] = field(default_factory=list)
+    resident: dict[str, int] = field(default_factory=dict)
+    model_flops: float = 0.0  # per rank per step, forward+backward, recompute excluded
+    notes: list[str] = field(default_factory=list)  # assumptions the strategy made, for reports
+
+    def streams(self) -> list[str]:
+        seen: list[str] = []
+        for op in self.ops:
+            if op.stream not in seen:
+                seen.append(op.stream)
+        return seen
+
+    def collectives(self) -> list[Op]:
+        return [op for op in self.ops if op.kind == "collective"]
+
+
+class ProgramBuilder:
+    """Small helper that strategies use to append ops and get their indices back."""
+
+    def __init__(self, resident: dict[str, int] | None = None):
+        self.program = Program(resident={c: 0 for c in MEMORY_CATEGORIES} | (resident or {}))
+
+    def _add(self, **kw) -> int:
+        op = Op(index=len(self.program.ops), **kw)
+        for cat, _ in (*op.alloc, *op.free):
+            if cat not in MEMORY_CATEGORIES:
+                raise ValueError(f"unknown memory category {cat!r}")
+        self.program.ops.append(op)
+        return op.index
+
+    def compute(self, name: str, phase: str, seconds: float, *, layer: int | None = None,
+                deps=(), prev_deps=(), alloc=(), free=(), flops: float = 0.0, host_s=None) -> int:
+        return self._add(name=name, stream=COMPUTE, kind="compute", phase=phase, layer=layer,
+                         seconds=seconds, deps=tuple(deps), prev_deps=tuple(prev_deps), alloc=tuple(alloc),
+                         free=tuple(free), flops=flops, host_s=host_s)
+
+    def collective(self, kind: str, name: str, nbytes: float, phase: str, *, group: str = "world",
+                   stream: str = COMM, layer: int | None = None, deps=(), prev_deps=(), alloc=(), free=(),
+                   host_s=None) -> int:
+        if group not in GROUPS:
+            raise ValueError(f"unknown process group {group!r}")
+        return self._add(name=name, stream=stream, kind="collective", phase=phase, layer=layer,
+                         collective=kind, group=group, nbytes=float(nbytes), deps=tuple(deps),
+                         prev_deps=tuple(prev_deps), alloc=tuple(alloc), free=tuple(free), host_s=host_s)
+
+    def sync(self, name: str, phase: str, deps, *, host_s=None, free=()) -> int:
+        return self._add(name=name, stream=HOST, kind="sync", phase=phase, deps=tuple(deps),
+                         free=tuple(free), host_s=host_s)
+
+    def host(self, name: str, phase: str, seconds: float, *, layer: int | None = None, host_s=0.0) -> int:
+        return self._add(name=name, stream=HOST, kind="host", phase=phase, layer=layer, seconds=seconds,
+                         host_s=host_s)
+
+    def last(self) -> int:
+        return len(self.program.ops) - 1
+
+    def build(self) -> Program:
+        return self.program

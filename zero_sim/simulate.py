@@ -1,0 +1,197 @@
+"""One entry point: ``simulate(**settings) -> SimResult``; the CLI's flags are its keywords.
+
+This module turns user-facing settings into the pieces the engine needs (workload,
+topology, compute and collective models, the strategy's program), checks every setting
+with a one-sentence error, runs the engine and gathers the metrics.
+
+Settings common to every strategy are :data:`COMMON`; each strategy adds its own knobs
+(``zero_sim.strategies``).  A knob given to a strategy that does not take it is refused
+with a sentence naming the strategies it belongs to.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from zero_sim.collectives import ALGORITHMS, BACKENDS, CollectiveModel
+from zero_sim.engine import Engine, EngineConfig, Straggler
+from zero_sim.hardware import GPUS, ComputeModel
+from zero_sim.results import SimResult, compute_metrics
+from zero_sim.strategies import PRECISIONS, Context, all_knobs, get_strategy
+from zero_sim.strategies.base import StrategyError
+from zero_sim.topology import PRESETS as TOPOLOGIES
+from zero_sim.topology import build_topology
+from zero_sim.workload import RECOMPUTE_MODES, WorkloadError, gpt_workload, preset, synthesize_shape
+
+
+class ScenarioError(ValueError):
+    """Settings that cannot be simulated; the message is one sentence saying how to fix them."""
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    default: Any
+    help: str
+    kind: type = str
+    choices: tuple | None = None
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+
+COMMON: tuple[Setting, ...] = (
+    Setting("model", "gpt2-124m", "model preset (see `zero-sim presets`)"),
+    Setting("params", None, "synthesize a GPT of about this many parameters instead of a preset", int),
+    Setting("seq_len", None, "sequence length (default: the preset's)", int),
+    Setting("micro_batch", 8, "sequences per rank per micro-step", int),
+    Setting("grad_accum", 1, "micro-steps per optimizer step (no gradient sync until the last)", int),
+    Setting("strategy", "ddp", "ddp, zero1, zero2, zero3 or fsdp"),
+    Setting("gpus", 8, "number of ranks N", int),
+    Setting("gpus_per_node", None, "ranks per node (default: the topology's node size)", int),
+    Setting("topology", "dgx-a100", "topology preset (see `zero-sim presets`)"),
+    Setting("gpu", None, "GPU model (default: the topology's)", str, tuple(GPUS)),
+    Setting("bandwidth_gbps", None, "override the bottleneck link's bandwidth, in Gbit/s", float),
+    Setting("backend", "nccl", "collective library", str, tuple(BACKENDS)),
+    Setting("algorithm", "auto", "collective algorithm", str, ALGORITHMS),
+    Setting("precision", "mixed", "mixed (bf16 + fp32 Adam, K=12) or fp32 (K=8)", str, tuple(PRECISIONS)),
+    Setting("optimizer_k", None, "bytes of optimizer state per parameter (overrides the precision's K)", int),
+    Setting("recompute", "none", "activation checkpointing", str, RECOMPUTE_MODES),
+    Setting("efficiency", 0.5, "fraction of peak FLOP/s that compute reaches", float),
+    Setting("host_overhead_us", 10.0, "host time to issue one op, microseconds", float),
+    Setting("overlap_slowdown", 0.0, "compute slows by this fraction while a collective runs", float),
+    Setting("straggler_prob", 0.0, "chance that a rank stalls before a collective", float),
+    Setting("straggler_ms", 0.0, "length of such a stall, milliseconds", float),
+    Setting("seed", 0, "seed for straggler draws", int),
+    Setting("steps", 2, "steps to simulate (the last is reported)", int),
+    Setting("explicit_ranks", None, "simulate every rank (default: when N <= 8)", bool),
+    Setting("calibration", None, "calibration JSON from `zero-sim calibrate`"),
+)
+COMMON_NAMES = {s.name for s in COMMON}
+
+
+def _resolve_workload(s: dict):
+    try:
+        if s["params"] is not None:
+            shape = synthesize_shape(int(s["params"]), s["seq_len"] or 1024)
+            return gpt_workload(shape, s["micro_batch"], None, s["recompute"],
+                                name=f"gpt-{shape.params() / 1e6:.0f}m")
+        return preset(s["model"], s["micro_batch"], s["seq_len"], s["recompute"])
+    except WorkloadError as exc:
+        raise ScenarioError(str(exc)) from None
+
+
+def _check(s: dict) -> None:
+    for name in ("micro_batch", "grad_accum", "gpus", "steps"):
+        v = s[name]
+        if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+            raise ScenarioError(f"--{name.replace('_', '-')} must be a positive integer, got {v!r}")
+    for name in ("efficiency",):
+        if not 0 < s[name] <= 1:
+            raise ScenarioError(f"--efficiency must be in (0, 1], got {s[name]}")
+    for name in ("host_overhead_us", "overlap_slowdown", "straggler_ms"):
+        if s[name] < 0:
+            raise ScenarioError(f"--{name.replace('_', '-')} must not be negative, got {s[name]}")
+    if not 0 <= s["straggler_prob"] <= 1:
+        raise ScenarioError(f"--straggler-prob must be between 0 and 1, got {s['straggler_prob']}")
+    if s["bandwidth_gbps"] is not None and s["bandwidth_gbps"] <= 0:
+        raise ScenarioError(f"--bandwidth-gbps must be positive, got {s['bandwidth_gbps']}")
+    if s["optimizer_k"] is not None and s["optimizer_k"] < 0:
+        raise ScenarioError(f"--optimizer-k must not be negative, got {s['optimizer_k']}")
+    for setting in COMMON:
+        if setting.choices and s[setting.name] is not None and s[setting.name] not in setting.choices:
+            raise ScenarioError(f"{setting.flag} {s[setting.name]!r} is not one of {', '.join(setting.choices)}")
+    if s["topology"] not in TOPOLOGIES:
+        raise ScenarioError(f"unknown topology preset {s['topology']!r}; choose one of {', '.join(sorted(TOPOLOGIES))}")
+
+
+def resolve(**kwargs) -> dict:
+    """Fill defaults, split common settings from strategy knobs, and check both."""
+    strategy_name = kwargs.get("strategy") or "ddp"
+    try:
+        strategy = get_strategy(strategy_name)
+    except StrategyError as exc:
+        raise ScenarioError(str(exc)) from None
+    owners = all_knobs()
+    own = {k.name: k for k in strategy.knobs}
+    settings = {s.name: s.default for s in COMMON}
+    knobs = {k.name: k.default for k in strategy.knobs}
+    for key, value in kwargs.items():
+        if key in COMMON_NAMES:
+            if value is not None:
+                settings[key] = value
+        elif key in own:
+            if value is not None:
+                knobs[key] = value
+        elif key in owners:
+            if value is None:
+                continue
+            belongs = ", ".join(sorted({name for name, _ in owners[key]}))
+            raise ScenarioError(f"--{key.replace('_', '-')} applies to {belongs}, not to {strategy.name}; "
+                                f"drop it or use --strategy {belongs.split(', ')[0]}")
+        else:
+            raise ScenarioError(f"unknown setting {key!r}; see `zero-sim simulate --help`")
+    _check(settings)
+    return {"settings": settings, "knobs": knobs, "strategy": strategy}
+
+
+def simulate(**kwargs) -> SimResult:
+    """Simulate one training configuration; keywords are the CLI flags with underscores."""
+    r = resolve(**kwargs)
+    s, knobs, strategy = r["settings"], r["knobs"], r["strategy"]
+    workload = _resolve_workload(s)
+    try:
+        topo = build_topology(s["topology"], s["gpus"], s["gpus_per_node"])
+    except ValueError as exc:
+        raise ScenarioError(str(exc)) from None
+    if s["bandwidth_gbps"] is not None:
+        topo = topo.with_bandwidth(s["bandwidth_gbps"])
+    gpu = GPUS[s["gpu"] or topo.spec.gpu]
+    compute = ComputeModel(gpu, efficiency=s["efficiency"])
+    coll_backend, coll_algorithm = s["backend"], s["algorithm"]
+    if s["calibration"]:
+        from zero_sim.calibrate import apply_calibration
+
+        compute, topo = apply_calibration(s["calibration"], compute, topo, workload)
+    precision = PRECISIONS[s["precision"]]
+    if s["optimizer_k"] is not None:
+        from dataclasses import replace
+
+        precision = replace(precision, optimizer_bytes=int(s["optimizer_k"]))
+    ctx = Context(workload, s["gpus"], topo.gpus_per_node, compute, precision, s["grad_accum"],
+                  s["host_overhead_us"] * 1e-6, knobs)
+    try:
+        strategy.validate(ctx)
+        program = strategy.build(ctx)
+    except StrategyError as exc:
+        raise ScenarioError(str(exc)) from None
+    straggler = None
+    if s["straggler_prob"] > 0 and s["straggler_ms"] > 0:
+        straggler = Straggler(s["straggler_prob"], s["straggler_ms"] * 1e-3, s["seed"])
+    explicit = s["explicit_ranks"] if s["explicit_ranks"] is not None else s["gpus"] <= 8
+    config = EngineConfig(steps=s["steps"], host_overhead_s=s["host_overhead_us"] * 1e-6,
+                          overlap_slowdown=s["overlap_slowdown"], explicit_ranks=explicit, straggler=straggler)
+    engine = Engine(program, topo, CollectiveModel(topo, coll_backend, coll_algorithm), config)
+    run = engine.run()
+
+    scenario = dict(s) | knobs | {
+        "strategy": strategy.name, "model": workload.name, "params": workload.params,
+        "topology": topo.name, "gpu": gpu.name, "gpus_per_node": topo.gpus_per_node,
+        "topology_description": topo.describe(), "workload_description": workload.describe(),
+    }
+    tokens = s["gpus"] * workload.tokens_per_micro_batch * s["grad_accum"]
+    metrics = compute_metrics(run, program, scenario, s["gpus"], tokens, gpu.hbm_bytes)
+    ops = [
+        {"rank": r.rank, "stream": r.stream, "name": r.name, "start_s": r.start_s, "end_s": r.end_s,
+         "bytes": r.bytes, "layer": r.layer, "phase": r.phase, "step": r.step, "kind": r.kind,
+         "algorithm": r.algorithm}
+        for r in run.records
+    ]
+    memory = [{"rank": rank, "t_s": t, "category": cat, "bytes": b}
+              for rank, events in run.memory.items() for t, cat, b in events]
+    ends = run.step_ends[run.simulated_ranks[0]]
+    window = (ends[-2] if len(ends) > 1 else 0.0, ends[-1])
+    return SimResult(metrics, ops, memory, scenario, window, s["gpus"], run.simulated_ranks,
+                     list(program.notes), run.events)

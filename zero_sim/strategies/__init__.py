@@ -1,0 +1,30 @@
+"""Strategies: each turns (workload, knobs) into the per-rank program of ops.
+
+One file per family; register new ones in ``STRATEGIES``.
+"""
+
+from __future__ import annotations
+
+from zero_sim.strategies.base import PRECISIONS, Context, Knob, Precision, Strategy, StrategyError
+from zero_sim.strategies.ddp import DDP
+
+STRATEGIES: dict[str, Strategy] = {s.name: s for s in (DDP(),)}
+
+
+def get_strategy(name: str) -> Strategy:
+    if name not in STRATEGIES:
+        raise StrategyError(f"unknown strategy {name!r}; choose one of {', '.join(STRATEGIES)}")
+    return STRATEGIES[name]
+
+
+def all_knobs() -> dict[str, list[tuple[str, Knob]]]:
+    """Every knob name -> the strategies that accept it (CLI uses this to refuse misplaced flags)."""
+    owners: dict[str, list[tuple[str, Knob]]] = {}
+    for strategy in STRATEGIES.values():
+        for knob in strategy.knobs:
+            owners.setdefault(knob.name, []).append((strategy.name, knob))
+    return owners
+
+
+__all__ = ["Context", "Knob", "Precision", "PRECISIONS", "STRATEGIES", "Strategy", "StrategyError",
+           "all_knobs", "get_strategy"]
