@@ -259,8 +259,7 @@ class Engine:
                     yield env.timeout(issue)
                 if op.kind == "sync":
                     start = env.now
-                    for ev in self._waits(rank, step, op):
-                        yield ev
+                    yield from self._waits(rank, step, op)
                     self._finish(rank, step, op, start, env.now)
                 elif op.kind == "host":
                     start = env.now
@@ -293,8 +292,7 @@ class Engine:
                 stream.waiter = env.event()
                 yield stream.waiter
             step, op = stream.queue.popleft()
-            for ev in self._waits(rank, step, op):
-                yield ev
+            yield from self._waits(rank, step, op)
             if op.kind == "collective":
                 yield from self._collective(rank, step, op)
             else:

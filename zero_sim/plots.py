@@ -128,7 +128,7 @@ def plot_memory(result, ax=None, rank: int = 0, show_capacity: bool = True):
         ax.axhline(mem["capacity_bytes"] / 1e9, color="black", linestyle="--", linewidth=1,
                    label=f"{result.metrics['gpu']} capacity")
     ax.set_xlabel("time in step (ms)")
-    ax.set_ylabel("GB on rank %d" % rank)
+    ax.set_ylabel(f"GB on rank {rank}")
     ax.set_title(f"memory: peak {mem['peak_bytes'] / 1e9:.2f} GB"
                  + ("" if mem["fits"] else f" — does NOT fit, short by {mem['shortfall_bytes'] / 1e9:.2f} GB"))
     ax.legend(loc="upper left", fontsize=8, ncol=6, frameon=False)

@@ -189,7 +189,7 @@ def memory_metrics(run, rank: int, capacity_bytes: int) -> dict:
     peaks = {c: resident.get(c, 0) for c in MEMORY_CATEGORIES}
     current = {c: resident.get(c, 0) for c in MEMORY_CATEGORIES}
     peak_total = sum(current.values())
-    for t_s, cat, total in sorted(run.memory[rank], key=lambda x: x[0]):
+    for _t_s, cat, total in sorted(run.memory[rank], key=lambda x: x[0]):
         current[cat] = total
         peaks[cat] = max(peaks[cat], total)
         peak_total = max(peak_total, sum(current.values()))
