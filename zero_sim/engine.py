@@ -16,7 +16,11 @@ What is simulated, per rank:
   starts or ends.  Two process groups' collectives in flight together share the links
   they both cross;
 * compute that starts while a collective is in flight on its rank runs
-  ``1 + overlap_slowdown`` times longer (communication kernels take SMs).
+  ``1 + overlap_slowdown`` times longer (communication kernels take SMs);
+* a collective waits for the compute op issued just before it (torch's NCCL process
+  group makes its stream wait on the current stream), besides its explicit dependencies;
+* on a CPU (``host_runs_compute``) the host thread runs compute itself, so it cannot
+  issue ahead of it; communication still runs asynchronously (gloo's own threads).
 
 Symmetry: when every rank runs the same program on a symmetric topology, all ranks have
 identical timelines, so by default only rank 0 is simulated and collectives rendezvous
@@ -59,6 +63,7 @@ class EngineConfig:
     host_overhead_s: float = 10e-6
     overlap_slowdown: float = 0.0
     explicit_ranks: bool = False  # simulate every rank (True) or rank 0 standing for all (False)
+    host_runs_compute: bool = False  # CPU training: compute runs on the host thread, synchronously
     straggler: Straggler | None = None
 
 
@@ -89,7 +94,7 @@ class RunOutput:
 
 
 def process_groups(topo: Topology, kind: str) -> tuple[tuple[int, ...], ...]:
-    n, g = topo.world_size, topo.gpus_per_node
+    n, g = topo.world_size, topo.ranks_per_node
     if kind == "world":
         return (tuple(range(n)),)
     if kind == "intra":
@@ -103,8 +108,8 @@ def group_index(topo: Topology, kind: str, rank: int) -> int:
     if kind == "world":
         return 0
     if kind == "intra":
-        return topo.node_of(rank)
-    return topo.local_rank(rank)
+        return rank // topo.ranks_per_node
+    return rank % topo.ranks_per_node
 
 
 class _Flow:
@@ -252,6 +257,7 @@ class Engine:
     def _host(self, rank: int, streams: dict[str, _Stream]):
         env, cfg = self.env, self.config
         default_issue = cfg.host_overhead_s
+        last_compute: simpy.Event | None = None
         for step in range(cfg.steps):
             for op in self.program.ops:
                 issue = default_issue if op.host_s is None else op.host_s
@@ -266,11 +272,19 @@ class Engine:
                     yield env.timeout(op.seconds)
                     self._finish(rank, step, op, start, env.now)
                 else:
+                    # A collective's stream first waits for the compute work issued before it (as
+                    # torch's NCCL process group makes its stream wait on the current stream).
+                    implicit = last_compute if op.kind == "collective" else None
                     stream = streams[op.stream]
-                    stream.queue.append((step, op))
+                    stream.queue.append((step, op, implicit))
                     if stream.waiter is not None:
                         waiter, stream.waiter = stream.waiter, None
                         waiter.succeed()
+                    if op.kind == "compute":
+                        last_compute = self.done[rank][step][op.index]
+                        if cfg.host_runs_compute:
+                            # On a CPU the host thread *is* the compute stream: it cannot run ahead.
+                            yield last_compute
 
     def _waits(self, rank: int, step: int, op: Op):
         done = self.done[rank]
@@ -291,7 +305,9 @@ class Engine:
             if not stream.queue:
                 stream.waiter = env.event()
                 yield stream.waiter
-            step, op = stream.queue.popleft()
+            step, op, implicit = stream.queue.popleft()
+            if implicit is not None and not implicit.processed:
+                yield implicit
             yield from self._waits(rank, step, op)
             if op.kind == "collective":
                 yield from self._collective(rank, step, op)

@@ -12,7 +12,8 @@ Ops are issued by the host in list order and land on a stream:
 * ``host`` ops are work on the host thread itself (Python deciding what to fetch).
 
 ``deps`` are CUDA-event waits: the op may not start on its stream before those ops (of
-the same step; ``prev_deps`` for the previous step) have finished.  Streams are FIFO, so
+the same step; ``prev_deps`` for the previous step, which may name ops defined later in
+the step by a label) have finished.  Streams are FIFO, so
 an op also waits for everything issued before it on its stream.
 
 Memory effects: ``alloc`` at the op's start and ``free`` at its end, per category, so the
@@ -73,6 +74,12 @@ class ProgramBuilder:
 
     def __init__(self, resident: dict[str, int] | None = None):
         self.program = Program(resident={c: 0 for c in MEMORY_CATEGORIES} | (resident or {}))
+        self.labels: dict[str, int] = {}
+
+    def label(self, name: str, index: int) -> int:
+        """Name an op so that earlier ops can wait on it in the *previous* step (``prev_deps``)."""
+        self.labels[name] = index
+        return index
 
     def _add(self, **kw) -> int:
         op = Op(index=len(self.program.ops), **kw)
@@ -109,4 +116,11 @@ class ProgramBuilder:
         return len(self.program.ops) - 1
 
     def build(self) -> Program:
+        """Resolve labelled ``prev_deps`` (ops defined later in the step) to indices."""
+        for op in self.program.ops:
+            if any(isinstance(d, str) for d in op.prev_deps):
+                missing = [d for d in op.prev_deps if isinstance(d, str) and d not in self.labels]
+                if missing:
+                    raise ValueError(f"{op.name} waits on {missing}, which no op defines")
+                op.prev_deps = tuple(self.labels[d] if isinstance(d, str) else d for d in op.prev_deps)
         return self.program

@@ -160,7 +160,7 @@ def simulate(**kwargs) -> SimResult:
         from dataclasses import replace
 
         precision = replace(precision, optimizer_bytes=int(s["optimizer_k"]))
-    ctx = Context(workload, s["gpus"], topo.gpus_per_node, compute, precision, s["grad_accum"],
+    ctx = Context(workload, s["gpus"], topo.ranks_per_node, compute, precision, s["grad_accum"],
                   s["host_overhead_us"] * 1e-6, knobs)
     try:
         strategy.validate(ctx)
@@ -172,13 +172,14 @@ def simulate(**kwargs) -> SimResult:
         straggler = Straggler(s["straggler_prob"], s["straggler_ms"] * 1e-3, s["seed"])
     explicit = s["explicit_ranks"] if s["explicit_ranks"] is not None else s["gpus"] <= 8
     config = EngineConfig(steps=s["steps"], host_overhead_s=s["host_overhead_us"] * 1e-6,
-                          overlap_slowdown=s["overlap_slowdown"], explicit_ranks=explicit, straggler=straggler)
+                          overlap_slowdown=s["overlap_slowdown"], explicit_ranks=explicit, straggler=straggler,
+                          host_runs_compute=gpu.name == "CPU")
     engine = Engine(program, topo, CollectiveModel(topo, coll_backend, coll_algorithm), config)
     run = engine.run()
 
     scenario = dict(s) | knobs | {
         "strategy": strategy.name, "model": workload.name, "params": workload.params,
-        "topology": topo.name, "gpu": gpu.name, "gpus_per_node": topo.gpus_per_node,
+        "topology": topo.name, "gpu": gpu.name, "gpus_per_node": topo.ranks_per_node,
         "topology_description": topo.describe(), "workload_description": workload.describe(),
     }
     tokens = s["gpus"] * workload.tokens_per_micro_batch * s["grad_accum"]

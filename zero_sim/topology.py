@@ -16,7 +16,9 @@ Link figures are *achievable* bus bandwidths (what nccl-tests reports at large s
 not line rates; each preset says where its numbers come from.  Latencies are per ring
 step (one hop of NCCL's Simple protocol), order-of-magnitude until calibrated.
 
-Rank placement: rank ``r`` is GPU ``r % gpus_per_node`` of node ``r // gpus_per_node``.
+Rank placement: rank ``r`` is GPU ``r % gpus_per_node`` of node ``r // gpus_per_node``;
+a job smaller than one node uses that node's first GPUs (so 4 ranks on the PCIe
+host-bridge box share one subgroup's bus, as in seed 002).
 """
 
 from __future__ import annotations
@@ -142,8 +144,13 @@ class Topology:
         return self.spec.name
 
     @property
+    def ranks_per_node(self) -> int:
+        """Ranks placed on each node: a job smaller than a node fills its first GPUs."""
+        return min(self.gpus_per_node, self.world_size)
+
+    @property
     def nodes(self) -> int:
-        return self.world_size // self.gpus_per_node
+        return self.world_size // self.ranks_per_node
 
     def node_of(self, rank: int) -> int:
         return rank // self.gpus_per_node
@@ -186,7 +193,7 @@ class Topology:
             kinds.setdefault(link.kind, link)
         parts = [f"{k} {link.capacity / GBps:.1f} GB/s{' shared' if link.shared else ''}, "
                  f"{link.latency / US:.0f} us" for k, link in kinds.items()]
-        return f"{self.name}: {self.nodes} node(s) x {self.gpus_per_node} GPU(s); " + "; ".join(parts)
+        return f"{self.name}: {self.nodes} node(s) x {self.ranks_per_node} GPU(s); " + "; ".join(parts)
 
 
 def build_topology(name_or_spec: str | TopologySpec, world_size: int, gpus_per_node: int | None = None) -> Topology:
@@ -198,10 +205,10 @@ def build_topology(name_or_spec: str | TopologySpec, world_size: int, gpus_per_n
         spec = PRESETS[name_or_spec]
     if not isinstance(world_size, int) or world_size <= 0:
         raise TopologyError(f"--gpus must be a positive integer, got {world_size!r}")
-    g = gpus_per_node if gpus_per_node is not None else min(spec.gpus_per_node, world_size)
+    g = gpus_per_node if gpus_per_node is not None else spec.gpus_per_node
     if not isinstance(g, int) or g <= 0:
         raise TopologyError(f"--gpus-per-node must be a positive integer, got {g!r}")
-    if world_size % g:
+    if world_size > g and world_size % g:
         raise TopologyError(f"--gpus {world_size} is not divisible by --gpus-per-node {g}; "
                             f"use a multiple of {g} GPUs or change --gpus-per-node")
     if world_size > g and spec.network is None:

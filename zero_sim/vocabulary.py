@@ -90,6 +90,11 @@ def wait(what: str) -> str:
     return f"wait {what}"
 
 
+def fetch(layer: int) -> str:
+    """Host-side work deciding what to gather for layer ``layer`` (ZeRO-3's fetch decisions)."""
+    return f"fetch L{layer}"
+
+
 def _check_kind(kind: str) -> None:
     if kind not in COLLECTIVES:
         raise ValueError(f"unknown collective {kind!r}; expected one of {', '.join(COLLECTIVES)}")
@@ -104,16 +109,10 @@ class OpName:
     bucket: int | None = None
     target: str | None = None
 
-    @property
-    def category(self) -> str:
-        """Coarse category for error tables: compute, a collective kind, optimizer or wait."""
-        if self.kind in ("fwd", "bwd", "recompute"):
-            return self.kind
-        return self.kind
 
 
 _OP_RE = re.compile(
-    r"^(?P<kind>fwd|bwd|recompute|opt|wait|all_reduce|reduce_scatter|all_gather|broadcast)"
+    r"^(?P<kind>fwd|bwd|recompute|opt|wait|fetch|all_reduce|reduce_scatter|all_gather|broadcast)"
     r"(?: (?P<rest>.+))?$"
 )
 

@@ -7,8 +7,11 @@ from __future__ import annotations
 
 from zero_sim.strategies.base import PRECISIONS, Context, Knob, Precision, Strategy, StrategyError
 from zero_sim.strategies.ddp import DDP
+from zero_sim.strategies.fsdp import FSDP
+from zero_sim.strategies.zero import ZeRO1, ZeRO2
+from zero_sim.strategies.zero3 import ZeRO3
 
-STRATEGIES: dict[str, Strategy] = {s.name: s for s in (DDP(),)}
+STRATEGIES: dict[str, Strategy] = {s.name: s for s in (DDP(), ZeRO1(), ZeRO2(), ZeRO3(), FSDP())}
 
 
 def get_strategy(name: str) -> Strategy:

@@ -131,7 +131,9 @@ LayerHook = Callable[[ProgramBuilder, Layer, int], Any]
 def forward(b: ProgramBuilder, ctx: Context, *, micro: int = 0,
             before: Callable[[Layer], tuple[int, ...]] | None = None,
             after: Callable[[Layer, int], None] | None = None,
-            prev_deps_first: tuple[int, ...] = ()) -> list[int]:
+            prev_deps_first: tuple[int, ...] = (),
+            frees: Callable[[Layer], tuple] | None = None,
+            prev_deps: Callable[[Layer], tuple[int, ...]] | None = None) -> list[int]:
     """Emit ``fwd L<i>`` for every layer; ``before(layer)`` returns ops the layer must wait for.
 
     Each forward op allocates the activations the layer saves for backward (under the
@@ -140,10 +142,14 @@ def forward(b: ProgramBuilder, ctx: Context, *, micro: int = 0,
     ops = []
     for i, layer in enumerate(ctx.workload.layers):
         deps = before(layer) if before else ()
+        prev = prev_deps_first if i == 0 else ()
+        if prev_deps:
+            prev = prev + prev_deps(layer)
         op = b.compute(
             fwd(layer.index), FORWARD, ctx.fwd_seconds(layer), layer=layer.index, deps=deps,
-            prev_deps=prev_deps_first if (i == 0 and micro == 0) else (),
+            prev_deps=prev if micro == 0 else (),
             alloc=((ACTIVATIONS, layer.checkpointed_activation_bytes),), flops=layer.fwd_flops,
+            free=frees(layer) if frees else (),
         )
         ops.append(op)
         if after:
@@ -153,11 +159,16 @@ def forward(b: ProgramBuilder, ctx: Context, *, micro: int = 0,
 
 def backward(b: ProgramBuilder, ctx: Context, *,
              before: Callable[[Layer], tuple[int, ...]] | None = None,
-             after: Callable[[Layer, int], None] | None = None) -> list[int]:
+             after: Callable[[Layer, int], None] | None = None,
+             grads: Callable[[Layer], tuple] | None = None,
+             frees: Callable[[Layer], tuple] | None = None) -> list[int]:
     """Emit ``[recompute L<i>] bwd L<i>`` from the last layer to the first.
 
     ``after(layer, op)`` is where gradient communication is launched: the layer's
     gradients exist once its backward op has run (post-accumulate-grad hooks fire there).
+    ``grads(layer)`` lists memory the backward op allocates (unsharded gradients waiting
+    to be reduced); ``frees(layer)`` memory it releases besides activations (gathered
+    parameters).
     """
     ops = []
     for layer in reversed(ctx.workload.layers):
@@ -171,7 +182,8 @@ def backward(b: ProgramBuilder, ctx: Context, *,
         else:
             freed = layer.checkpointed_activation_bytes
         op = b.compute(bwd(layer.index), BACKWARD, ctx.bwd_seconds(layer), layer=layer.index, deps=deps,
-                       free=((ACTIVATIONS, freed),), flops=layer.bwd_flops)
+                       alloc=grads(layer) if grads else (),
+                       free=((ACTIVATIONS, freed),) + (frees(layer) if frees else ()), flops=layer.bwd_flops)
         ops.append(op)
         if after:
             after(layer, op)
