@@ -171,7 +171,6 @@ class ZeRO2(Strategy):
                 layer=unit.ready_after_layer, deps=deps, free=((BUFFERS, nbytes),))
 
         for micro in range(ctx.grad_accum):
-            last = micro == ctx.grad_accum - 1
             # Unsharded gradients live until their reduce-scatter: every micro-step with hooks
             # (DeepSpeed reduces each micro-batch), accumulated locally until step() otherwise.
             make_grads = hook or micro == 0

@@ -143,9 +143,9 @@ class ZeRO3(Strategy):
             return before
 
         release = lambda layer: ((BUFFERS, numel[layer.index] * p.param_bytes),)  # noqa: E731
+        reduces: list[int] = []
         for micro in range(ctx.grad_accum):
             forward(b, ctx, micro=micro, before=run_pass(list(w.layers), FORWARD), frees=release)
-            reduces: list[int] = []
 
             def after(layer, bwd_op):
                 sizes = [layer.numel] if batch else [t.numel for t in layer.tensors]
