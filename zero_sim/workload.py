@@ -263,10 +263,18 @@ def workload_from_module(module, example_input, *, layers=None, name: str | None
             saved[current[-1]] += t.numel() * t.element_size()
         return t
 
+    def enter(i):
+        def hook(module, args):
+            current.append(i)  # returning None keeps the inputs as they are
+        return hook
+
+    def leave(module, args, output):
+        current.pop()  # returning None keeps the output as it is
+
     handles = []
     for i, layer in enumerate(layers):
-        handles.append(layer.register_forward_pre_hook(lambda m, a, i=i: current.append(i)))
-        handles.append(layer.register_forward_hook(lambda m, a, o: current.pop()))
+        handles.append(layer.register_forward_pre_hook(enter(i)))
+        handles.append(layer.register_forward_hook(leave))
     flop_counter = FlopCounterMode(display=False)
     try:
         with flop_counter, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
@@ -276,7 +284,9 @@ def workload_from_module(module, example_input, *, layers=None, name: str | None
             h.remove()
 
     flops_by_module = flop_counter.get_flop_counts()
-    names = {id(m): n for n, m in module.named_modules()}
+    # FlopCounterMode names modules "<RootClass>.<path>" (e.g. "GPT.blocks.0").
+    root = type(module).__name__
+    names = {id(m): (f"{root}.{n}" if n else root) for n, m in module.named_modules()}
     result = []
     seen: set[int] = set()
     for i, layer in enumerate(layers):

@@ -1,0 +1,80 @@
+"""The command line: the JSON contract, files it writes, and one sentence for bad input."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from zero_sim.cli import main
+
+CONTRACT = {"params", "strategy", "gpus", "step_time_s", "compute_time_s", "exposed_comm_s",
+            "comm_overlap_fraction", "comm_volume_bytes", "phases", "memory", "tflops_per_gpu", "tokens_per_s"}
+MEMORY = {"params_bytes", "grads_bytes", "optimizer_bytes", "model_states_bytes", "activations_bytes",
+          "buffers_bytes", "peak_bytes", "capacity_bytes", "fits"}
+
+
+def run_cli(*args):
+    return subprocess.run([sys.executable, "-m", "zero_sim.cli", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_simulate_json_has_the_contracted_fields(tmp_path):
+    trace, plot = tmp_path / "t.json", tmp_path / "t.png"
+    out = run_cli("simulate", "--model", "gpt2-124m", "--strategy", "ddp", "--gpus", "8", "--topology", "pcie",
+                  "--bucket-mb", "25", "--json", "--trace", str(trace), "--plot", str(plot))
+    assert out.returncode == 0, out.stderr
+    metrics = json.loads(out.stdout)
+    assert CONTRACT <= metrics.keys()
+    assert MEMORY <= metrics["memory"].keys()
+    assert set(metrics["phases"]) == {"forward_s", "backward_s", "optimizer_s"}
+    assert plot.stat().st_size > 10_000
+    chrome = json.loads(trace.read_text())
+    assert chrome["distributedInfo"]["world_size"] == 8
+    names = {e["name"] for e in chrome["traceEvents"] if e["ph"] == "X"}
+    assert {"fwd L1", "bwd L1", "all_reduce B0"} <= names
+    assert {e["args"]["stream"] for e in chrome["traceEvents"] if e["ph"] == "X"} >= {"compute", "comm"}
+
+
+@pytest.mark.parametrize("args,sentence", [
+    (["simulate", "--model", "gpt5"], "unknown model preset 'gpt5'"),
+    (["simulate", "--topology", "moon"], "unknown topology preset 'moon'"),
+    (["simulate", "--gpus", "0"], "--gpus must be a positive integer"),
+    (["simulate", "--micro-batch", "-2"], "--micro-batch must be a positive integer"),
+    (["simulate", "--gpus", "12", "--gpus-per-node", "8"], "not divisible by --gpus-per-node 8"),
+    (["simulate", "--strategy", "ddp", "--prefetch", "2"], "--prefetch applies to zero3"),
+    (["simulate", "--strategy", "zero9"], "unknown strategy 'zero9'"),
+    (["simulate", "--gpus", "many"], "invalid int value"),
+])
+def test_bad_input_is_one_sentence_and_exit_status_2(capsys, args, sentence):
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert sentence in err
+    assert "Traceback" not in err and len(err.splitlines()) == 1
+
+
+def test_a_malformed_nccl_tests_file_is_refused(tmp_path, capsys):
+    bad = tmp_path / "bad.txt"
+    bad.write_text("hello\nworld\n")
+    assert main(["fit-nccl-tests", str(bad)]) == 2
+    assert "no nccl-tests rows found" in capsys.readouterr().err
+
+
+def test_fitting_seed_002_from_the_command_line(data_dir):
+    out = run_cli("fit-nccl-tests", str(data_dir / "seed002_pcie_pair.txt"), "--json")
+    fit = json.loads(out.stdout)
+    assert fit["n_ranks"] == 2 and 19 < fit["busbw_gbps"] < 21
+
+
+def test_a_model_that_does_not_fit_exits_0_and_says_by_how_much():
+    out = run_cli("simulate", "--model", "gpt3-175b", "--gpus", "8", "--micro-batch", "1", "--json")
+    assert out.returncode == 0
+    mem = json.loads(out.stdout)["memory"]
+    assert mem["fits"] is False and mem["shortfall_bytes"] > 0
+
+
+def test_python_api_returns_the_same_dict():
+    from zero_sim import simulate
+
+    out = run_cli("simulate", "--model", "gpt2-124m", "--gpus", "4", "--strategy", "zero2", "--json")
+    assert json.loads(out.stdout)["step_time_s"] == pytest.approx(
+        simulate(model="gpt2-124m", gpus=4, strategy="zero2").metrics["step_time_s"])

@@ -1,0 +1,95 @@
+"""The engine: FIFO streams, collectives that wait for every member, links that are shared."""
+
+import pytest
+
+from zero_sim.collectives import CollectiveModel
+from zero_sim.engine import Engine, EngineConfig, Straggler
+from zero_sim.program import ProgramBuilder
+from zero_sim.topology import build_topology
+from zero_sim.vocabulary import COMPUTE
+
+
+def run(program, topology="dgx-a100", n=2, **config):
+    topo = build_topology(topology, n)
+    config.setdefault("steps", 1)
+    config.setdefault("host_overhead_s", 0.0)
+    config.setdefault("explicit_ranks", True)
+    engine = Engine(program, topo, CollectiveModel(topo, algorithm="ring"), EngineConfig(**config))
+    out = engine.run()
+    return {(r.rank, r.name): r for r in out.records}, out
+
+
+def test_an_op_queued_behind_another_waits_even_when_its_data_is_ready():
+    b = ProgramBuilder()
+    b.collective("all_reduce", "all_reduce B0", 1e9, "backward")  # a long one first
+    late = b.compute("fwd L0", "forward", 0.001)
+    b.collective("all_reduce", "all_reduce B1", 1e3, "backward", deps=())  # tiny, but behind B0 on the FIFO
+    ops, _ = run(b.build())
+    assert ops[(0, "all_reduce B1")].start_s >= ops[(0, "all_reduce B0")].end_s
+    assert ops[(0, "fwd L0")].start_s == 0.0 and late == 1
+
+
+def test_a_collective_starts_when_the_last_member_arrives():
+    b = ProgramBuilder()
+    b.collective("all_reduce", "all_reduce B0", 1e6, "backward")
+    ops, out = run(b.build(), n=4, straggler=Straggler(probability=1.0, seconds=0.01, seed=1))
+    starts = {ops[(r, "all_reduce B0")].start_s for r in range(4)}
+    ends = {ops[(r, "all_reduce B0")].end_s for r in range(4)}
+    assert len(starts) == 1 and len(ends) == 1
+    assert starts.pop() == pytest.approx(0.01)
+
+
+def test_a_collective_waits_for_the_compute_issued_before_it():
+    # torch's NCCL process group makes the comm stream wait on the current stream.
+    b = ProgramBuilder()
+    b.compute("bwd L1", "backward", 0.005)
+    b.collective("all_reduce", "all_reduce B0", 1e6, "backward")
+    ops, _ = run(b.build())
+    assert ops[(0, "all_reduce B0")].start_s == pytest.approx(0.005)
+
+
+def test_two_groups_in_flight_together_share_the_link_they_both_cross():
+    # Hybrid sharding: 2 nodes x 8; the 8 cross-node rings all go through each node's NIC.
+    topo = build_topology("p4d-efa", 16)
+    b = ProgramBuilder()
+    b.collective("all_reduce", "all_reduce L1", 1e9, "backward", group="inter")
+    prog = b.build()
+    collapsed = Engine(prog, topo, CollectiveModel(topo, algorithm="ring"),
+                       EngineConfig(steps=1, host_overhead_s=0, explicit_ranks=False)).run()
+    explicit = Engine(prog, topo, CollectiveModel(topo, algorithm="ring"),
+                      EngineConfig(steps=1, host_overhead_s=0, explicit_ranks=True)).run()
+    t_collapsed = collapsed.records[0].end_s
+    t_explicit = max(r.end_s for r in explicit.records)
+    one_ring_alone = CollectiveModel(topo, algorithm="ring").plan("all_reduce", 1e9, ((0, 8),)).isolated_time(topo)
+    assert t_explicit == pytest.approx(t_collapsed, rel=1e-6)
+    assert t_explicit > 6 * one_ring_alone  # 8 rings share each NIC
+
+
+def test_a_slow_host_starves_the_gpu():
+    b = ProgramBuilder()
+    for i in range(10):
+        b.compute(f"fwd L{i}", "forward", 1e-4)
+    fast, _ = run(b.build(), host_overhead_s=1e-6)
+    slow, _ = run(b.build(), host_overhead_s=1e-3)
+    assert fast[(0, "fwd L9")].end_s == pytest.approx(10 * 1e-4 + 1e-6, rel=0.01)
+    assert slow[(0, "fwd L9")].end_s == pytest.approx(10 * 1e-3 + 1e-4, rel=0.01)
+
+
+def test_compute_overlapping_communication_runs_slower_when_asked():
+    b = ProgramBuilder()
+    b.collective("all_reduce", "all_reduce B0", 1e9, "backward")
+    b.compute("bwd L0", "backward", 0.001)
+    plain, _ = run(b.build())
+    slowed, _ = run(b.build(), overlap_slowdown=0.5)
+    assert slowed[(0, "bwd L0")].end_s - slowed[(0, "bwd L0")].start_s == pytest.approx(0.0015)
+    assert plain[(0, "bwd L0")].end_s - plain[(0, "bwd L0")].start_s == pytest.approx(0.001)
+
+
+def test_memory_is_allocated_at_start_and_freed_at_end():
+    b = ProgramBuilder({"params": 100})
+    b.compute("fwd L0", "forward", 0.001, alloc=(("activations", 50),))
+    b.compute("bwd L0", "backward", 0.002, free=(("activations", 50),))
+    _, out = run(b.build(), n=1)
+    acts = [(t, v) for t, cat, v in out.memory[0] if cat == "activations"]
+    assert acts == [(0.0, 0), (0.0, 50), (pytest.approx(0.003), 0)]
+    assert COMPUTE in b.build().streams()

@@ -1,0 +1,101 @@
+"""Strategy programs: their memory, their traffic and the knobs they accept."""
+
+import pytest
+
+from zero_sim import ScenarioError, simulate
+from zero_sim.collectives import bus_factor
+
+N = 8
+
+
+@pytest.mark.parametrize("strategy,formula", [
+    ("ddp", lambda psi: 16 * psi),
+    ("zero1", lambda psi: 4 * psi + 12 * psi / N),
+    ("zero2", lambda psi: 2 * psi + 14 * psi / N),
+    ("zero3", lambda psi: 16 * psi / N),
+    ("fsdp", lambda psi: 16 * psi / N),
+])
+def test_model_state_memory_matches_the_zero_paper(strategy, formula):
+    extra = {"param_persistence_threshold": 0} if strategy == "zero3" else {}
+    m = simulate(params=100_000_000, gpus=N, strategy=strategy, micro_batch=1, **extra).metrics
+    assert m["memory"]["model_states_bytes"] == pytest.approx(formula(m["params"]), abs=16 * N)
+
+
+def test_zero3_moves_one_and_a_half_times_the_bytes_of_zero2(figures):
+    kw = dict(params=100_000_000, gpus=N, micro_batch=1)
+    z2 = simulate(strategy="zero2", **kw).metrics
+    z3 = simulate(strategy="zero3", param_persistence_threshold=0, **kw).metrics
+    psi_bytes = 2 * z2["params"] * bus_factor("all_gather", N)
+    figures(f"per rank per step: zero2 {z2['comm_volume_bytes'] / psi_bytes:.2f} x Psi, "
+            f"zero3 {z3['comm_volume_bytes'] / psi_bytes:.2f} x Psi (bf16, ring factor (N-1)/N folded in)")
+    assert z2["comm_volume_bytes"] == pytest.approx(2 * psi_bytes)
+    assert z3["comm_volume_bytes"] == pytest.approx(3 * psi_bytes)
+
+
+def test_fsdp_keeps_its_root_gathered_through_backward():
+    r = simulate(params=100_000_000, gpus=N, micro_batch=1, strategy="fsdp")
+    layer_numel = {op["layer"]: op["bytes"] / 2 for op in r.step_ops() if op["name"].startswith("all_gather")}
+    gathers = [op for op in r.step_ops() if op["name"].startswith("all_gather")]
+    root = [op for op in gathers if op["layer"] == 0]
+    assert len(root) == 1  # root: gathered once; every block: twice
+    blocks = {op["layer"] for op in gathers} - {0}
+    assert all(sum(1 for op in gathers if op["layer"] == b) == 2 for b in blocks)
+    assert layer_numel
+
+
+def test_hybrid_sharding_sends_only_a_shard_across_nodes(figures):
+    r = simulate(params=200_000_000, gpus=16, topology="p4d-efa", micro_batch=1, strategy="fsdp", hybrid=True)
+    inter = [op for op in r.step_ops() if op["stream"] == "comm:inter"]
+    psi = r.metrics["params"]
+    cross = sum(op["bytes"] for op in inter)
+    figures(f"hybrid FSDP on 2 nodes x 8: cross-node all-reduce of {cross / 1e6:.1f} MB per rank "
+            f"= 2 Psi / G ({2 * psi / 8 / 1e6:.1f} MB), not 2 Psi")
+    assert cross == pytest.approx(2 * psi / 8, rel=0.01)
+    assert r.metrics["memory"]["model_states_bytes"] == pytest.approx(16 * psi / 8, abs=16 * 8)
+
+
+def test_zero3_peak_memory_falls_as_n_grows():
+    peaks = [simulate(model="gpt2-1.5b", gpus=n, micro_batch=1, strategy="zero3").metrics["memory"]["peak_bytes"]
+             for n in (8, 16, 32, 64)]
+    assert peaks == sorted(peaks, reverse=True)
+
+
+def test_prefetch_never_slows_a_step_when_memory_is_not_binding():
+    times = [simulate(model="gpt2-350m", gpus=16, topology="p4d-efa", micro_batch=2, strategy="zero3",
+                      prefetch=k).metrics["step_time_s"] for k in (0, 1, 2, 4)]
+    assert all(b <= a * (1 + 1e-9) for a, b in zip(times, times[1:], strict=False))
+
+
+def test_a_model_that_does_not_fit_is_a_result_not_an_error():
+    m = simulate(model="gpt3-175b", gpus=8, micro_batch=1, strategy="ddp").metrics
+    assert m["memory"]["fits"] is False
+    assert m["memory"]["shortfall_bytes"] == m["memory"]["peak_bytes"] - m["memory"]["capacity_bytes"] > 0
+
+
+def test_a_flag_for_another_strategy_is_refused_by_name():
+    with pytest.raises(ScenarioError, match="--prefetch applies to zero3, not to ddp"):
+        simulate(strategy="ddp", prefetch=2)
+    with pytest.raises(ScenarioError, match="--zero2-launch applies to zero2, not to fsdp"):
+        simulate(strategy="fsdp", zero2_launch="hook")
+
+
+def test_impossible_settings_are_refused():
+    with pytest.raises(ScenarioError, match="--prefetch must not be negative"):
+        simulate(strategy="zero3", prefetch=-1)
+    with pytest.raises(ScenarioError, match="--wrap names layer 99, which does not exist"):
+        simulate(strategy="fsdp", wrap="1,99")
+    with pytest.raises(ScenarioError, match="--hybrid needs at least two nodes"):
+        simulate(strategy="fsdp", hybrid=True, gpus=8)
+    with pytest.raises(ScenarioError, match="--bucket-mb must be positive for ddp"):
+        simulate(strategy="ddp", bucket_mb=0)
+
+
+def test_stragglers_hurt_more_as_n_grows(figures):
+    def slowdown(n):
+        kw = dict(model="gpt2-350m", gpus=n, topology="p4d-efa", micro_batch=2, strategy="zero3")
+        clean = simulate(**kw).metrics["step_time_s"]
+        stalled = simulate(**kw, straggler_prob=0.002, straggler_ms=20, seed=3, steps=4).metrics["step_time_s"]
+        return stalled / clean
+    s8, s256 = slowdown(8), slowdown(256)
+    figures(f"0.2% chance per rank per collective of a 20 ms stall: step x{s8:.2f} at N=8, x{s256:.2f} at N=256")
+    assert s256 > s8
