@@ -113,41 +113,58 @@ def group_index(topo: Topology, kind: str, rank: int) -> int:
 
 
 class _Flow:
-    __slots__ = ("loads", "remaining", "rate", "last", "version", "done")
+    __slots__ = ("loads", "remaining", "rate", "last", "version", "done", "alone_rate")
 
-    def __init__(self, loads, remaining, done):
-        self.loads, self.remaining, self.done = loads, remaining, done
+    def __init__(self, loads, remaining, done, alone_rate):
+        self.loads, self.remaining, self.done, self.alone_rate = loads, remaining, done, alone_rate
         self.rate, self.last, self.version = 0.0, 0.0, 0
 
 
 class FluidNetwork:
-    """Transfers share each link's capacity per ring edge; rates change as transfers come and go."""
+    """Transfers share each link's capacity per ring edge; rates change as transfers come and go.
+
+    A transfer alone on the network runs at its isolated rate (computed once per plan), so the
+    per-link bookkeeping, which costs one step per link of a 1000-rank ring, is only paid while
+    two or more transfers are in flight together.
+    """
 
     def __init__(self, env: simpy.Environment, topo: Topology):
         self.env, self.topo = env, topo
         self.active: list[_Flow] = []
-        self.link_load: dict[str, int] = {}
+        self._alone: dict[tuple, float] = {}
+
+    def _alone_rate(self, loads) -> float:
+        rate = self._alone.get(loads)
+        if rate is None:
+            links = self.topo.links
+            rate = self._alone[loads] = min(links[name].capacity / load for name, load in loads)
+        return rate
 
     def transfer(self, loads: tuple[tuple[str, int], ...], edge_bytes: float) -> simpy.Event:
         done = self.env.event()
-        flow = _Flow(loads, edge_bytes, done)
-        for name, load in loads:
-            self.link_load[name] = self.link_load.get(name, 0) + load
+        flow = _Flow(loads, edge_bytes, done, self._alone_rate(loads))
         self.active.append(flow)
         self._reshare()
         return done
 
-    def _rate(self, flow: _Flow) -> float:
-        links, link_load = self.topo.links, self.link_load
-        return min(links[name].capacity / link_load[name] for name, _ in flow.loads)
+    def _rates(self) -> dict[int, float]:
+        if len(self.active) == 1:
+            return {id(self.active[0]): self.active[0].alone_rate}
+        link_load: dict[str, int] = {}
+        for flow in self.active:
+            for name, load in flow.loads:
+                link_load[name] = link_load.get(name, 0) + load
+        links = self.topo.links
+        return {id(f): min(links[name].capacity / link_load[name] for name, _ in f.loads) for f in self.active}
 
     def _reshare(self) -> None:
         now = self.env.now
+        rates = self._rates()
         for flow in self.active:
             if flow.rate:
                 flow.remaining = max(0.0, flow.remaining - flow.rate * (now - flow.last))
             flow.last = now
-            rate = self._rate(flow)
+            rate = rates[id(flow)]
             if rate != flow.rate:
                 flow.rate = rate
                 flow.version += 1
@@ -158,11 +175,10 @@ class FluidNetwork:
         if version != flow.version or flow not in self.active:
             return  # a stale timer: the flow's rate changed since it was set
         self.active.remove(flow)
-        for name, load in flow.loads:
-            self.link_load[name] -= load
         flow.done.succeed()
         flow.rate = 0.0
-        self._reshare()
+        if self.active:
+            self._reshare()
 
 
 class _Stream:
