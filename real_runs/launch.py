@@ -1,0 +1,137 @@
+"""Start a real run from Python (a notebook, a test) and get its ``run.json`` back.
+
+::
+
+    from real_runs.launch import launch
+    run = launch("zero3", nproc=2, out="out/z3", steps=5, on_line=print)
+    run["step_times_s"], run["param_l2"]
+
+``torchrun`` runs in its own process group.  If any rank fails, torchrun stops the
+others; if the whole run outlives ``timeout_s``, or the caller is interrupted, the
+process group is killed.  Either way :class:`RunFailed` is raised with one sentence,
+naming the failing rank and its error when a rank said what went wrong.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+
+class RunFailed(RuntimeError):
+    pass
+
+
+def _flags(flags: dict) -> list[str]:
+    argv = []
+    for key, value in flags.items():
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            argv.append(flag)
+        elif value not in (False, None):
+            argv += [flag, str(value)]
+    return argv
+
+
+def launch(strategy: str, nproc: int = 2, out: str | os.PathLike = "out/real_run",
+           on_line: Callable[[str], None] | None = None, timeout_s: float = 600.0, **flags) -> dict:
+    """Run ``real_runs.train`` on ``nproc`` ranks and return its parsed ``run.json``.
+
+    ``flags`` are train.py's options with underscores (``global_batch=16``,
+    ``save_state=True``).  Bad input raises ValueError before anything starts."""
+    from .train import BadInput, make_parser, validate
+
+    argv = ["--strategy", strategy, "--out", str(out), *_flags(flags)]
+    try:
+        validate(make_parser().parse_args(argv), nproc)
+    except BadInput as e:
+        raise ValueError(str(e)) from None
+    return launch_argv(argv, nproc, on_line=on_line, timeout_s=timeout_s)
+
+
+def launch_argv(argv: list[str], nproc: int, on_line: Callable[[str], None] | None = None,
+                timeout_s: float = 600.0) -> dict:
+    argv = [a for i, a in enumerate(argv) if a != "--nproc" and (i == 0 or argv[i - 1] != "--nproc")]
+    out = Path(argv[argv.index("--out") + 1]) if "--out" in argv else Path("out/real_run")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+           "--monitor-interval=0.5", "-m", "real_runs.train", *argv]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=env, start_new_session=True)
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(x) for x in proc.stdout] + [lines.put(None)], daemon=True).start()
+
+    errors: list[str] = []
+    output: list[str] = []
+    deadline = time.monotonic() + timeout_s
+    try:
+        while True:
+            try:
+                line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise RunFailed(f"The run did not finish within {timeout_s:.0f} s and was stopped.") from None
+            if line is None:
+                break
+            line = line.rstrip("\n")
+            output.append(line)
+            if re.match(r"\[rank \d+\] error: ", line):
+                errors.append(line)
+            if on_line is not None:
+                on_line(line)
+        rc = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+    except BaseException:
+        _kill_group(proc)
+        raise
+    finally:
+        _kill_group(proc)
+    if rc != 0:
+        raise RunFailed(_failure_sentence(rc, errors, output))
+    with open(out / "run.json") as f:
+        return json.load(f)
+
+
+def _root_cause(output: list[str]) -> tuple[str, str] | None:
+    """torchrun's own verdict: the rank it saw fail first and how it ended."""
+    try:
+        start = max(i for i, line in enumerate(output) if "Root Cause" in line)
+    except ValueError:
+        return None
+    rank = how = None
+    for line in output[start:start + 12]:
+        if m := re.match(r"\s*rank\s*:\s*(\d+)", line):
+            rank = m[1]
+        if m := re.match(r"\s*exitcode\s*:\s*(-?\d+).*?(\((SIG\w+)\))?\s*$", line):
+            how = m[3] or f"exit status {m[1]}"
+    return (rank, how) if rank is not None else None
+
+
+def _failure_sentence(rc: int, errors: list[str], output: list[str]) -> str:
+    root = _root_cause(output)
+    said = {e[len("[rank "):e.index("]")]: e.split("error: ", 1)[1] for e in reversed(errors)}
+    if root is not None:
+        rank, how = root
+        if rank in said:
+            return f"The run failed: rank {rank} raised {said[rank]}."
+        return f"The run failed: rank {rank} died ({how}) and the other ranks were stopped."
+    if errors:  # the first rank to speak is the cause; later ones only lost their peer
+        first = errors[0]
+        return f"The run failed: rank {first[len('[rank '):first.index(']')]} raised {first.split('error: ', 1)[1]}."
+    return f"The run failed with torchrun exit status {rc} and no rank said why."
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()

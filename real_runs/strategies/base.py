@@ -1,0 +1,352 @@
+"""What every strategy shares: the step skeleton, per-layer hooks, flat padded buffers,
+the AdamW update, and the collectives.
+
+A strategy sees the model as the list ``model.layers`` (0 = embeddings, last = head) and
+may act at four moments per layer, all called from hooks installed here:
+``before_forward(i)``, ``after_forward(i)``, ``before_backward(i)`` and
+``grad_ready(param)`` (after autograd has accumulated a parameter's gradient).  The
+hooks also time ``fwd L<i>`` / ``bwd L<i>``; the strategy's own work at those moments
+(waiting for a gather, launching a reduce-scatter) is deliberately left outside the
+compute spans, so a stall shows up as a gap rather than as slow compute.
+
+Sharded strategies keep tensors in :class:`Flat` buffers: a group of parameters laid
+end to end and padded to a multiple of the world size, so that ``reduce_scatter`` and
+``all_gather`` get equal chunks on every rank whatever the model's sizes.  Rank ``r``
+owns chunk ``r``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from zero_sim.vocabulary import (
+    ACTIVATIONS,
+    ALL_GATHER,
+    ALL_REDUCE,
+    BACKWARD,
+    BUFFERS,
+    FORWARD,
+    GRADS,
+    OPTIMIZER,
+    OPTIMIZER_STATE,
+    PARAMS,
+    REDUCE_SCATTER,
+    bwd,
+    fwd,
+)
+
+from ..record import Pending, Recorder
+
+# torch 2.13 renamed the flat collectives; older versions only have the old names.
+_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+@dataclass(frozen=True)
+class AdamW:
+    lr: float = 1e-3
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = 1e-8
+    weight_decay: float = 0.01
+
+    def torch_optimizer(self, params) -> torch.optim.AdamW:
+        return torch.optim.AdamW(params, lr=self.lr, betas=self.betas, eps=self.eps,
+                                 weight_decay=self.weight_decay, foreach=False)
+
+
+class AdamState:
+    """Adam moments for one flat tensor (a whole bucket, or this rank's shard of one).
+
+    The arithmetic is torch's single-tensor AdamW, op for op, so a sharded update lands
+    on the same numbers as ``torch.optim.AdamW`` on the whole parameter."""
+
+    def __init__(self, like: torch.Tensor, hp: AdamW):
+        self.hp = hp
+        self.m = torch.zeros_like(like)
+        self.v = torch.zeros_like(like)
+        self.t = 0
+
+    @property
+    def nbytes(self) -> int:
+        return self.m.nbytes + self.v.nbytes
+
+    @torch.no_grad()
+    def update(self, p: torch.Tensor, g: torch.Tensor) -> None:
+        hp, (b1, b2) = self.hp, self.hp.betas
+        self.t += 1
+        p.mul_(1 - hp.lr * hp.weight_decay)
+        self.m.lerp_(g, 1 - b1)
+        self.v.mul_(b2).addcmul_(g, g, value=1 - b2)
+        step_size = hp.lr / (1 - b1 ** self.t)
+        denom = (self.v.sqrt() / math.sqrt(1 - b2 ** self.t)).add_(hp.eps)
+        p.addcdiv_(self.m, denom, value=-step_size)
+
+
+def free(t: torch.Tensor) -> None:
+    """Drop a buffer's memory but keep the tensor (and every view of it) usable later."""
+    t.untyped_storage().resize_(0)
+
+
+def realloc(t: torch.Tensor) -> None:
+    t.untyped_storage().resize_(t.numel() * t.element_size())
+
+
+class Flat:
+    """Parameters laid end to end in one buffer padded to a multiple of ``world``.
+
+    After ``bind()`` each parameter's data (and, with ``bind_grads``, its ``.grad``) is a
+    view into the flat buffer, so a collective on the buffer *is* a collective on the
+    parameters, and autograd accumulates gradients straight into it."""
+
+    def __init__(self, params: list[nn.Parameter], index: int, layer: int | None, world: int = 1, rank: int = 0):
+        self.params = params
+        self.index, self.layer = index, layer
+        self.numel = sum(p.numel() for p in params)
+        self.padded = math.ceil(self.numel / world) * world
+        self.chunk = self.padded // world
+        self.rank = rank
+        p0 = params[0]
+        self.data = torch.zeros(self.padded, dtype=p0.dtype, device=p0.device)
+        self.grad = torch.zeros_like(self.data)
+        with torch.no_grad():
+            torch.cat([p.detach().flatten() for p in params], out=self.data[:self.numel])
+
+    @property
+    def nbytes(self) -> int:
+        return self.padded * self.data.element_size()
+
+    @property
+    def chunk_bytes(self) -> int:
+        return self.chunk * self.data.element_size()
+
+    def mine(self, buf: torch.Tensor) -> torch.Tensor:
+        return buf[self.rank * self.chunk:(self.rank + 1) * self.chunk]
+
+    def _views(self, buf: torch.Tensor):
+        off = 0
+        for p in self.params:
+            yield p, buf[off:off + p.numel()].view_as(p)
+            off += p.numel()
+
+    def bind(self) -> None:
+        # Assigning .data keeps each parameter's own autograd version counter, so
+        # collectives writing into the buffer never trip autograd's in-place checks.
+        for p, view in self._views(self.data):
+            p.data = view
+
+    def bind_grads(self) -> None:
+        for p, view in self._views(self.grad):
+            p.grad = view
+
+    def read(self, buf: torch.Tensor) -> dict[nn.Parameter, torch.Tensor]:
+        return {p: view.detach().clone() for p, view in self._views(buf)}
+
+
+def bucketize(params: list[nn.Parameter], cap_bytes: float) -> list[list[nn.Parameter]]:
+    """Group parameters in reverse order (the order backward produces their gradients)
+    into buckets of at most ``cap_bytes``; ``cap_bytes <= 0`` puts each in its own."""
+    buckets, cur, size = [], [], 0
+    for p in reversed(params):
+        nbytes = p.numel() * p.element_size()
+        if cur and size + nbytes > cap_bytes:
+            buckets.append(cur)
+            cur, size = [], 0
+        cur.append(p)
+        size += nbytes
+    if cur:
+        buckets.append(cur)
+    return buckets
+
+
+class InOrder:
+    """Launch a bucket's collective once all its gradients are in, but never before the
+    buckets ahead of it: every rank must issue the same collectives in the same order."""
+
+    def __init__(self, flats: list[Flat], launch):
+        self.flats, self.launch = flats, launch
+        self.bucket_of = {p: f for f in flats for p in f.params}
+        self.reset()
+
+    def reset(self) -> None:
+        self.missing = [len(f.params) for f in self.flats]
+        self.next = 0
+
+    def ready(self, p: nn.Parameter) -> None:
+        self.missing[self.bucket_of[p].index] -= 1
+        while self.next < len(self.flats) and self.missing[self.next] == 0:
+            self.launch(self.flats[self.next])
+            self.next += 1
+
+    def flush(self) -> None:
+        """Launch whatever is left (parameters that got no gradient this step)."""
+        while self.next < len(self.flats):
+            self.launch(self.flats[self.next])
+            self.next += 1
+
+
+# Per-rank model-state bytes from the ZeRO paper, for parameters of b bytes, gradients of
+# b bytes and K bytes of optimizer state per parameter (fp32 Adam: b=4, K=8).
+FORMULAS = {
+    "ddp": ("(2b+K)Ψ", lambda psi, n, b, k: (2 * b + k) * psi),
+    "zero1": ("2bΨ + KΨ/N", lambda psi, n, b, k: 2 * b * psi + k * psi / n),
+    "zero2": ("bΨ + (b+K)Ψ/N", lambda psi, n, b, k: b * psi + (b + k) * psi / n),
+    "zero3": ("(2b+K)Ψ/N", lambda psi, n, b, k: (2 * b + k) * psi / n),
+}
+
+
+class Strategy:
+    """The step skeleton.  Subclasses fill in the hooks and ``step``."""
+
+    name = ""
+    stage = ""  # which row of FORMULAS its model states follow
+
+    def __init__(self, model: nn.Module, rec: Recorder, hp: AdamW, bucket_mb: float):
+        self.model, self.rec, self.hp = model, rec, hp
+        self.bucket_bytes = bucket_mb * 2**20
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.layers = list(model.layers)
+        self.n_layers = len(self.layers)
+        self.names = {p: n for n, p in model.named_parameters()}
+        self.layer_of = {p: i for i, layer in enumerate(self.layers) for p in layer.parameters()}
+        self.setup()
+        self._install_hooks()
+
+    # --- to override ------------------------------------------------------------
+
+    def setup(self) -> None: ...
+    def before_forward(self, i: int) -> None: ...
+    def after_forward(self, i: int) -> None: ...
+    def before_backward(self, i: int) -> None: ...
+    def grad_ready(self, p: nn.Parameter) -> None: ...
+    def zero_grad(self) -> None: ...
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return self.model(x, y)
+
+    def step(self) -> None:
+        raise NotImplementedError
+
+    def full_params(self) -> dict[str, torch.Tensor]:
+        """Every parameter, whole, on every rank (collective).  Here: replicated params."""
+        return {self.names[p]: p.detach().clone() for p in self.model.parameters()}
+
+    def full_optimizer_state(self) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """Adam's (m, v) for every parameter, whole, on every rank (collective)."""
+        raise NotImplementedError
+
+    def model_state_bytes(self) -> dict[str, int]:
+        """Exact bytes of params, grads and optimizer state this rank holds between steps."""
+        raise NotImplementedError
+
+    def moments_by_name(self, flats: list[Flat], ms: list[torch.Tensor], vs: list[torch.Tensor]):
+        """Whole flat Adam moments, cut back into one (m, v) per parameter name."""
+        out = {}
+        for f, m, v in zip(flats, ms, vs, strict=True):
+            mm, vv = f.read(m), f.read(v)
+            out.update({self.names[p]: (mm[p], vv[p]) for p in f.params})
+        return out
+
+    # --- the step -----------------------------------------------------------------
+
+    def train_step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        rec = self.rec
+        self.zero_grad()
+        rec.phase = FORWARD
+        with rec.saved_activations():
+            loss = self.forward(x, y)
+        rec.phase = BACKWARD
+        loss.backward()
+        rec.close(bwd(0))
+        rec.set_memory(ACTIVATIONS, 0)
+        rec.phase = OPTIMIZER
+        self.step()
+        self.record_model_states()
+        return loss.detach()
+
+    def record_model_states(self) -> None:
+        for cat, nbytes in self.model_state_bytes().items():
+            self.rec.set_memory(cat, nbytes)
+
+    # --- hooks ------------------------------------------------------------------------
+
+    def _install_hooks(self) -> None:
+        rec, last = self.rec, self.n_layers - 1
+
+        def on_output_grad(i):
+            # The gradient of layer i's output is complete: layer i+1's backward is over
+            # and layer i's is about to start.
+            def hook(grad):
+                rec.close(bwd(i + 1))
+                self.before_backward(i)
+                rec.open(bwd(i), i)
+            return hook
+
+        for i, layer in enumerate(self.layers):
+            def pre(_m, _args, i=i):
+                self.before_forward(i)
+                rec.open(fwd(i), i)
+
+            def post(_m, _args, out, i=i):
+                rec.close(fwd(i))
+                self.after_forward(i)
+                if torch.is_grad_enabled() and out.requires_grad:
+                    out.register_hook(on_output_grad(i) if i < last else self._loss_hook)
+
+            layer.register_forward_pre_hook(pre)
+            layer.register_forward_hook(post)
+        for p in self.model.parameters():
+            p.register_post_accumulate_grad_hook(self.grad_ready)
+
+    def _loss_hook(self, grad):
+        last = self.n_layers - 1
+        self.before_backward(last)
+        self.rec.open(bwd(last), last)
+
+    # --- collectives, recorded ---------------------------------------------------
+
+    def all_reduce(self, buf: torch.Tensor, name: str, layer: int | None = None) -> Pending:
+        work = dist.all_reduce(buf, op=dist.ReduceOp.AVG, async_op=True)
+        return self.rec.comm(work, name, buf.nbytes, layer)
+
+    def reduce_scatter(self, out: torch.Tensor, inp: torch.Tensor, name: str, layer: int | None = None) -> Pending:
+        work = _reduce_scatter(out, inp, op=dist.ReduceOp.AVG, async_op=True)
+        return self.rec.comm(work, name, inp.nbytes, layer)
+
+    def all_gather(self, out: torch.Tensor, inp: torch.Tensor, name: str, layer: int | None = None) -> Pending:
+        work = _all_gather(out, inp, async_op=True)
+        return self.rec.comm(work, name, out.nbytes, layer)
+
+
+def gather_flat_chunks(flats: list[Flat], bufs: list[torch.Tensor]) -> list[torch.Tensor]:
+    """All-gather each rank's chunk of several flat buffers (used to read sharded state back)."""
+    whole = []
+    for f, chunk in zip(flats, bufs, strict=True):
+        out = torch.empty(f.padded, dtype=chunk.dtype, device=chunk.device)
+        _all_gather(out, chunk.contiguous())
+        whole.append(out)
+    return whole
+
+
+def model_state_bytes(params: int, grads: int, optimizer: int) -> dict[str, int]:
+    return {PARAMS: params, GRADS: grads, OPTIMIZER_STATE: optimizer}
+
+
+def formula_bytes(stage: str, psi: int, world: int, elem_bytes: int = 4, k: int = 8) -> dict:
+    text, f = FORMULAS[stage]
+    return {"formula": text, "b": elem_bytes, "K": k, "psi": psi, "N": world,
+            "bytes": int(round(f(psi, world, elem_bytes, k)))}
+
+
+def optimizer_moment_bytes(opt: torch.optim.Optimizer) -> int:
+    """Adam's m and v as torch holds them (the scalar step counters are left out)."""
+    total = 0
+    for state in opt.state.values():
+        for key in ("exp_avg", "exp_avg_sq"):
+            t = state[key]
+            total += (t.to_local() if hasattr(t, "to_local") else t).nbytes
+    return total

@@ -1,0 +1,277 @@
+"""Train the small GPT under one strategy and record what happened.
+
+Two CPU ranks on gloo, the ``tiny`` model, five steps::
+
+    torchrun --nproc_per_node 2 -m real_runs.train --strategy zero2-hook --steps 5 --out out/z2h
+
+The same without torchrun (this process starts it, and stops every rank if one fails)::
+
+    python -m real_runs.train --nproc 2 --strategy zero2-hook --steps 5 --out out/z2h
+
+The global batch (sequences per step) is split evenly across ranks, so any number of
+ranks trains the same model on the same data.  The backend follows the device: nccl on
+CUDA, gloo on CPU, where each rank uses one thread.
+
+Output, in ``--out``: ``rank<r>.json`` per rank (ops and memory over time),
+``trace_rank<r>.json`` with ``--trace``, ``state.pt`` with ``--save-state`` (whole
+parameters and Adam moments, for tests), and last, written by rank 0 only once every
+rank's file is in place, ``run.json``.  Every file is written to a temporary name and
+renamed, and a run that fails never writes ``run.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import platform
+import signal
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from zero_sim.vocabulary import REAL_STRATEGIES
+
+from .model import PRESETS, build_model, count_params, global_batch, rank_shard
+from .record import Recorder, peak_cuda_bytes
+from .strategies import STRATEGIES, AdamW
+from .strategies.base import formula_bytes
+
+
+class BadInput(Exception):
+    """Raised with one sentence for the user; the process exits with status 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):
+        raise BadInput(f"{message[0].upper()}{message[1:]}.")
+
+
+def make_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="python -m real_runs.train", description=__doc__.split("\n\n")[0])
+    p.add_argument("--strategy", required=True, help=", ".join(REAL_STRATEGIES))
+    p.add_argument("--model", default="tiny", help=", ".join(PRESETS))
+    p.add_argument("--global-batch", type=int, default=8, help="sequences per step, split across ranks")
+    p.add_argument("--seq-len", type=int, default=None, help="tokens per sequence (default: the preset's maximum)")
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--bucket-mb", type=float, default=25.0, help="gradient bucket cap (ddp, zero1, zero2)")
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--out", default="out/real_run")
+    p.add_argument("--trace", action="store_true", help="also write a torch.profiler Chrome trace per rank")
+    p.add_argument("--save-state", action="store_true", help="write whole params and Adam moments to state.pt")
+    p.add_argument("--timeout-s", type=float, default=90.0, help="give up on a collective after this long")
+    p.add_argument("--nproc", type=int, default=1, help="ranks to start when not already under torchrun")
+    p.add_argument("--fail-rank", type=int, default=None, help="fault injection: the rank that fails")
+    p.add_argument("--fail-at-step", type=int, default=0, help="fault injection: the step it fails in")
+    p.add_argument("--fail-mode", choices=("raise", "kill"), default="raise")
+    return p
+
+
+def validate(args: argparse.Namespace, world: int) -> None:
+    """Check everything that can be checked before any rank talks to another."""
+    if args.strategy not in STRATEGIES:
+        raise BadInput(f"Unknown strategy {args.strategy!r}; choose one of {', '.join(REAL_STRATEGIES)}.")
+    if args.model not in PRESETS:
+        raise BadInput(f"Unknown model preset {args.model!r}; choose one of {', '.join(PRESETS)}.")
+    cfg = PRESETS[args.model]
+    if args.seq_len is None:
+        args.seq_len = cfg.max_seq
+    if not 1 <= args.seq_len <= cfg.max_seq:
+        raise BadInput(f"--seq-len must be between 1 and {cfg.max_seq} for the {args.model} preset.")
+    if args.steps < 1 or args.global_batch < 1:
+        raise BadInput("--steps and --global-batch must be positive.")
+    if args.global_batch % world:
+        raise BadInput(f"--global-batch {args.global_batch} does not split evenly across {world} ranks.")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise BadInput("--device cuda was asked for but this machine has no CUDA device.")
+    if args.nproc < 1:
+        raise BadInput("--nproc must be at least 1.")
+
+
+def _write_json(path: Path, obj) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w") as f:
+        json.dump(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _clear_outputs(out: Path) -> None:
+    """A stale run.json must vanish before anything else, so no old run looks complete."""
+    out.mkdir(parents=True, exist_ok=True)
+    for pattern in ("run.json", "rank*.json", "trace_rank*.json", "state.pt", ".*.tmp"):
+        for f in out.glob(pattern):
+            f.unlink(missing_ok=True)
+
+
+def _init_distributed(args) -> tuple[int, int, torch.device]:
+    timeout = datetime.timedelta(seconds=args.timeout_s)
+    if args.device == "cuda":
+        local = int(os.environ.get("LOCAL_RANK", 0))
+        torch.cuda.set_device(local)
+        device, backend = torch.device("cuda", local), "nccl"
+    else:
+        torch.set_num_threads(1)
+        device, backend = torch.device("cpu"), "gloo"
+    if "RANK" in os.environ:
+        dist.init_process_group(backend, timeout=timeout, device_id=device if device.type == "cuda" else None)
+    else:  # a single process without torchrun
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
+    return dist.get_rank(), dist.get_world_size(), device
+
+
+def _inject_fault(args, rank: int, step: int) -> None:
+    if args.fail_rank == rank and args.fail_at_step == step:
+        if args.fail_mode == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        raise RuntimeError(f"injected fault at step {step}")
+
+
+def _versions() -> dict:
+    return {"torch": torch.__version__, "python": platform.python_version(),
+            "cuda": torch.version.cuda, "nccl": ".".join(map(str, torch.cuda.nccl.version()))
+            if torch.cuda.is_available() else None}
+
+
+def train(args) -> dict | None:
+    rank, world, device = _init_distributed(args)
+    out = Path(args.out)
+    if rank == 0:
+        _clear_outputs(out)
+    dist.barrier()
+
+    cfg = PRESETS[args.model]
+    model = build_model(cfg, args.seed, device)
+    n_params = count_params(model)
+    rec = Recorder(rank, device)
+    strategy = STRATEGIES[args.strategy](model, rec, AdamW(lr=args.lr), args.bucket_mb)
+    strategy.record_model_states()
+
+    profiler = None
+    if args.trace:
+        acts = [torch.profiler.ProfilerActivity.CPU]
+        if device.type == "cuda":
+            acts.append(torch.profiler.ProfilerActivity.CUDA)
+        profiler = torch.profiler.profile(activities=acts)
+        profiler.__enter__()
+
+    losses, step_times = [], []
+    for step in range(args.steps):
+        x, y = global_batch(cfg, args.seed, step, args.global_batch, args.seq_len)
+        x, y = rank_shard(x, rank, world).to(device), rank_shard(y, rank, world).to(device)
+        _inject_fault(args, rank, step)
+        rec.begin_step(step)
+        t0 = time.perf_counter()
+        loss = strategy.train_step(x, y)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        step_times.append(time.perf_counter() - t0)
+        rec.end_step()
+        losses.append(loss.item())
+        if rank == 0:
+            print(f"step {step + 1}/{args.steps} loss {losses[-1]:.4f} time {step_times[-1]:.3f}s", flush=True)
+
+    if profiler is not None:
+        profiler.__exit__(None, None, None)
+        tmp = out / f".trace_rank{rank}.json.{os.getpid()}.tmp"
+        profiler.export_chrome_trace(str(tmp))
+        os.replace(tmp, out / f"trace_rank{rank}.json")
+
+    # Everything below is collective: gather the whole model back and agree on figures.
+    full = strategy.full_params()
+    param_l2 = math.sqrt(sum(float(t.double().pow(2).sum()) for t in full.values()))
+    moments = strategy.full_optimizer_state() if args.save_state else None
+    mean_loss = torch.tensor(losses, dtype=torch.float64, device=device)
+    dist.all_reduce(mean_loss)
+    mean_loss /= world
+    times = torch.tensor(step_times, dtype=torch.float64, device=device)
+    dist.all_reduce(times, op=dist.ReduceOp.MAX)  # a step lasts until its slowest rank is done
+
+    memory = dict(rec.peaks)
+    memory.update(strategy.model_state_bytes())  # what is held between steps
+    peak = peak_cuda_bytes(device)
+    if peak is not None:
+        memory["peak_allocated"] = peak
+    _write_json(out / f"rank{rank}.json", {
+        "rank": rank, "world_size": world, "strategy": args.strategy, "device": str(device),
+        "ops": rec.op_records(), "memory_timeline": rec.memory, "memory": memory,
+        "step_times_s": step_times, "losses": losses,
+    })
+    per_rank = [None] * world
+    dist.all_gather_object(per_rank, memory)
+
+    if rank != 0:
+        return None
+    if args.save_state:
+        tmp = out / f".state.pt.{os.getpid()}.tmp"
+        torch.save({"params": {k: v.cpu() for k, v in full.items()},
+                    "exp_avg": {k: m.cpu() for k, (m, _) in moments.items()},
+                    "exp_avg_sq": {k: v.cpu() for k, (_, v) in moments.items()}}, tmp)
+        os.replace(tmp, out / "state.pt")
+    missing = [r for r in range(world) if not (out / f"rank{r}.json").exists()]
+    if missing:
+        raise RuntimeError(f"rank files missing for ranks {missing}")
+    stage = STRATEGIES[args.strategy].stage
+    formula = formula_bytes(stage, n_params, world)
+    formula["measured"] = {
+        str(r): m["params"] + m["grads"] + m["optimizer"] for r, m in enumerate(per_rank)}
+    run = {
+        "strategy": args.strategy, "world_size": world, "backend": dist.get_backend(),
+        "device": device.type, "model": args.model, "model_config": cfg.to_dict(), "params": n_params,
+        "dtype": "float32", "global_batch": args.global_batch, "seq_len": args.seq_len,
+        "steps": args.steps, "seed": args.seed, "bucket_mb": args.bucket_mb, "lr": args.lr,
+        "step_times_s": times.tolist(), "median_step_s": statistics.median(times.tolist()),
+        "losses": mean_loss.tolist(), "final_loss": float(mean_loss[-1]), "param_l2": param_l2,
+        "memory": {str(r): m for r, m in enumerate(per_rank)}, "model_states_formula": formula,
+        "versions": _versions(), "files": sorted(f.name for f in out.iterdir() if not f.name.startswith(".")),
+    }
+    _write_json(out / "run.json", run)
+    return run
+
+
+def _finish() -> None:
+    # Tear down only once every rank is done with every collective: a process group
+    # destroyed while a peer still talks to it can abort the process.
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def main(argv: list[str] | None = None) -> int:
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    rank = int(os.environ.get("RANK", 0))
+    try:
+        args = make_parser().parse_args(argv)
+        validate(args, world if "RANK" in os.environ else args.nproc)
+    except BadInput as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if "RANK" not in os.environ and args.nproc > 1:
+        from .launch import RunFailed, launch_argv
+        try:
+            launch_argv(list(argv if argv is not None else sys.argv[1:]), args.nproc, on_line=print)
+        except RunFailed as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
+        return 0
+    try:
+        train(args)
+        _finish()
+    except Exception as e:
+        # One line naming the rank: the launcher lifts it into its error message.
+        print(f"[rank {rank}] error: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
+              file=sys.stderr, flush=True)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
