@@ -16,7 +16,7 @@ from real_runs.strategies import AdamW
 RUN = dict(model="nano", global_batch=8, seq_len=32, steps=2, seed=3, lr=1e-3)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def reference(model: str, global_batch_: int, seq_len: int, steps: int, seed: int, lr: float) -> dict:
     """Plain single-process training on the whole global batch: the ground truth."""
     torch.set_num_threads(1)
@@ -40,7 +40,7 @@ def reference_for(run: dict) -> dict:
     return reference(run["model"], run["global_batch"], run["seq_len"], run["steps"], run["seed"], run["lr"])
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def real_run(strategy: str, nproc: int, **overrides) -> tuple[dict, str]:
     """One torchrun per (strategy, ranks, options) for the whole test session."""
     flags = {**RUN, **overrides}

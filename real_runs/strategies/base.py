@@ -26,16 +26,12 @@ import torch.nn as nn
 
 from zero_sim.vocabulary import (
     ACTIVATIONS,
-    ALL_GATHER,
-    ALL_REDUCE,
     BACKWARD,
-    BUFFERS,
     FORWARD,
     GRADS,
     OPTIMIZER,
     OPTIMIZER_STATE,
     PARAMS,
-    REDUCE_SCATTER,
     bwd,
     fwd,
 )

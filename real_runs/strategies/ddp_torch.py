@@ -16,7 +16,6 @@ Per-rank model states (fp32): 16Ψ.
 
 from __future__ import annotations
 
-import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from zero_sim.vocabulary import ALL_REDUCE, bucket_collective, opt

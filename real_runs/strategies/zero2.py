@@ -36,7 +36,17 @@ import torch
 
 from zero_sim.vocabulary import ALL_GATHER, BUFFERS, REDUCE_SCATTER, bucket_collective, opt
 
-from .base import AdamState, Flat, InOrder, Strategy, bucketize, free, gather_flat_chunks, model_state_bytes, realloc
+from .base import (
+    AdamState,
+    Flat,
+    InOrder,
+    Strategy,
+    bucketize,
+    free,
+    gather_flat_chunks,
+    model_state_bytes,
+    realloc,
+)
 
 
 class ZeRO2(Strategy):
