@@ -1,7 +1,7 @@
 # Two commands do everything on a fresh machine:
 #   make lab    set up .venv and start JupyterLab on notebooks/
 #   make test   set up .venv and run every test
-# Other targets: demo, bench, lint, validate, clean.
+# Other targets: demo, bench, lint, clean.
 
 PYTHON ?= python3
 VENV   := .venv
@@ -9,7 +9,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 PORT   ?= 8888
 
-.PHONY: lab test demo bench lint validate browser-deps clean
+.PHONY: lab test demo bench lint browser-deps clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -46,9 +46,6 @@ bench: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check zero_sim real_runs tests bench
-
-validate: $(STAMP)
-	$(BIN)/zero-sim validate --quick --report out/validation
 
 clean:
 	rm -rf $(VENV) out build *.egg-info

@@ -69,19 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo", help="simulate the default scenario; write a PNG and a trace")
     demo.add_argument("--out", type=Path, default=Path("out"))
-    _register_extra_commands(sub)
     return parser
-
-
-def _register_extra_commands(sub) -> None:
-    """Commands that live in their own modules (calibration, validation) when present."""
-    try:
-        from zero_sim import calibrate
-    except ImportError:
-        return
-    register = getattr(calibrate, "register_cli", None)
-    if register:
-        register(sub, _Parser)
 
 
 def _human(m: dict) -> str:
@@ -188,8 +176,6 @@ def main(argv=None) -> int:
             return _fit(args)
         if args.command == "demo":
             return _demo(args)
-        if hasattr(args, "handler"):
-            return args.handler(args)
         parser.print_help()
         return 2
     except (UsageError, ScenarioError, CollectiveError) as exc:

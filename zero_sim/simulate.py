@@ -67,7 +67,6 @@ COMMON: tuple[Setting, ...] = (
     Setting("seed", 0, "seed for straggler draws", int),
     Setting("steps", 2, "steps to simulate (the last is reported)", int),
     Setting("explicit_ranks", None, "simulate every rank (default: when N <= 8)", bool),
-    Setting("calibration", None, "calibration JSON from `zero-sim calibrate`"),
 )
 COMMON_NAMES = {s.name for s in COMMON}
 
@@ -151,10 +150,6 @@ def simulate(**kwargs) -> SimResult:
     gpu = GPUS[s["gpu"] or topo.spec.gpu]
     compute = ComputeModel(gpu, efficiency=s["efficiency"])
     coll_backend, coll_algorithm = s["backend"], s["algorithm"]
-    if s["calibration"]:
-        from zero_sim.calibrate import apply_calibration
-
-        compute, topo = apply_calibration(s["calibration"], compute, topo, workload)
     precision = PRECISIONS[s["precision"]]
     if s["optimizer_k"] is not None:
         from dataclasses import replace
