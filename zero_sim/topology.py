@@ -121,7 +121,7 @@ PRESETS: dict[str, TopologySpec] = {
         "cpu-gloo", "processes on one CPU host talking gloo over loopback TCP",
         64, Fabric("loopback", 2.0, 60.0, subgroups=1, bus_gbps=4.0, bus_latency_us=20.0),
         None, "CPU",
-        "order of magnitude for loopback TCP on a small VM; calibrate with `zero-sim calibrate`",
+        "order of magnitude for loopback TCP on a small VM; not yet calibrated",
     ),
 }
 
