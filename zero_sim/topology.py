@@ -286,7 +286,8 @@ def parse_nvidia_smi_topo(text: str, name: str = "imported") -> TopologySpec:
     rows = []
     for line in text.splitlines():
         parts = line.split()
-        if parts and parts[0].startswith("GPU") and parts[0][3:].isdigit():
+        header = len(parts) > 1 and parts[1].startswith("GPU")
+        if parts and parts[0].startswith("GPU") and parts[0][3:].isdigit() and not header:
             rows.append(parts)
     if not rows:
         raise TopologyError("no 'GPU<i>' rows found; paste the matrix printed by `nvidia-smi topo -m`")
