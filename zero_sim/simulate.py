@@ -11,15 +11,12 @@ with a sentence naming the strategies it belongs to.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
-
 from zero_sim.collectives import ALGORITHMS, BACKENDS, CollectiveModel
 from zero_sim.engine import Engine, EngineConfig, Straggler
 from zero_sim.hardware import GPUS, ComputeModel
 from zero_sim.results import SimResult, compute_metrics
 from zero_sim.strategies import PRECISIONS, Context, all_knobs, get_strategy
-from zero_sim.strategies.base import StrategyError
+from zero_sim.strategies.base import Knob, StrategyError
 from zero_sim.topology import PRESETS as TOPOLOGIES
 from zero_sim.topology import build_topology
 from zero_sim.workload import RECOMPUTE_MODES, WorkloadError, gpt_workload, preset, synthesize_shape
@@ -29,29 +26,20 @@ class ScenarioError(ValueError):
     """Settings that cannot be simulated; the message is one sentence saying how to fix them."""
 
 
-@dataclass(frozen=True)
-class Setting:
-    name: str
-    default: Any
-    help: str
-    kind: type = str
-    choices: tuple | None = None
-
-    @property
-    def flag(self) -> str:
-        return "--" + self.name.replace("_", "-")
+# A common setting has the same shape as a strategy's knob: a flag, a keyword, a default.
+Setting = Knob
 
 
 COMMON: tuple[Setting, ...] = (
-    Setting("model", "gpt2-124m", "model preset (see `zero-sim presets`)"),
+    Setting("model", "gpt2-124m", "model preset (see `zero-sim presets`)", str),
     Setting("params", None, "synthesize a GPT of about this many parameters instead of a preset", int),
     Setting("seq_len", None, "sequence length (default: the preset's)", int),
     Setting("micro_batch", 8, "sequences per rank per micro-step", int),
     Setting("grad_accum", 1, "micro-steps per optimizer step (no gradient sync until the last)", int),
-    Setting("strategy", "ddp", "ddp, zero1, zero2, zero3 or fsdp"),
+    Setting("strategy", "ddp", "ddp, zero1, zero2, zero3 or fsdp", str),
     Setting("gpus", 8, "number of ranks N", int),
     Setting("gpus_per_node", None, "ranks per node (default: the topology's node size)", int),
-    Setting("topology", "dgx-a100", "topology preset (see `zero-sim presets`)"),
+    Setting("topology", "dgx-a100", "topology preset (see `zero-sim presets`)", str),
     Setting("gpu", None, "GPU model (default: the topology's)", str, tuple(GPUS)),
     Setting("bandwidth_gbps", None, "override the bottleneck link's bandwidth, in Gbit/s", float),
     Setting("backend", "nccl", "collective library", str, tuple(BACKENDS)),

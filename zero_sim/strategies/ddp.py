@@ -84,33 +84,40 @@ class DDP(Strategy):
         b = ProgramBuilder(resident)
         cap, first = bucket_caps(ctx.knob("bucket_mb"))
         plan = buckets(w, cap, p.grad_bytes, first)
-        ready_after = {}
-        for bucket in plan:
-            ready_after.setdefault(bucket.ready_after_layer, []).append(bucket)
-
-        reduce_of_layer: dict[int, int] = {}
-        for micro in range(ctx.grad_accum):
-            last = micro == ctx.grad_accum - 1
-            forward(b, ctx, micro=micro, prev_deps_first=())
-            launched: list[int] = []
-
-            def after(layer, bwd_op, last=last, launched=launched):
-                if not last:
-                    return
-                for bucket in ready_after.get(layer.index, []):
-                    launched.append(b.collective(
-                        ALL_REDUCE, bucket_collective(ALL_REDUCE, bucket.index), bucket.numel * p.grad_bytes,
-                        BACKWARD, layer=layer.index, deps=(bwd_op,)))
-                    for li in bucket.layers:
-                        reduce_of_layer[li] = launched[-1]
-
-            backward(b, ctx, after=after)
+        all_reduces = tuple(steps_with_bucketed_reduction(b, ctx, plan, ALL_REDUCE, transient_buffers=False))
         # torch's optimizer step follows backward(), whose finalisation makes the compute
         # stream wait for every bucket: each layer's update waits for all of them.
-        all_reduces = tuple(reduce_of_layer[i] for i in sorted(set(reduce_of_layer)))
         optimizer_ops(b, ctx, lambda layer: all_reduces)
         prog = b.build()
         prog.model_flops = w.model_flops() * ctx.grad_accum
         prog.notes.append(f"{len(plan)} gradient buckets (cap {ctx.knob('bucket_mb')} MiB"
                           + (", first 1 MiB)" if first else ")"))
         return prog
+
+
+def steps_with_bucketed_reduction(b: ProgramBuilder, ctx: Context, plan, kind: str,
+                                  transient_buffers: bool) -> list[int]:
+    """Forward and backward of every micro-step; on the last, reduce each bucket as it fills.
+
+    ``transient_buffers``: the bucket is a scratch buffer allocated for its collective
+    (DeepSpeed's reduce buckets) rather than a persistent copy of the gradients (torch DDP).
+    """
+    ready: dict[int, list] = {}
+    for bucket in plan:
+        ready.setdefault(bucket.ready_after_layer, []).append(bucket)
+    reductions: list[int] = []
+    for micro in range(ctx.grad_accum):
+        last = micro == ctx.grad_accum - 1
+        forward(b, ctx, micro=micro)
+
+        def after(layer, bwd_op, last=last):
+            if not last:  # no_sync: gradients accumulate locally
+                return
+            for bucket in ready.get(layer.index, []):
+                nbytes = bucket.numel * ctx.precision.grad_bytes
+                scratch = ((BUFFERS, nbytes),) if transient_buffers else ()
+                reductions.append(b.collective(kind, bucket_collective(kind, bucket.index), nbytes, BACKWARD,
+                                               layer=layer.index, deps=(bwd_op,), alloc=scratch, free=scratch))
+
+        backward(b, ctx, after=after)
+    return reductions

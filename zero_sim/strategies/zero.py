@@ -54,7 +54,12 @@ from zero_sim.strategies.base import (
     forward,
     shard,
 )
-from zero_sim.strategies.ddp import DEFAULT_BUCKET_MB, bucket_caps, optimizer_ops
+from zero_sim.strategies.ddp import (
+    DEFAULT_BUCKET_MB,
+    bucket_caps,
+    optimizer_ops,
+    steps_with_bucketed_reduction,
+)
 from zero_sim.vocabulary import (
     ALL_GATHER,
     ALL_REDUCE,
@@ -65,7 +70,6 @@ from zero_sim.vocabulary import (
     OPTIMIZER_STATE,
     PARAMS,
     REDUCE_SCATTER,
-    bucket_collective,
     layer_collective,
     opt,
     wait,
@@ -114,23 +118,7 @@ class ZeRO1(Strategy):
         kind = ALL_REDUCE if ctx.knob("zero1_reduce") == "all_reduce" else REDUCE_SCATTER
         cap, first = bucket_caps(ctx.knob("bucket_mb"))
         plan = buckets(w, cap, p.grad_bytes, first)
-        ready: dict[int, list] = {}
-        for bucket in plan:
-            ready.setdefault(bucket.ready_after_layer, []).append(bucket)
-        reductions: list[int] = []
-        for micro in range(ctx.grad_accum):
-            last = micro == ctx.grad_accum - 1
-            forward(b, ctx, micro=micro)
-
-            def after(layer, bwd_op, last=last):
-                if last:
-                    for bucket in ready.get(layer.index, []):
-                        nbytes = bucket.numel * p.grad_bytes
-                        reductions.append(b.collective(
-                            kind, bucket_collective(kind, bucket.index), nbytes, BACKWARD, layer=layer.index,
-                            deps=(bwd_op,), alloc=((BUFFERS, nbytes),), free=((BUFFERS, nbytes),)))
-
-            backward(b, ctx, after=after)
+        reductions = steps_with_bucketed_reduction(b, ctx, plan, kind, transient_buffers=True)
         opts = optimizer_ops(b, ctx, lambda layer: tuple(reductions), share=1.0 / ctx.world_size)
         opt_of_layer = {layer.index: op for layer, op in zip(w.layers, opts, strict=True)}
         # step() returns once every updated layer is back on every rank.
