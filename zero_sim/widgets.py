@@ -464,6 +464,7 @@ class ScenarioPanel(Panel):
         self.controls["bandwidth_gbps"] = W.FloatLogSlider(
             value=start, base=10, min=0, max=math.log10(5000), step=0.01, description=_label("bandwidth_gbps"),
             style=_STYLE, layout=_WIDE, continuous_update=False, readout_format=".3g")
+        self.controls["bandwidth_gbps"].add_class("zs-bandwidth")
         self.controls["bandwidth_override"] = W.Checkbox(
             value=value is not None, description="override the topology's bottleneck link", indent=False)
 

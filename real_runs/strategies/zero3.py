@@ -9,8 +9,10 @@ Communication phases of one step, in order:
 
 1. **forward**, for each layer i: wait for ``all_gather L<i>`` (launched earlier as a
    prefetch), launch ``all_gather L<i+1>`` so the next layer's parameters travel while
-   this one computes, run the layer, then free its full parameters.  The head, the last
-   layer, is kept: its backward starts immediately (FSDP does the same for its root).
+   this one computes, run the layer, then free its full parameters.  The embeddings and
+   the head stay gathered until their backward, as FSDP keeps its root unit: the head's
+   backward starts at once, and re-gathering the embeddings would cost a collective
+   that nothing else could overlap at the end of backward.
 2. **backward**, for each layer i from last to first: when the gradient of the layer's
    output arrives, wait for its parameters (gathered again; prefetched), launch
    ``all_gather L<i-1>``, and give the layer a zeroed full-size gradient buffer.  When
@@ -22,9 +24,9 @@ Communication phases of one step, in order:
    AdamW on the shard.  No gather follows: the next forward gathers what it needs.
 
 Per-rank model states (fp32): (4 + 4 + 8)Ψ/N = 16Ψ/N.  Gathered parameters and
-full-size gradient buffers are recorded as ``buffers``; with prefetch at most three
-layers' parameters are live at once.  Communication is 3Ψ per rank per step against
-DDP's 2Ψ: parameters are gathered twice.
+full-size gradient buffers are recorded as ``buffers``; with prefetch at most two
+blocks' parameters, plus the embeddings and head, are live at once.  Communication
+is about 3Ψ per rank per step against DDP's 2Ψ: block parameters are gathered twice.
 """
 
 from __future__ import annotations
@@ -89,7 +91,7 @@ class ZeRO3(Strategy):
         self.gather(i + 1)
 
     def after_forward(self, i: int) -> None:
-        if i < self.n_layers - 1:
+        if 0 < i < self.n_layers - 1:
             self.release(i)
 
     def before_backward(self, i: int) -> None:

@@ -1,0 +1,78 @@
+"""When a run goes wrong it says so in one sentence, promptly, and leaves no result
+that looks complete."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from real_runs_helpers import RUN
+
+from real_runs.launch import RunFailed, launch
+
+
+def train_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "real_runs.train", *args],
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--strategy", "zero4"], "Unknown strategy 'zero4'"),
+    (["--strategy", "ddp", "--model", "gpt5"], "Unknown model preset 'gpt5'"),
+    (["--strategy", "ddp", "--nproc", "3", "--global-batch", "8"], "does not split evenly across 3 ranks"),
+    (["--strategy", "ddp", "--seq-len", "100000"], "--seq-len must be between"),
+    (["--steps", "3"], "required: --strategy"),
+])
+def test_bad_input_is_one_sentence_and_exit_status_2(args, says):
+    done = train_cli(*args)
+    assert done.returncode == 2
+    assert says in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
+
+
+def test_the_launcher_refuses_bad_input_before_starting_anything(tmp_path):
+    with pytest.raises(ValueError, match="Unknown strategy"):
+        launch("zero4", nproc=2, out=tmp_path)
+    assert not os.listdir(tmp_path)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message given on a machine without CUDA")
+def test_asking_for_cuda_without_it_is_bad_input():
+    done = train_cli("--strategy", "ddp", "--device", "cuda")
+    assert done.returncode == 2 and "no CUDA device" in done.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode, says", [("raise", "rank 1 raised RuntimeError: injected fault at step 1"),
+                                        ("kill", "rank 1 died (SIGKILL)")])
+def test_a_failing_rank_ends_the_whole_run_with_a_clear_error(tmp_path, mode, says):
+    # A previous complete run in the same place must not survive a failed one.
+    (tmp_path / "run.json").write_text("{}")
+    started = time.monotonic()
+    with pytest.raises(RunFailed) as failure:
+        launch("zero3", nproc=2, out=tmp_path, fail_rank=1, fail_at_step=1, fail_mode=mode,
+               timeout_s=120, **{**RUN, "steps": 3})
+    assert time.monotonic() - started < 60
+    assert says in str(failure.value)
+    assert len(str(failure.value).splitlines()) == 1
+    assert not (tmp_path / "run.json").exists()
+
+
+@pytest.mark.slow
+def test_a_run_that_outlives_its_timeout_is_stopped(tmp_path):
+    started = time.monotonic()
+    with pytest.raises(RunFailed, match="did not finish within"):
+        launch("ddp", nproc=2, out=tmp_path, timeout_s=3, **{**RUN, "steps": 10_000})
+    assert time.monotonic() - started < 20
+    assert not (tmp_path / "run.json").exists()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (NCCL, CUDA events, CUDA memory stats)")
+def test_one_rank_on_cuda_records_events_and_peak_memory(tmp_path):
+    run = launch("zero3", nproc=1, out=tmp_path, device="cuda", **RUN)
+    assert run["backend"] == "nccl"
+    assert run["memory"]["0"]["peak_allocated"] > 0
