@@ -55,8 +55,11 @@ GB = 1e9  # the suite reports decimal gigabytes, as the ZeRO paper and seed 003 
 STAGE_NAMES = ("DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3")
 STAGE_STRATEGIES = ("ddp", "zero1", "zero2", "zero3")
 
-_STYLE = {"description_width": "11em"}
-_WIDE = W.Layout(width="30em")
+_STYLE = {"description_width": "10em"}
+
+
+def _wide() -> W.Layout:
+    return W.Layout(width="27em")  # a fresh Layout per control: hiding one must not hide the others
 
 # ----------------------------------------------------------------------------- controls
 
@@ -118,7 +121,7 @@ def make_control(name: str, value, kind: type = float, choices: Iterable | None 
     if name in _STOPS and (value is None or isinstance(value, int | float)):
         stops = _with_stop(_STOPS[name], value)
         return W.SelectionSlider(options=_stop_options(name, value), value=value if value is not None else stops[0],
-                                 description=_label(name), style=_STYLE, layout=_WIDE,
+                                 description=_label(name), style=_STYLE, layout=_wide(),
                                  continuous_update=False, tooltip=help_text or None)
     if kind is int and value is not None:
         return W.IntText(value=int(value), description=_label(name), style=_STYLE, tooltip=help_text or None)
@@ -463,7 +466,7 @@ class ScenarioPanel(Panel):
         start = value if value is not None else preset
         self.controls["bandwidth_gbps"] = W.FloatLogSlider(
             value=start, base=10, min=0, max=math.log10(5000), step=0.01, description=_label("bandwidth_gbps"),
-            style=_STYLE, layout=_WIDE, continuous_update=False, readout_format=".3g")
+            style=_STYLE, layout=_wide(), continuous_update=False, readout_format=".3g")
         self.controls["bandwidth_gbps"].add_class("zs-bandwidth")
         self.controls["bandwidth_override"] = W.Checkbox(
             value=value is not None, description="override the topology's bottleneck link", indent=False)
@@ -567,7 +570,7 @@ class TimelineExplorer(ScenarioPanel):
     SETTINGS = ("strategy", "model", "gpus", "topology", "bandwidth_gbps", "micro_batch", "recompute")
 
     def __init__(self, settings: Iterable[str] = SETTINGS, knobs: Iterable[str] | str = "all",
-                 max_ranks: int = 4, trace_dir: str | Path = "out", figsize=(10, 6.4), auto: bool = True,
+                 max_ranks: int = 4, trace_dir: str | Path = "out", figsize=(9, 6.2), auto: bool = True,
                  **values):
         values.setdefault("strategy", "ddp")
         values.setdefault("topology", "pcie")
@@ -795,14 +798,14 @@ class MemoryCalculator(Panel):
         super().__init__()
         self.controls = {
             "params_billion": W.FloatLogSlider(value=params_billion, base=10, min=-1, max=3, step=0.01,
-                                               description="model size (billions)", style=_STYLE, layout=_WIDE,
+                                               description="model size (billions)", style=_STYLE, layout=_wide(),
                                                readout_format=".3g", continuous_update=True),
             "gpus": W.SelectionSlider(options=_with_stop([1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024], gpus),
-                                      value=gpus, description="GPUs (N)", style=_STYLE, layout=_WIDE),
+                                      value=gpus, description="GPUs (N)", style=_STYLE, layout=_wide()),
             "stage": W.ToggleButtons(options=[(name, i) for i, name in enumerate(STAGE_NAMES)], value=stage,
                                      description="who shards what", style={"description_width": "11em",
                                                                            "button_width": "7em"}),
-            "k": W.IntSlider(value=k, min=0, max=16, description="K (optimizer bytes)", style=_STYLE, layout=_WIDE),
+            "k": W.IntSlider(value=k, min=0, max=16, description="K (optimizer bytes)", style=_STYLE, layout=_wide()),
             "gpu": W.Dropdown(options=[g for g in GPUS if g != "CPU"], value=gpu, description="GPU", style=_STYLE),
         }
         self.summary = W.HTML()
