@@ -678,7 +678,7 @@ class ComparePanel(ScenarioPanel):
         n = len(self.variants)
         lanes = max_ranks * 3
         self.figure = _Figure(figsize or (10, 1.0 + n * (0.45 * lanes + 0.9)), nrows=n, sharex=True)
-        self.figure.fig.subplots_adjust(left=0.16, right=0.98, top=0.95, bottom=0.1, hspace=0.75)
+        self.figure.fig.subplots_adjust(left=0.16, right=0.98, top=0.95, bottom=0.1 + 0.1 / n, hspace=0.75)
         self.widget = W.VBox([_control_grid(self, list(settings) + self.knob_names), self.table,
                               self.error_box, self.figure.widget])
         self._watch()
@@ -748,6 +748,13 @@ class ComparePanel(ScenarioPanel):
                                   f"{m['exposed_comm_s'] * 1e3:.2f} ms, optimizer phase "
                                   f"{m['phases']['optimizer_s'] * 1e3:.2f} ms")
             _tidy_timeline(ax)
+        # One legend for the whole figure, under the last axis's label.
+        fig.fig.legends.clear()
+        legend = next((ax.get_legend() for ax in reversed(fig.axes) if ax.get_legend()), None)
+        if legend is not None:
+            handles, labels = legend.legend_handles, [t.get_text() for t in legend.get_texts()]
+            legend.remove()
+            fig.fig.legend(handles, labels, loc="lower center", ncol=8, fontsize=8, frameon=False)
         fig.axes[-1].set_xlabel("time in step (ms)")
         for ax in fig.axes:
             if longest:
@@ -1010,8 +1017,13 @@ class NcclFitPanel(Panel):
 # ----------------------------------------------------------------------------- planner
 
 
+# Knobs the planner leaves at their defaults: they change number formats, not the schedule.
+PLANNER_SKIPS = ("param_dtype", "reduce_dtype")
+
+
 def candidates(strategies: Iterable[str] | None = None,
-               recompute: Iterable[str] = ("none", "selective", "full")) -> list[dict]:
+               recompute: Iterable[str] = ("none", "selective", "full"),
+               skip: Iterable[str] = PLANNER_SKIPS) -> list[dict]:
     """Settings worth trying: every strategy at its defaults, and each knob varied one at a time.
 
     Variations come from the knobs themselves (booleans flipped, every other choice of a
@@ -1023,6 +1035,8 @@ def candidates(strategies: Iterable[str] | None = None,
         strategy = get_strategy(name)
         variants: list[dict] = [{}]
         for knob in strategy.knobs:
+            if knob.name in skip:
+                continue
             if knob.kind is bool:
                 variants.append({knob.name: not knob.default})
             elif knob.choices:

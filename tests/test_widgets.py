@@ -1,0 +1,282 @@
+"""The notebook panels, driven the way a reader drives them: change a control, look again.
+
+Every panel recomputes when a control changes and exposes what it shows as
+``panel.result`` (and a refusal as ``panel.error``), so these tests set a control's
+``value`` exactly as a slider release would and read the result back.  No browser and no
+kernel are needed: without the ``ipympl`` backend the panels draw into a plain figure.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import matplotlib
+import pandas as pd
+import pytest
+
+matplotlib.use("Agg")
+
+from zero_sim import ScenarioError, SimResult, simulate  # noqa: E402
+from zero_sim.strategies import STRATEGIES, get_strategy  # noqa: E402
+from zero_sim.strategies.base import Knob  # noqa: E402
+from zero_sim.widgets import (  # noqa: E402
+    ComparePanel,
+    MemoryCalculator,
+    NcclFitPanel,
+    Planner,
+    TimelineExplorer,
+    bottleneck_gbps,
+    candidates,
+    make_control,
+    metrics_text,
+    model_state_bytes,
+    read_control,
+    set_control,
+    sweep,
+)
+
+STEP = re.compile(r"step time ([0-9.]+) ms")
+
+
+def shown_step_ms(panel) -> float:
+    """The step time as the reader sees it in the panel's headline (HTML tags stripped)."""
+    text = re.sub(r"<[^>]+>", "", panel.metrics.value)
+    return float(STEP.search(text).group(1))
+
+
+@pytest.fixture
+def explorer():
+    return TimelineExplorer(strategy="ddp", model="gpt2-124m", gpus=8, topology="pcie", micro_batch=8)
+
+
+# ----------------------------------------------------------------------------- timeline explorer
+
+
+def test_the_explorer_opens_on_the_default_scenario(explorer):
+    assert isinstance(explorer.result, SimResult)
+    assert explorer.error is None
+    direct = simulate(model="gpt2-124m", strategy="ddp", gpus=8, topology="pcie", micro_batch=8)
+    assert explorer.result.metrics["step_time_s"] == pytest.approx(direct.metrics["step_time_s"])
+    assert shown_step_ms(explorer) == pytest.approx(direct.metrics["step_time_s"] * 1e3, abs=0.01)
+    assert "zs-metrics" in explorer.metrics._dom_classes
+
+
+def test_moving_the_bandwidth_slider_shows_a_new_slower_step(explorer):
+    before = explorer.result
+    assert explorer.controls["bandwidth_override"].value is False  # the topology's own links at first
+    explorer.controls["bandwidth_gbps"].value = 50.0  # what releasing the slider does
+    assert explorer.controls["bandwidth_override"].value is True  # moving it means "use this"
+    assert explorer.settings()["bandwidth_gbps"] == 50.0
+    assert explorer.result is not before
+    assert explorer.result.metrics["step_time_s"] > before.metrics["step_time_s"]
+    assert shown_step_ms(explorer) == pytest.approx(explorer.result.metrics["step_time_s"] * 1e3, abs=0.01)
+
+
+def test_unticking_override_returns_to_the_topology_links(explorer):
+    first = explorer.result.metrics["step_time_s"]
+    explorer.controls["bandwidth_gbps"].value = 20.0
+    explorer.controls["bandwidth_override"].value = False
+    assert "bandwidth_gbps" not in explorer.settings()
+    assert explorer.result.metrics["step_time_s"] == pytest.approx(first)
+
+
+def test_the_bandwidth_slider_starts_at_the_topologys_bottleneck(explorer):
+    preset = bottleneck_gbps("pcie", 8)
+    assert explorer.controls["bandwidth_gbps"].value == pytest.approx(preset, rel=0.03)
+    explorer.controls["topology"].value = "dgx-a100"
+    assert explorer.controls["bandwidth_gbps"].value == pytest.approx(bottleneck_gbps("dgx-a100", 8), rel=0.03)
+    assert explorer.result.metrics["topology"] == "dgx-a100"
+
+
+def test_smaller_buckets_mean_more_collectives(explorer):
+    default = explorer.result.metrics["collectives_per_step"]
+    explorer.controls["bucket_mb"].value = 1
+    assert explorer.result.metrics["collectives_per_step"] > default
+
+
+@pytest.mark.parametrize("strategy", list(STRATEGIES))
+def test_each_strategy_shows_and_passes_only_its_own_knobs(explorer, strategy):
+    explorer.controls["strategy"].value = strategy
+    own = {k.name for k in get_strategy(strategy).knobs}
+    visible = {name for name in explorer.knob_names if explorer.controls[name].layout.display != "none"}
+    assert visible == own
+    passed = set(explorer.settings()) & {n for s in STRATEGIES.values() for n in (k.name for k in s.knobs)}
+    # A knob whose default is "let the strategy decide" (None) is left out rather than passed.
+    assert passed == {k.name for k in get_strategy(strategy).knobs if k.default is not None}
+    assert explorer.error is None, explorer.error
+    assert explorer.result.metrics["strategy"] == strategy
+
+
+def test_switching_strategy_resets_its_knobs_to_their_defaults(explorer):
+    explorer.controls["bucket_mb"].value = 100
+    explorer.controls["strategy"].value = "zero2"
+    for knob in get_strategy("zero2").knobs:
+        assert read_control(explorer.controls[knob.name], knob.kind) == knob.default
+
+
+def test_refused_settings_show_one_sentence_not_a_traceback(explorer):
+    explorer.controls["bucket_mb"].value = 0  # DDP needs a positive bucket cap
+    assert explorer.result is None
+    assert explorer.error and "\n" not in explorer.error and "Traceback" not in explorer.error
+    assert explorer.error in explorer.errors.value.replace("&#x27;", "'")
+    assert explorer.metrics.value == ""
+    explorer.controls["bucket_mb"].value = 25  # fixing it brings the picture back
+    assert explorer.error is None and explorer.result is not None and explorer.errors.value == ""
+
+
+def test_the_trace_button_writes_a_perfetto_trace(explorer, tmp_path):
+    explorer.trace_dir = tmp_path
+    explorer.trace_button.click()
+    files = list(tmp_path.glob("*.json"))
+    assert len(files) == 1
+    trace = json.loads(files[0].read_text())
+    assert {e["name"] for e in trace["traceEvents"] if e["ph"] == "X"} >= {"fwd L1", "bwd L1"}
+    assert files[0].name in explorer.trace_status.value
+
+
+def test_the_panel_reproduces_as_a_command_line(explorer):
+    cmd = explorer.command_line()
+    assert cmd.startswith("zero-sim simulate --strategy ddp")
+    assert "--topology pcie" in cmd and "--bucket-mb 25" in cmd
+
+
+def test_the_headline_text_names_every_number():
+    m = simulate(model="gpt2-124m", strategy="ddp", gpus=8, topology="pcie").metrics
+    text = metrics_text(m)
+    for words in ("step time", "exposed comm", "overlap", "TFLOP/s per GPU", "peak memory", "fits"):
+        assert words in text
+
+
+# ----------------------------------------------------------------------------- generic controls
+
+
+@pytest.mark.parametrize("knob, typed", [
+    (Knob("depth", 3, "an int", int), 5),
+    (Knob("ratio", 0.5, "a float"), 0.75),
+    (Knob("flag", False, "a bool", bool), True),
+    (Knob("mode", "a", "a choice", str, ("a", "b")), "b"),
+    (Knob("label", "blocks", "free text", str), "layers"),
+    (Knob("limit", None, "an int whose default is the strategy's", int), 7),
+])
+def test_a_knob_never_seen_before_gets_a_working_control(knob, typed):
+    w = make_control(knob.name, knob.default, knob.kind, knob.choices, knob.help)
+    assert read_control(w, knob.kind) == knob.default
+    set_control(w, typed)
+    assert read_control(w, knob.kind) == typed
+
+
+def test_slider_stops_grow_to_take_a_value_they_lack():
+    w = make_control("gpus", 8, int)
+    set_control(w, 24)
+    assert read_control(w, int) == 24
+
+
+# ----------------------------------------------------------------------------- compare panel
+
+
+def test_hook_launch_beats_step_launch_until_the_backward_is_compiled():
+    panel = ComparePanel({"step": {"zero2_launch": "step"}, "hook": {"zero2_launch": "hook"}},
+                         strategy="zero2", topology="dgx-a100", bucket_mb=0,
+                         settings=("gpus", "bandwidth_gbps", "compiled_backward"))
+    step, hook = panel.result["step"].metrics, panel.result["hook"].metrics
+    assert hook["phases"]["optimizer_s"] < step["phases"]["optimizer_s"]
+    panel.controls["compiled_backward"].value = True  # hooks now fire only at the end of backward
+    step, hook = panel.result["step"].metrics, panel.result["hook"].metrics
+    assert hook["step_time_s"] == pytest.approx(step["step_time_s"], rel=0.02)
+    assert set(panel.frame().index) == {"step", "hook"}
+
+
+def test_a_refused_variant_is_reported_and_the_others_still_shown():
+    panel = ComparePanel({"fine": {}, "broken": {"bucket_mb": -1}}, strategy="ddp", topology="pcie")
+    assert set(panel.result) == {"fine"}
+    assert "broken" in panel.errors and "bucket" in panel.errors["broken"]
+
+
+# ----------------------------------------------------------------------------- memory arithmetic
+
+
+def test_a_1_5b_model_needs_24_gb_of_model_states_without_sharding():
+    assert model_state_bytes(1.5e9, 1, stage=0)["total_bytes"] == pytest.approx(24e9)
+
+
+@pytest.mark.parametrize("stage, gb", [(0, 120.0), (1, 31.4), (2, 16.6), (3, 1.9)])
+def test_the_zero_papers_7_5b_on_64_gpus(stage, gb):
+    assert model_state_bytes(7.5e9, 64, stage)["total_bytes"] / 1e9 == pytest.approx(gb, abs=0.05)
+
+
+def test_the_memory_calculator_follows_its_sliders():
+    calc = MemoryCalculator(params_billion=1.5, gpus=8, stage=0, k=12)
+    assert calc.result["total_bytes"] == pytest.approx(24e9)
+    calc.controls["stage"].value = 3
+    assert calc.result["total_bytes"] == pytest.approx(24e9 / 8)
+    assert calc.result["comm_volume_elements"] == pytest.approx(3 * 1.5e9)
+    calc.controls["k"].value = 8  # fp32 Adam without a master copy: 2 + 2 + 8
+    assert calc.result["total_bytes"] == pytest.approx(12 * 1.5e9 / 8)
+    calc.controls["gpus"].value = 1
+    assert calc.result["fits"] is (calc.result["total_bytes"] <= calc.result["capacity_bytes"])
+
+
+@pytest.mark.parametrize("stage, strategy", list(enumerate(["ddp", "zero1", "zero2", "zero3"])))
+def test_the_simulator_holds_what_the_formula_says(stage, strategy):
+    m = simulate(model="gpt2-1.5b", strategy=strategy, gpus=8, topology="dgx-a100", micro_batch=1).metrics
+    formula = model_state_bytes(m["params"], 8, stage)
+    # ZeRO-3 pads each layer's shard to a multiple of N, and may keep small tensors whole.
+    assert m["memory"]["model_states_bytes"] == pytest.approx(formula["total_bytes"], rel=0.01)
+
+
+# ----------------------------------------------------------------------------- nccl-tests fit
+
+PCIE_PAIR = """
+8,388,608 2,097,152 580.2 14.46 14.46 632.5 13.26 13.26
+67,108,864 16,777,216 3528.4 19.02 19.02 3520.6 19.06 19.06
+1,073,741,824 268,435,456 53,866 19.93 19.93 54,288 19.78 19.78
+"""
+
+
+def test_pasting_nccl_tests_output_fits_latency_and_bandwidth():
+    panel = NcclFitPanel({"pair": PCIE_PAIR})
+    fit = panel.result["fit"]
+    assert fit.busbw / 1e9 == pytest.approx(20.0, rel=0.05)
+    assert panel.result["table"].n_ranks == 2
+    panel.controls["text"].value = "this is not a table"
+    panel.button.click()
+    assert panel.result is None and "nccl-tests" in panel.error
+
+
+# ----------------------------------------------------------------------------- sweeps and planner
+
+
+def test_a_sweep_tabulates_results_and_refusals():
+    df = sweep([{"topology": "pcie", "gpus": 2}, {"topology": "pcie", "gpus": 2, "bucket_mb": -1}], progress=False)
+    assert len(df) == 2
+    assert pd.isna(df.loc[0, "error"]) and df.loc[0, "step_ms"] > 0
+    assert "bucket" in df.loc[1, "error"]
+
+
+def test_candidates_cover_every_strategy_and_vary_each_knob():
+    names = {c["strategy"] for c in candidates(recompute=("none",))}
+    assert names == set(STRATEGIES)
+    zero2 = [c for c in candidates(["zero2"], recompute=("none",))]
+    assert {"zero2_launch": "step", "strategy": "zero2", "recompute": "none"} in zero2
+
+
+def test_the_planner_puts_the_fastest_fitting_candidate_first():
+    planner = Planner(model="gpt2-350m", gpus=8, topology="dgx-a100", micro_batch=4, recompute=("none",))
+    df = planner.result
+    best = planner.best()
+    assert best is not None and bool(best["fits"])
+    fitting = df[df["fits"]]
+    assert best["tokens_per_s"] == pytest.approx(fitting["tokens_per_s"].max())
+    assert planner.progress.value == planner.progress.max
+    # Planning is long work, so it runs when the reader presses "plan", not on every control.
+    planner.controls["gpus"].value = 16
+    assert planner.result is df
+    planner.button.click()
+    assert planner.result is not df and set(planner.result["gpus"]) == {16}
+
+
+def test_scenario_errors_are_one_sentence():
+    with pytest.raises(ScenarioError) as exc:
+        simulate(strategy="ddp", bucket_mb=0)
+    assert "\n" not in str(exc.value)
