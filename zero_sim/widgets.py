@@ -282,6 +282,7 @@ def summary_row(result) -> dict:
     mem = m["memory"]
     ov = m["comm_overlap_fraction"]
     return {
+        "params": m["params"],
         "step_ms": m["step_time_s"] * 1e3,
         "compute_ms": m["compute_time_s"] * 1e3,
         "exposed_comm_ms": m["exposed_comm_s"] * 1e3,
