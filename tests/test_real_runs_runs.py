@@ -14,6 +14,7 @@ import os
 import pytest
 from real_runs_helpers import RUN, load_state, max_rel_err, rank_record, real_run, reference_for
 
+from real_runs.launch import launch
 from zero_sim.vocabulary import (
     MEMORY_CATEGORIES,
     OP_FIELDS,
@@ -138,3 +139,12 @@ def test_zero3_gathers_each_layer_before_its_forward_and_again_before_its_backwa
             assert len(gathers) == 2 and start(f"fwd L{i}") < gathers[1] <= start(f"bwd L{i}")
     reduce_scatters = [op for op in step_ops if op["name"].startswith("reduce_scatter L")]
     assert len(reduce_scatters) == n_layers
+
+
+def test_a_profiler_trace_is_written_on_request(tmp_path):
+    import json
+
+    run = launch("ddp", nproc=1, out=tmp_path, trace=True, **RUN)
+    assert "trace_rank0.json" in run["files"]
+    with open(tmp_path / "trace_rank0.json") as f:
+        assert json.load(f)["traceEvents"]
