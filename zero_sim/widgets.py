@@ -932,6 +932,25 @@ def sweep(scenarios: Iterable[Mapping[str, Any]], progress: bool | W.IntProgress
 # ----------------------------------------------------------------------------- nccl-tests
 
 
+def predicted_collective_s(sizes: Iterable[float], topology: str, gpus: int, kind: str = "all_reduce",
+                           gpus_per_node: int | None = None, bandwidth_gbps: float | None = None,
+                           backend: str = "nccl") -> list[float]:
+    """Seconds the simulator's network model gives one isolated collective over every rank, per size.
+
+    What nccl-tests measures (one collective, nothing else running), so the two can be
+    laid side by side.
+    """
+    from zero_sim.collectives import CollectiveModel
+    from zero_sim.topology import build_topology
+
+    topo = build_topology(topology, gpus, gpus_per_node)
+    if bandwidth_gbps is not None:
+        topo = topo.with_bandwidth(bandwidth_gbps)
+    model = CollectiveModel(topo, backend)
+    members = (tuple(range(gpus)),)
+    return [model.plan(kind, float(size), members).isolated_time(topo) for size in sizes]
+
+
 class NcclFitPanel(Panel):
     """Paste nccl-tests output, press fit: latency + bus bandwidth, and the fit against each row."""
 
@@ -1226,6 +1245,7 @@ def plot_real_step(run: Mapping[str, Any], ax=None, step: int | None = None, tit
 __all__ = [
     "ComparePanel", "MemoryCalculator", "NcclFitPanel", "Panel", "Planner", "ScenarioPanel", "TimelineExplorer",
     "bottleneck_gbps", "candidates", "comm_volume_elements", "load_real_run", "make_control", "metrics_text",
-    "model_state_bytes", "plan", "plot_real_step", "progress_bar", "read_control", "set_control",
+    "model_state_bytes", "plan", "plot_real_step", "predicted_collective_s", "progress_bar", "read_control",
+    "set_control",
     "setting_control", "summary_row", "sweep", "MEMORY_CATEGORIES",
 ]
