@@ -1164,10 +1164,10 @@ class Planner(Panel):
         cols = ["strategy", "knobs", "recompute", "fits", "step_ms", "exposed_comm_ms", "tokens_per_s",
                 "tflops_per_gpu", "peak_GB", "model_states_GB", "activations_GB", "error"]
         shown = df[[c for c in cols if c in df]].head(self.top)
-        self.table.clear_output(wait=True)
         if _in_kernel():
             from IPython.display import display
 
+            self.table.clear_output(wait=True)
             with self.table:
                 display(shown.round(2))
         fig = self.figure
@@ -1181,9 +1181,11 @@ class Planner(Panel):
             color = palette[i % len(palette)]
             fit = group[group["fits"]]
             nofit = group[~group["fits"]]
-            ax.scatter(fit["peak_GB"], fit["step_ms"], color=color, label=f"{name} (fits)", s=30)
-            ax.scatter(nofit["peak_GB"], nofit["step_ms"], facecolors="none", edgecolors=color,
-                       label=f"{name} (does not fit)", s=30)
+            if len(fit):
+                ax.scatter(fit["peak_GB"], fit["step_ms"], color=color, label=f"{name} (fits)", s=30)
+            if len(nofit):
+                ax.scatter(nofit["peak_GB"], nofit["step_ms"], facecolors="none", edgecolors=color,
+                           label=f"{name} (does not fit)", s=30)
         if len(ok):
             ax.axvline(ok["capacity_GB"].iloc[0], color="black", linestyle="--", linewidth=1, label="GPU memory")
         if best is not None:
