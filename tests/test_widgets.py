@@ -211,7 +211,7 @@ def test_the_memory_calculator_follows_its_sliders():
     calc.controls["stage"].value = 3
     assert calc.result["total_bytes"] == pytest.approx(24e9 / 8)
     assert calc.result["comm_volume_elements"] == pytest.approx(3 * 1.5e9)
-    calc.controls["k"].value = 8  # fp32 Adam without a master copy: 2 + 2 + 8
+    calc.controls["k"].value = 8  # an optimizer keeping a master copy and a momentum only
     assert calc.result["total_bytes"] == pytest.approx(12 * 1.5e9 / 8)
     calc.controls["gpus"].value = 1
     assert calc.result["fits"] is (calc.result["total_bytes"] <= calc.result["capacity_bytes"])
