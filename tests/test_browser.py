@@ -191,6 +191,7 @@ def test_moving_the_bandwidth_slider_changes_the_step_time(jupyter_lab, hard_dea
             handle = page.locator(".zs-bandwidth .noUi-handle").first
             handle.scroll_into_view_if_needed()
             handle.focus()
+            pressed = time.monotonic()
             for _ in range(3):
                 page.keyboard.press("PageDown")
             page.wait_for_function(
@@ -198,6 +199,7 @@ def test_moving_the_bandwidth_slider_changes_the_step_time(jupyter_lab, hard_dea
                 "document.querySelector('.zs-metrics')?.textContent || ''); "
                 "return m && Math.abs(parseFloat(m[1]) - before) > 1e-6; }",
                 arg=before, timeout=60_000)
+            latency_s = time.monotonic() - pressed
             after = _step_ms(page)
             assert after is not None and after != before, f"step time stayed at {before} ms"
             # Less bandwidth, longer step: the explorer showed the new scenario, not a stale one.
@@ -206,7 +208,8 @@ def test_moving_the_bandwidth_slider_changes_the_step_time(jupyter_lab, hard_dea
             assert page.locator(".zs-timeline-explorer canvas").count() > 0
             page.wait_for_timeout(500)
             page.screenshot(path=str(ARTIFACTS / "02_timeline_explorer.png"), full_page=True)
-            print(f"step time {before} ms -> {after} ms after lowering the bandwidth")
+            print(f"step time {before} ms -> {after} ms after lowering the bandwidth "
+                  f"(first new number on screen {latency_s * 1e3:.0f} ms after the key press)")
         except BaseException:
             # What the page looked like when it went wrong: the first thing to look at.
             with contextlib.suppress(Exception):
