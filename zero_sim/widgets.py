@@ -678,7 +678,7 @@ class ComparePanel(ScenarioPanel):
         self.error_box.add_class("zs-error")
         n = len(self.variants)
         lanes = max_ranks * 3
-        self.figure = _Figure(figsize or (10, 1.0 + n * (0.45 * lanes + 0.9)), nrows=n, sharex=True)
+        self.figure = _Figure(figsize or (9, 1.0 + n * (0.45 * lanes + 0.9)), nrows=n, sharex=True)
         self.figure.fig.subplots_adjust(left=0.16, right=0.98, top=0.95, bottom=0.1 + 0.1 / n, hspace=0.75)
         self.widget = W.VBox([_control_grid(self, list(settings) + self.knob_names), self.table,
                               self.error_box, self.figure.widget])
@@ -724,7 +724,7 @@ class ComparePanel(ScenarioPanel):
     def frame(self):
         import pandas as pd
 
-        return pd.DataFrame({label: summary_row(r) for label, r in self.result.items()}).T
+        return pd.DataFrame({label: summary_row(r) for label, r in self.result.items()}).T.infer_objects()
 
     def render(self):
         rows = "".join(
@@ -792,6 +792,10 @@ def comm_volume_elements(psi: float, stage: int) -> float:
     return (3 if stage == 3 else 2) * psi
 
 
+# Sizes people train (GPT-2, LLaMA-style, the ZeRO paper's 7.5B, GPT-3), in billions of parameters.
+MODEL_SIZES_BILLION = [0.125, 0.35, 0.76, 1, 1.5, 2.7, 3, 6.7, 7, 7.5, 13, 20, 30, 40, 65, 70, 100, 175, 530, 1000]
+
+
 class MemoryCalculator(Panel):
     """Sliders for model size, N, ZeRO stage and K; bars of per-rank model states for every stage.
 
@@ -805,9 +809,10 @@ class MemoryCalculator(Panel):
 
         super().__init__()
         self.controls = {
-            "params_billion": W.FloatLogSlider(value=params_billion, base=10, min=-1, max=3, step=0.01,
-                                               description="model size (billions)", style=_STYLE, layout=_wide(),
-                                               readout_format=".3g", continuous_update=True),
+            # Common model sizes, not a log scale: a log slider would round 1.5 to 1.51 in the browser.
+            "params_billion": W.SelectionSlider(options=_with_stop(MODEL_SIZES_BILLION, params_billion),
+                                                value=params_billion, description="model size (billions)",
+                                                style=_STYLE, layout=_wide()),
             "gpus": W.SelectionSlider(options=_with_stop([1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024], gpus),
                                       value=gpus, description="GPUs (N)", style=_STYLE, layout=_wide()),
             "stage": W.ToggleButtons(options=[(name, i) for i, name in enumerate(STAGE_NAMES)], value=stage,
@@ -876,7 +881,7 @@ class MemoryCalculator(Panel):
                    linewidth=[2 if i == r["stage"] else 0 for i in xs])
             bottoms = [b + h for b, h in zip(bottoms, heights, strict=True)]
         for i, total in enumerate(bottoms):
-            ax.text(i, total, f"{total:.1f} GB", ha="center", va="bottom", fontsize=9,
+            ax.text(i, total, f"{total:.3g} GB", ha="center", va="bottom", fontsize=9,
                     fontweight="bold" if i == r["stage"] else "normal")
         ax.axhline(r["capacity_bytes"] / GB, color="black", linestyle="--", linewidth=1,
                    label=f"{self.controls['gpu'].value} memory")
