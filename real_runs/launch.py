@@ -28,7 +28,11 @@ from pathlib import Path
 
 
 class RunFailed(RuntimeError):
-    pass
+    """One sentence in ``str()``; everything the ranks printed in ``output``."""
+
+    def __init__(self, sentence: str, output: list[str] | None = None):
+        super().__init__(sentence)
+        self.output = output or []
 
 
 def _flags(flags: dict) -> list[str]:
@@ -78,7 +82,7 @@ def launch_argv(argv: list[str], nproc: int, on_line: Callable[[str], None] | No
             try:
                 line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
             except queue.Empty:
-                raise RunFailed(f"The run did not finish within {timeout_s:.0f} s and was stopped.") from None
+                raise RunFailed(f"The run did not finish within {timeout_s:.0f} s and was stopped.", output) from None
             if line is None:
                 break
             line = line.rstrip("\n")
@@ -94,37 +98,34 @@ def launch_argv(argv: list[str], nproc: int, on_line: Callable[[str], None] | No
     finally:
         _kill_group(proc)
     if rc != 0:
-        raise RunFailed(_failure_sentence(rc, errors, output))
+        raise RunFailed(_failure_sentence(rc, errors, output), output)
     with open(out / "run.json") as f:
         return json.load(f)
 
 
-def _root_cause(output: list[str]) -> tuple[str, str] | None:
-    """torchrun's own verdict: the rank it saw fail first and how it ended."""
-    try:
-        start = max(i for i, line in enumerate(output) if "Root Cause" in line)
-    except ValueError:
-        return None
-    rank = how = None
-    for line in output[start:start + 12]:
+def _torchrun_failures(output: list[str]) -> list[tuple[str, str]]:
+    """torchrun's failure report: (rank, how it ended) for every rank, cause first."""
+    found, rank = [], None
+    for line in output:
         if m := re.match(r"\s*rank\s*:\s*(\d+)", line):
             rank = m[1]
-        if m := re.match(r"\s*exitcode\s*:\s*(-?\d+).*?(\((SIG\w+)\))?\s*$", line):
-            how = m[3] or f"exit status {m[1]}"
-    return (rank, how) if rank is not None else None
+        elif rank is not None and (m := re.match(r"\s*exitcode\s*:\s*(-?\d+)", line)):
+            sig = re.search(r"\((SIG\w+)\)\s*$", line)
+            found.append((rank, sig[1] if sig else f"exit status {m[1]}"))
+            rank = None
+    return found
 
 
 def _failure_sentence(rc: int, errors: list[str], output: list[str]) -> str:
-    root = _root_cause(output)
-    said = {e[len("[rank "):e.index("]")]: e.split("error: ", 1)[1] for e in reversed(errors)}
-    if root is not None:
-        rank, how = root
-        if rank in said:
-            return f"The run failed: rank {rank} raised {said[rank]}."
-        return f"The run failed: rank {rank} died ({how}) and the other ranks were stopped."
-    if errors:  # the first rank to speak is the cause; later ones only lost their peer
+    # A rank that raised is the cause; so is one that died of a signal torchrun did not
+    # send (it stops the survivors with SIGTERM); ranks that only lost a peer are not.
+    if errors:
         first = errors[0]
-        return f"The run failed: rank {first[len('[rank '):first.index(']')]} raised {first.split('error: ', 1)[1]}."
+        rank = first[len("[rank "):first.index("]")]
+        return f"The run failed: rank {rank} raised {first.split('error: ', 1)[1]}."
+    for rank, how in _torchrun_failures(output):
+        if how.startswith("SIG") and how != "SIGTERM":
+            return f"The run failed: rank {rank} died ({how}) and the other ranks were stopped."
     return f"The run failed with torchrun exit status {rc} and no rank said why."
 
 

@@ -57,7 +57,8 @@ class Recorder:
         self._watch: queue.Queue | None = None
         if not self.cuda:
             self._watch = queue.Queue()
-            threading.Thread(target=self._watcher, daemon=True, name=f"comm-watch-{rank}").start()
+            self._watcher_thread = threading.Thread(target=self._watcher, daemon=True, name=f"comm-watch-{rank}")
+            self._watcher_thread.start()
 
     # --- clocks ---------------------------------------------------------------
 
@@ -138,9 +139,20 @@ class Recorder:
             self._watch.put((work, op))
         return Pending(self, work, op)
 
+    def shutdown(self) -> None:
+        """Stop the watcher thread.  Left running at interpreter exit, a thread parked in
+        C++ can be torn down mid-call and abort the process."""
+        if self._watch is not None:
+            self._watch.put(None)
+            self._watcher_thread.join()
+            self._watch = None
+
     def _watcher(self) -> None:
         while True:
-            work, op = self._watch.get()
+            item = self._watch.get()
+            if item is None:
+                return
+            work, op = item
             try:
                 work.wait()
             except Exception:  # the host thread's own wait() reports the failure

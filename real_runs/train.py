@@ -41,7 +41,7 @@ from zero_sim.vocabulary import REAL_STRATEGIES
 from .model import PRESETS, build_model, count_params, global_batch, rank_shard
 from .record import Recorder, peak_cuda_bytes
 from .strategies import STRATEGIES, AdamW
-from .strategies.base import formula_bytes
+from .strategies.base import DEFAULT_BUCKET_MB, formula_bytes
 
 
 class BadInput(Exception):
@@ -62,7 +62,8 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    p.add_argument("--bucket-mb", type=float, default=25.0, help="gradient bucket cap (ddp, zero1, zero2)")
+    p.add_argument("--bucket-mb", type=float, default=DEFAULT_BUCKET_MB,
+                   help="gradient bucket cap (ddp, zero1, zero2); at the default the first bucket is 1 MiB")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--out", default="out/real_run")
     p.add_argument("--trace", action="store_true", help="also write a torch.profiler Chrome trace per rank")
@@ -208,6 +209,7 @@ def train(args) -> dict | None:
     })
     per_rank = [None] * world
     dist.all_gather_object(per_rank, memory)
+    rec.shutdown()
 
     if rank != 0:
         return None
@@ -238,6 +240,14 @@ def train(args) -> dict | None:
     return run
 
 
+def _lost_peer(e: Exception) -> bool:
+    """A collective that failed because another rank went away (not this rank's fault)."""
+    text = str(e)
+    return isinstance(e, RuntimeError) and any(
+        s in text for s in ("Connection closed by peer", "Connection reset", "remote worker", "Broken pipe",
+                            "Timed out", "timeout", "NCCL communicator was aborted"))
+
+
 def _finish() -> None:
     # Tear down only once every rank is done with every collective: a process group
     # destroyed while a peer still talks to it can abort the process.
@@ -266,10 +276,16 @@ def main(argv: list[str] | None = None) -> int:
         train(args)
         _finish()
     except Exception as e:
-        # One line naming the rank: the launcher lifts it into its error message.
-        print(f"[rank {rank}] error: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
-              file=sys.stderr, flush=True)
-        return 1
+        # One line naming the rank: the launcher lifts it into its error message.  A rank
+        # that only lost a peer says so, so the launcher can name the rank that failed first.
+        if _lost_peer(e):
+            print(f"[rank {rank}] lost a peer: {type(e).__name__}", file=sys.stderr, flush=True)
+        else:
+            print(f"[rank {rank}] error: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
+                  file=sys.stderr, flush=True)
+        # Leave at once: a clean interpreter exit would wait on, or tear down mid-call,
+        # threads still parked in collectives that can never complete.
+        os._exit(1)
     return 0
 
 

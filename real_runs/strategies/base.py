@@ -151,13 +151,19 @@ class Flat:
         return {p: view.detach().clone() for p, view in self._views(buf)}
 
 
-def bucketize(params: list[nn.Parameter], cap_bytes: float) -> list[list[nn.Parameter]]:
+DEFAULT_BUCKET_MB = 25.0
+
+
+def bucketize(params: list[nn.Parameter], cap_bytes: float, first_cap_bytes: float | None = None
+              ) -> list[list[nn.Parameter]]:
     """Group parameters in reverse order (the order backward produces their gradients)
-    into buckets of at most ``cap_bytes``; ``cap_bytes <= 0`` puts each in its own."""
+    into buckets of at most ``cap_bytes``; ``cap_bytes <= 0`` puts each in its own.
+    ``first_cap_bytes`` caps the first bucket alone."""
     buckets, cur, size = [], [], 0
     for p in reversed(params):
         nbytes = p.numel() * p.element_size()
-        if cur and size + nbytes > cap_bytes:
+        cap = first_cap_bytes if not buckets and first_cap_bytes is not None else cap_bytes
+        if cur and size + nbytes > cap:
             buckets.append(cur)
             cur, size = [], 0
         cur.append(p)
@@ -212,6 +218,10 @@ class Strategy:
     def __init__(self, model: nn.Module, rec: Recorder, hp: AdamW, bucket_mb: float):
         self.model, self.rec, self.hp = model, rec, hp
         self.bucket_bytes = bucket_mb * 2**20
+        # torch DDP's rule, kept so the simulator's DDP buckets match ours: at the default
+        # cap the first bucket holds only 1 MiB, so the first all-reduce starts early in
+        # backward instead of after a whole 25 MB of gradients.
+        self.first_bucket_bytes = min(2**20, self.bucket_bytes) if bucket_mb == DEFAULT_BUCKET_MB else None
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.layers = list(model.layers)
         self.n_layers = len(self.layers)

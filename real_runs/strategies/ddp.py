@@ -6,7 +6,8 @@ Communication phases of one step, in order:
 
 1. **forward**: none.  Each rank runs its own rows of the batch.
 2. **backward**: parameters are grouped into buckets of about ``--bucket-mb`` in *reverse*
-   order, because that is the order backward produces their gradients.  Each gradient
+   order, because that is the order backward produces their gradients (at the default
+   cap the first bucket holds only 1 MiB, as in torch).  Each gradient
    is a view into its bucket, so autograd accumulates straight into the buffer that
    will be sent.  When the last gradient of a bucket lands, its hook launches an async
    ``all_reduce B<k>`` (average) and backward carries on: the reduction of late layers
@@ -34,7 +35,7 @@ class DDP(Strategy):
 
     def setup(self) -> None:
         world, rank = (self.world, self.rank) if self.pad_to_world else (1, 0)
-        groups = bucketize(list(self.model.parameters()), self.bucket_bytes)
+        groups = bucketize(list(self.model.parameters()), self.bucket_bytes, self.first_bucket_bytes)
         self.flats = [Flat(g, k, None, world, rank) for k, g in enumerate(groups)]
         for f in self.flats:
             f.bind()

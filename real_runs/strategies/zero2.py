@@ -56,8 +56,9 @@ class ZeRO2(Strategy):
     launch_in_step = False
 
     def setup(self) -> None:
-        cap = 0 if self.per_param else self.bucket_bytes
-        groups = bucketize(list(self.model.parameters()), cap)
+        params = list(self.model.parameters())
+        groups = bucketize(params, 0) if self.per_param else bucketize(params, self.bucket_bytes,
+                                                                          self.first_bucket_bytes)
         self.flats = [Flat(g, k, self.layer_of[g[0]], self.world, self.rank) for k, g in enumerate(groups)]
         for f in self.flats:
             f.bind()
