@@ -1,6 +1,6 @@
 """Step-time ratios of the hand-written strategies against their yardsticks.
 
-    python bench/bench_real_runs.py [--model small] [--rounds 12] [--nproc 2]
+    python bench/bench_real_runs.py [--model small] [--rounds 20] [--nproc 2]
 
 One ``torchrun`` on gloo ranks holds every strategy at once, each with its own copy of
 the model, and steps them in turn, round after round.  Interleaving step by step means
@@ -34,7 +34,7 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--model", default="small")
     ap.add_argument("--global-batch", type=int, default=8)
     ap.add_argument("--seq-len", type=int, default=128)
-    ap.add_argument("--rounds", type=int, default=12, help="steps per strategy, warm-up included")
+    ap.add_argument("--rounds", type=int, default=20, help="steps per strategy, warm-up included")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--nproc", type=int, default=2)
     ap.add_argument("--bucket-mb", type=float, default=25.0)
