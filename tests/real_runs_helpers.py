@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import atexit
 import functools
 import json
 import os
+import shutil
 import tempfile
 
 import torch
@@ -52,6 +54,7 @@ def real_run(strategy: str, nproc: int, **overrides) -> tuple[dict, str]:
     """One torchrun per (strategy, ranks, options) for the whole test session."""
     flags = {**RUN, **overrides}
     out = tempfile.mkdtemp(prefix=f"rr-{strategy}-{nproc}-")
+    atexit.register(shutil.rmtree, out, ignore_errors=True)
     run = launch(strategy, nproc=nproc, out=out, save_state=True, timeout_s=240, **flags)
     return run, out
 
