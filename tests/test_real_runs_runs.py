@@ -141,10 +141,12 @@ def test_zero3_gathers_each_layer_before_its_forward_and_again_before_its_backwa
     assert len(reduce_scatters) == n_layers
 
 
-def test_a_profiler_trace_is_written_on_request(tmp_path):
+def test_progress_streams_to_the_caller_and_a_profiler_trace_is_written_on_request(tmp_path):
     import json
 
-    run = launch("ddp", nproc=1, out=tmp_path, trace=True, **RUN)
+    lines = []
+    run = launch("ddp", nproc=1, out=tmp_path, trace=True, on_line=lines.append, **RUN)
+    assert any(line.startswith(f"step {RUN['steps']}/{RUN['steps']} loss") for line in lines)
     assert "trace_rank0.json" in run["files"]
     with open(tmp_path / "trace_rank0.json") as f:
         assert json.load(f)["traceEvents"]
