@@ -21,8 +21,10 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	touch $(STAMP)
 
+# Headless-safe: no browser is opened; the URL with its token is printed. Root (containers) needs --allow-root.
 lab: $(STAMP)
-	$(BIN)/jupyter lab --no-browser --ip=127.0.0.1 --port=$(PORT) --notebook-dir=notebooks
+	$(BIN)/jupyter lab --no-browser --ip=127.0.0.1 --port=$(PORT) --notebook-dir=notebooks \
+	  $$( [ "$$(id -u)" = 0 ] && echo --allow-root )
 
 # The browser test needs Debian's chromium; install it when we can (root + apt),
 # otherwise the test skips and says why.
