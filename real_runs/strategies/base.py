@@ -265,6 +265,12 @@ class Strategy:
             out.update({self.names[p]: (mm[p], vv[p]) for p in f.params})
         return out
 
+    def gathered_moments(self) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """Sharded flat Adam moments (``self.flats``, ``self.adam``) gathered whole, per name (collective)."""
+        ms = gather_flat_chunks(self.flats, [a.m for a in self.adam])
+        vs = gather_flat_chunks(self.flats, [a.v for a in self.adam])
+        return self.moments_by_name(self.flats, ms, vs)
+
     # --- the step -----------------------------------------------------------------
 
     def train_step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

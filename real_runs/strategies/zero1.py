@@ -26,7 +26,7 @@ import torch
 
 from zero_sim.vocabulary import ALL_GATHER, bucket_collective
 
-from .base import Flat, gather_flat_chunks
+from .base import Flat
 from .ddp import DDP
 
 
@@ -48,6 +48,4 @@ class ZeRO1(DDP):
             g.wait()
 
     def full_optimizer_state(self) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-        ms = gather_flat_chunks(self.flats, [a.m for a in self.adam])
-        vs = gather_flat_chunks(self.flats, [a.v for a in self.adam])
-        return self.moments_by_name(self.flats, ms, vs)
+        return self.gathered_moments()

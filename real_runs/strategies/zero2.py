@@ -43,7 +43,6 @@ from .base import (
     Strategy,
     bucketize,
     free,
-    gather_flat_chunks,
     model_state_bytes,
     realloc,
 )
@@ -105,9 +104,7 @@ class ZeRO2(Strategy):
             g.wait()
 
     def full_optimizer_state(self) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-        ms = gather_flat_chunks(self.flats, [a.m for a in self.adam])
-        vs = gather_flat_chunks(self.flats, [a.v for a in self.adam])
-        return self.moments_by_name(self.flats, ms, vs)
+        return self.gathered_moments()
 
     def model_state_bytes(self) -> dict[str, int]:
         return model_state_bytes(

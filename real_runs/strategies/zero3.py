@@ -129,9 +129,7 @@ class ZeRO3(Strategy):
         return out
 
     def full_optimizer_state(self) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-        ms = gather_flat_chunks(self.flats, [a.m for a in self.adam])
-        vs = gather_flat_chunks(self.flats, [a.v for a in self.adam])
-        return self.moments_by_name(self.flats, ms, vs)
+        return self.gathered_moments()
 
     def model_state_bytes(self) -> dict[str, int]:
         return model_state_bytes(
