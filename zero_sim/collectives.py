@@ -244,9 +244,6 @@ class NcclTestsTable:
     n_ranks: int  # inferred from busbw / algbw when the header does not say
     factor: float
 
-    def sizes(self) -> list[int]:
-        return [r.size_bytes for r in self.rows]
-
 
 @dataclass(frozen=True)
 class LatencyBandwidthFit:

@@ -65,9 +65,6 @@ class Program:
                 seen.append(op.stream)
         return seen
 
-    def collectives(self) -> list[Op]:
-        return [op for op in self.ops if op.kind == "collective"]
-
 
 class ProgramBuilder:
     """Small helper that strategies use to append ops and get their indices back."""

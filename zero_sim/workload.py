@@ -306,13 +306,6 @@ def workload_from_module(module, example_input, *, layers=None, name: str | None
     return Workload(name or type(module).__name__, tuple(result), int(shape_s), mb, recompute)
 
 
-def layer_count_summary(workload: Workload) -> str:
-    kinds: dict[str, int] = {}
-    for layer in workload.layers:
-        kinds[layer.kind] = kinds.get(layer.kind, 0) + 1
-    return ", ".join(f"{n} {k}" for k, n in kinds.items())
-
-
 def human_params(n: int) -> str:
     if n >= 1e9:
         return f"{n / 1e9:.2f}B"

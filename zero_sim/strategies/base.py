@@ -125,9 +125,6 @@ class Strategy:
         """Refuse impossible knob values with one sentence (override to add checks)."""
 
 
-LayerHook = Callable[[ProgramBuilder, Layer, int], Any]
-
-
 def forward(b: ProgramBuilder, ctx: Context, *, micro: int = 0,
             before: Callable[[Layer], tuple[int, ...]] | None = None,
             after: Callable[[Layer, int], None] | None = None,
