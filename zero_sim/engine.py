@@ -303,16 +303,11 @@ class Engine:
                             yield last_compute
 
     def _waits(self, rank: int, step: int, op: Op):
-        done = self.done[rank]
+        done = self.done[rank][step]
         for d in op.deps:
-            ev = done[step][d]
+            ev = done[d]
             if not ev.processed:
                 yield ev
-        if step > 0:
-            for d in op.prev_deps:
-                ev = done[step - 1][d]
-                if not ev.processed:
-                    yield ev
 
     def _stream(self, rank: int, name: str, stream: _Stream):
         env = self.env

@@ -12,8 +12,7 @@ Ops are issued by the host in list order and land on a stream:
 * ``host`` ops are work on the host thread itself (Python deciding what to fetch).
 
 ``deps`` are CUDA-event waits: the op may not start on its stream before those ops (of
-the same step; ``prev_deps`` for the previous step, which may name ops defined later in
-the step by a label) have finished.  Streams are FIFO, so
+the same step) have finished.  Streams are FIFO, so
 an op also waits for everything issued before it on its stream.
 
 Memory effects: ``alloc`` at the op's start and ``free`` at its end, per category, so the
@@ -44,7 +43,6 @@ class Op:
     group: str = "world"
     nbytes: float = 0.0
     deps: tuple[int, ...] = ()
-    prev_deps: tuple[int, ...] = ()
     alloc: tuple[tuple[str, int], ...] = ()
     free: tuple[tuple[str, int], ...] = ()
     host_s: float | None = None  # host time to issue; None: the scenario's per-op overhead
@@ -71,12 +69,6 @@ class ProgramBuilder:
 
     def __init__(self, resident: dict[str, int] | None = None):
         self.program = Program(resident={c: 0 for c in MEMORY_CATEGORIES} | (resident or {}))
-        self.labels: dict[str, int] = {}
-
-    def label(self, name: str, index: int) -> int:
-        """Name an op so that earlier ops can wait on it in the *previous* step (``prev_deps``)."""
-        self.labels[name] = index
-        return index
 
     def _add(self, **kw) -> int:
         op = Op(index=len(self.program.ops), **kw)
@@ -87,19 +79,19 @@ class ProgramBuilder:
         return op.index
 
     def compute(self, name: str, phase: str, seconds: float, *, layer: int | None = None,
-                deps=(), prev_deps=(), alloc=(), free=(), flops: float = 0.0, host_s=None) -> int:
+                deps=(), alloc=(), free=(), flops: float = 0.0, host_s=None) -> int:
         return self._add(name=name, stream=COMPUTE, kind="compute", phase=phase, layer=layer,
-                         seconds=seconds, deps=tuple(deps), prev_deps=tuple(prev_deps), alloc=tuple(alloc),
-                         free=tuple(free), flops=flops, host_s=host_s)
+                         seconds=seconds, deps=tuple(deps), alloc=tuple(alloc), free=tuple(free), flops=flops,
+                         host_s=host_s)
 
     def collective(self, kind: str, name: str, nbytes: float, phase: str, *, group: str = "world",
-                   stream: str = COMM, layer: int | None = None, deps=(), prev_deps=(), alloc=(), free=(),
+                   stream: str = COMM, layer: int | None = None, deps=(), alloc=(), free=(),
                    host_s=None) -> int:
         if group not in GROUPS:
             raise ValueError(f"unknown process group {group!r}")
         return self._add(name=name, stream=stream, kind="collective", phase=phase, layer=layer,
                          collective=kind, group=group, nbytes=float(nbytes), deps=tuple(deps),
-                         prev_deps=tuple(prev_deps), alloc=tuple(alloc), free=tuple(free), host_s=host_s)
+                         alloc=tuple(alloc), free=tuple(free), host_s=host_s)
 
     def sync(self, name: str, phase: str, deps, *, host_s=None, free=()) -> int:
         return self._add(name=name, stream=HOST, kind="sync", phase=phase, deps=tuple(deps),
@@ -113,11 +105,4 @@ class ProgramBuilder:
         return len(self.program.ops) - 1
 
     def build(self) -> Program:
-        """Resolve labelled ``prev_deps`` (ops defined later in the step) to indices."""
-        for op in self.program.ops:
-            if any(isinstance(d, str) for d in op.prev_deps):
-                missing = [d for d in op.prev_deps if isinstance(d, str) and d not in self.labels]
-                if missing:
-                    raise ValueError(f"{op.name} waits on {missing}, which no op defines")
-                op.prev_deps = tuple(self.labels[d] if isinstance(d, str) else d for d in op.prev_deps)
         return self.program

@@ -139,11 +139,9 @@ def compute_metrics(run, program, scenario, world_size: int, tokens_per_step: in
     step_time = hi - lo
     ops = [r for r in run.records if r.rank == rank and r.step == step]
 
-    compute = _union([(r.start_s, r.end_s) for r in ops if r.stream == COMPUTE])
-    comm = _union([(r.start_s, r.end_s) for r in ops if r.kind == "collective"])
-    # Ops of this step that ran before the window (the host's run-ahead) are clipped.
-    compute = _union(_clip(compute, lo, hi))
-    comm = _union(_clip(comm, lo, hi))
+    # Ops of this step that ran before the window (the host's run-ahead) are clipped to it.
+    compute = _union(_clip([(r.start_s, r.end_s) for r in ops if r.stream == COMPUTE], lo, hi))
+    comm = _union(_clip([(r.start_s, r.end_s) for r in ops if r.kind == "collective"], lo, hi))
     compute_s = _length(compute)
     comm_s = _length(comm)
     exposed = _subtract(comm, compute)

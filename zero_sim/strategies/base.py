@@ -125,26 +125,20 @@ class Strategy:
         """Refuse impossible knob values with one sentence (override to add checks)."""
 
 
-def forward(b: ProgramBuilder, ctx: Context, *, micro: int = 0,
+def forward(b: ProgramBuilder, ctx: Context, *,
             before: Callable[[Layer], tuple[int, ...]] | None = None,
             after: Callable[[Layer, int], None] | None = None,
-            prev_deps_first: tuple[int, ...] = (),
-            frees: Callable[[Layer], tuple] | None = None,
-            prev_deps: Callable[[Layer], tuple[int, ...]] | None = None) -> list[int]:
+            frees: Callable[[Layer], tuple] | None = None) -> list[int]:
     """Emit ``fwd L<i>`` for every layer; ``before(layer)`` returns ops the layer must wait for.
 
     Each forward op allocates the activations the layer saves for backward (under the
     workload's recompute mode); :func:`backward` frees them.
     """
     ops = []
-    for i, layer in enumerate(ctx.workload.layers):
+    for layer in ctx.workload.layers:
         deps = before(layer) if before else ()
-        prev = prev_deps_first if i == 0 else ()
-        if prev_deps:
-            prev = prev + prev_deps(layer)
         op = b.compute(
             fwd(layer.index), FORWARD, ctx.fwd_seconds(layer), layer=layer.index, deps=deps,
-            prev_deps=prev if micro == 0 else (),
             alloc=((ACTIVATIONS, layer.checkpointed_activation_bytes),), flops=layer.fwd_flops,
             free=frees(layer) if frees else (),
         )

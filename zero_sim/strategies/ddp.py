@@ -108,7 +108,7 @@ def steps_with_bucketed_reduction(b: ProgramBuilder, ctx: Context, plan, kind: s
     reductions: list[int] = []
     for micro in range(ctx.grad_accum):
         last = micro == ctx.grad_accum - 1
-        forward(b, ctx, micro=micro)
+        forward(b, ctx)
 
         def after(layer, bwd_op, last=last):
             if not last:  # no_sync: gradients accumulate locally

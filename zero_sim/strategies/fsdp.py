@@ -232,11 +232,11 @@ class FSDP(Strategy):
                 return ((BUFFERS, u.numel * reduce_bytes),)
             return ()
 
-        for micro in range(ctx.grad_accum):
+        for _micro in range(ctx.grad_accum):
             gathers.clear()
             freed_by.clear()
             reduces.clear()
-            forward(b, ctx, micro=micro, before=fwd_before, after=fwd_after, frees=fwd_frees)
+            forward(b, ctx, before=fwd_before, after=fwd_after, frees=fwd_frees)
             backward(b, ctx, before=bwd_before, after=bwd_after, grads=bwd_grads, frees=bwd_frees)
         optimizer_ops(b, ctx, lambda layer: tuple(reduces), share=1.0 / shards)
         prog = b.build()

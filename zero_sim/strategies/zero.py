@@ -163,7 +163,7 @@ class ZeRO2(Strategy):
             # (DeepSpeed reduces each micro-batch), accumulated locally until step() otherwise.
             make_grads = hook or micro == 0
             reduce_now = hook and not compiled
-            forward(b, ctx, micro=micro)
+            forward(b, ctx)
 
             def after(layer, bwd_op, reduce_now=reduce_now):
                 if reduce_now:

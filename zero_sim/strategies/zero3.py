@@ -144,8 +144,8 @@ class ZeRO3(Strategy):
 
         release = lambda layer: ((BUFFERS, numel[layer.index] * p.param_bytes),)  # noqa: E731
         reduces: list[int] = []
-        for micro in range(ctx.grad_accum):
-            forward(b, ctx, micro=micro, before=run_pass(list(w.layers), FORWARD), frees=release)
+        for _micro in range(ctx.grad_accum):
+            forward(b, ctx, before=run_pass(list(w.layers), FORWARD), frees=release)
 
             def after(layer, bwd_op):
                 sizes = [layer.numel] if batch else [t.numel for t in layer.tensors]
