@@ -87,12 +87,13 @@ class Stage:
     latency_s: float
     edge_bytes: float
     loads: tuple[tuple[str, int], ...]  # (link name, ring edges crossing it)
+    rate_cap: float = math.inf  # bytes/s per edge at most: a calibrated collective's measured busbw
 
     def isolated_time(self, topo: Topology) -> float:
         if self.edge_bytes <= 0 or not self.loads:
             return self.latency_s
         worst = max(load / topo.links[name].capacity for name, load in self.loads)
-        return self.latency_s + self.edge_bytes * worst
+        return self.latency_s + self.edge_bytes * max(worst, 1.0 / self.rate_cap)
 
 
 @dataclass(frozen=True)
@@ -149,6 +150,7 @@ class CollectiveModel:
     topology: Topology
     backend: str = "nccl"
     algorithm: str = "auto"
+    calibration: object | None = None  # zero_sim.calibrate.Calibration: measured fits win over the model
     _cache: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -176,6 +178,13 @@ class CollectiveModel:
         sent = bytes_sent_per_rank(kind, nbytes, n, self.backend)
         if n <= 1 or nbytes <= 0:
             return CollectivePlan(kind, nbytes, n, "local", self.backend, (), 0.0)
+        fit = self.calibration.fit_for(kind, n) if self.calibration is not None else None
+        if fit is not None:
+            # Measured on this group size: the fit's latency, and its busbw as the most one ring
+            # edge can move; the links still apply, so concurrent collectives share them.
+            stage = Stage(fit.latency_s, bus_factor(kind, n) * nbytes, _merged_loads(self.topology, instances),
+                          fit.busbw)
+            return CollectivePlan(kind, nbytes, n, "calibrated", self.backend, (stage,), sent)
         wire_kind = ALL_REDUCE if (backend.reduce_scatter_as_all_reduce and kind == REDUCE_SCATTER) else kind
         candidates = []
         wanted = backend.algorithms if self.algorithm == "auto" else (self.algorithm,)

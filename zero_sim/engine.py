@@ -36,6 +36,7 @@ before has finished all its ops and ends when all of its own have.
 
 from __future__ import annotations
 
+import math
 import random
 from collections import deque
 from dataclasses import dataclass, field
@@ -113,10 +114,10 @@ def group_index(topo: Topology, kind: str, rank: int) -> int:
 
 
 class _Flow:
-    __slots__ = ("loads", "remaining", "rate", "last", "version", "done", "alone_rate")
+    __slots__ = ("loads", "remaining", "rate", "last", "version", "done", "alone_rate", "cap")
 
-    def __init__(self, loads, remaining, done, alone_rate):
-        self.loads, self.remaining, self.done, self.alone_rate = loads, remaining, done, alone_rate
+    def __init__(self, loads, remaining, done, alone_rate, cap):
+        self.loads, self.remaining, self.done, self.alone_rate, self.cap = loads, remaining, done, alone_rate, cap
         self.rate, self.last, self.version = 0.0, 0.0, 0
 
 
@@ -140,9 +141,11 @@ class FluidNetwork:
             rate = self._alone[loads] = min(links[name].capacity / load for name, load in loads)
         return rate
 
-    def transfer(self, loads: tuple[tuple[str, int], ...], edge_bytes: float) -> simpy.Event:
+    def transfer(self, loads: tuple[tuple[str, int], ...], edge_bytes: float, cap: float = math.inf) -> simpy.Event:
+        """``cap``: the most this transfer can move per second whatever the links allow (a
+        calibrated collective's measured rate: software, not wires, may be what limits it)."""
         done = self.env.event()
-        flow = _Flow(loads, edge_bytes, done, self._alone_rate(loads))
+        flow = _Flow(loads, edge_bytes, done, min(self._alone_rate(loads), cap), cap)
         self.active.append(flow)
         self._reshare()
         return done
@@ -155,7 +158,8 @@ class FluidNetwork:
             for name, load in flow.loads:
                 link_load[name] = link_load.get(name, 0) + load
         links = self.topo.links
-        return {id(f): min(links[name].capacity / link_load[name] for name, _ in f.loads) for f in self.active}
+        return {id(f): min(f.cap, *(links[name].capacity / link_load[name] for name, _ in f.loads))
+                for f in self.active}
 
     def _reshare(self) -> None:
         now = self.env.now
@@ -374,7 +378,7 @@ class Engine:
             if stage.latency_s > 0:
                 yield self.env.timeout(stage.latency_s)
             if stage.edge_bytes > 0 and stage.loads:
-                yield self.net.transfer(stage.loads, stage.edge_bytes)
+                yield self.net.transfer(stage.loads, stage.edge_bytes, stage.rate_cap)
         done.succeed()
 
     # ------------------------------------------------------------------ bookkeeping

@@ -19,7 +19,7 @@ from zero_sim.strategies import PRECISIONS, Context, all_knobs, get_strategy
 from zero_sim.strategies.base import Knob, StrategyError
 from zero_sim.topology import PRESETS as TOPOLOGIES
 from zero_sim.topology import build_topology
-from zero_sim.workload import RECOMPUTE_MODES, WorkloadError, gpt_workload, preset, synthesize_shape
+from zero_sim.workload import RECOMPUTE_MODES, Workload, WorkloadError, gpt_workload, preset, synthesize_shape
 
 
 class ScenarioError(ValueError):
@@ -55,6 +55,7 @@ COMMON: tuple[Setting, ...] = (
     Setting("seed", 0, "seed for straggler draws", int),
     Setting("steps", 2, "steps to simulate (the last is reported)", int),
     Setting("explicit_ranks", None, "simulate every rank (default: when N <= 8)", bool),
+    Setting("calibration", None, "calibration file (`zero-sim calibrate`): measured collective fits and layer times", str),
 )
 COMMON_NAMES = {s.name for s in COMMON}
 
@@ -94,6 +95,17 @@ def _check(s: dict) -> None:
         raise ScenarioError(f"unknown topology preset {s['topology']!r}; choose one of {', '.join(sorted(TOPOLOGIES))}")
 
 
+def _load_calibration(value):
+    from zero_sim.calibrate import Calibration, CalibrationError
+
+    if value is None or isinstance(value, Calibration):
+        return value
+    try:
+        return Calibration.load(value)
+    except CalibrationError as exc:
+        raise ScenarioError(str(exc)) from None
+
+
 def resolve(**kwargs) -> dict:
     """Fill defaults, split common settings from strategy knobs, and check both."""
     strategy_name = kwargs.get("strategy") or "ddp"
@@ -124,11 +136,22 @@ def resolve(**kwargs) -> dict:
     return {"settings": settings, "knobs": knobs, "strategy": strategy}
 
 
-def simulate(**kwargs) -> SimResult:
-    """Simulate one training configuration; keywords are the CLI flags with underscores."""
+def simulate(workload: Workload | None = None, **kwargs) -> SimResult:
+    """Simulate one training configuration; keywords are the CLI flags with underscores.
+
+    ``workload`` (Python only) replaces the model preset with a workload built elsewhere,
+    e.g. :func:`zero_sim.workload.workload_from_module` on a real model.  ``calibration``
+    is a file path or a :class:`zero_sim.calibrate.Calibration`."""
+    calibration = kwargs.pop("calibration", None)
     r = resolve(**kwargs)
     s, knobs, strategy = r["settings"], r["knobs"], r["strategy"]
-    workload = _resolve_workload(s)
+    calibration = _load_calibration(calibration)
+    s["calibration"] = calibration
+    if workload is None:
+        workload = _resolve_workload(s)
+    elif workload.micro_batch != s["micro_batch"]:
+        raise ScenarioError(f"the workload was built for micro-batch {workload.micro_batch} but --micro-batch is "
+                            f"{s['micro_batch']}; pass the same value to both")
     try:
         topo = build_topology(s["topology"], s["gpus"], s["gpus_per_node"])
     except ValueError as exc:
@@ -138,6 +161,14 @@ def simulate(**kwargs) -> SimResult:
     gpu = GPUS[s["gpu"] or topo.spec.gpu]
     compute = ComputeModel(gpu, efficiency=s["efficiency"])
     coll_backend, coll_algorithm = s["backend"], s["algorithm"]
+    if calibration is not None:
+        if calibration.backend and calibration.backend != coll_backend:
+            raise ScenarioError(f"the calibration was measured with {calibration.backend} but --backend is "
+                                f"{coll_backend}; use --backend {calibration.backend} or another calibration")
+        if calibration.compute is not None:
+            c = calibration.compute
+            compute = ComputeModel(gpu, efficiency=s["efficiency"], layer_seconds=c.layer_seconds,
+                                   calibrated_tokens=c.tokens, optimizer_seconds_per_param=c.optimizer_seconds_per_param)
     precision = PRECISIONS[s["precision"]]
     if s["optimizer_k"] is not None:
         from dataclasses import replace
@@ -157,10 +188,11 @@ def simulate(**kwargs) -> SimResult:
     config = EngineConfig(steps=s["steps"], host_overhead_s=s["host_overhead_us"] * 1e-6,
                           overlap_slowdown=s["overlap_slowdown"], explicit_ranks=explicit, straggler=straggler,
                           host_runs_compute=gpu.name == "CPU")
-    engine = Engine(program, topo, CollectiveModel(topo, coll_backend, coll_algorithm), config)
+    engine = Engine(program, topo, CollectiveModel(topo, coll_backend, coll_algorithm, calibration), config)
     run = engine.run()
 
     scenario = dict(s) | knobs | {
+        "calibration": calibration.describe() if calibration is not None else None,
         "strategy": strategy.name, "model": workload.name, "params": workload.params,
         "topology": topo.name, "gpu": gpu.name, "gpus_per_node": topo.ranks_per_node,
         "topology_description": topo.describe(), "workload_description": workload.describe(),

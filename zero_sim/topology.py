@@ -123,6 +123,27 @@ PRESETS: dict[str, TopologySpec] = {
         None, "CPU",
         "order of magnitude for loopback TCP on a small VM; not yet calibrated",
     ),
+    # The emulated clusters of real_runs.cluster: processes on one CPU host whose traffic is
+    # shaped with tc.  Loopback inside a namespace is fast (figures as cpu-gloo's, generous);
+    # the shaped link is the bottleneck, and --bandwidth-gbps sets it to the rate given to tc.
+    "emu-uniform": TopologySpec(
+        "emu-uniform", "one rank per network namespace, each on its own shaped veth link (full duplex) to a bridge",
+        1, Fabric("loopback", 20.0, 20.0, subgroups=1, bus_gbps=40.0, bus_latency_us=5.0),
+        Network("ethernet", 0.125, 50.0), "CPU",
+        "tc tbf rate on each veth, both directions (real_runs.cluster 'uniform'); latency order of magnitude",
+    ),
+    "emu-two-nodes": TopologySpec(
+        "emu-two-nodes", "two network namespaces ('nodes') of N/2 ranks on loopback, joined by one shaped link",
+        2, Fabric("loopback", 20.0, 20.0, subgroups=1, bus_gbps=40.0, bus_latency_us=5.0),
+        Network("ethernet", 0.125, 50.0), "CPU",
+        "tc tbf rate on each node's veth (real_runs.cluster 'two-nodes')",
+    ),
+    "emu-shared-bus": TopologySpec(
+        "emu-shared-bus", "every rank in one namespace whose loopback is shaped: all traffic shares one queue",
+        64, Fabric("loopback", 20.0, 20.0, subgroups=1, bus_gbps=0.125, bus_latency_us=20.0),
+        None, "CPU",
+        "tc tbf rate on the namespace's lo (real_runs.cluster 'shared-bus')",
+    ),
 }
 
 

@@ -1,0 +1,283 @@
+"""Measure what the simulator needs as inputs: collective times and per-layer compute times.
+
+Two measurements, both run under ``torchrun`` on the ranks (and the network) that the
+real training runs will use, so that whatever those ranks share (cores, a shaped link)
+is part of what is measured::
+
+    # the collective sweep: an nccl-tests-style table per collective, on 2 gloo ranks
+    python -m real_runs.microbench --nproc 2 collectives --max-bytes 64M --out out/coll.json
+
+    # per-layer forward/backward and optimizer times of the real model
+    python -m real_runs.microbench --nproc 2 layers --model small --micro-batch 4 --out out/layers.json
+
+**Collectives.**  For every size (doubling from ``--min-bytes`` to ``--max-bytes``) and
+collective, every rank times ``iters`` back-to-back calls between two barriers; the
+time of a call is the slowest rank's mean, as nccl-tests reports it.  ``size`` is the
+whole buffer S (the gathered output for all_gather, the input for reduce_scatter), so
+``algbw = S / t`` and ``busbw = algbw * factor`` use nccl-tests' factors.
+
+**Layers.**  Every rank runs forward and backward of each layer of the real model
+(``real_runs.model``) on its micro-batch, all ranks at once, as they do in training;
+the table keeps the median over iterations of rank 0's times.  The AdamW step is timed
+on the whole model and reported per parameter.  ``cores`` and ``threads`` are recorded
+with the figures, because on a CPU they decide how much each rank gets.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+from zero_sim.vocabulary import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER
+
+from .model import PRESETS, build_model, global_batch, rank_shard
+from .strategies import AdamW
+from .strategies.base import _all_gather, _reduce_scatter
+
+SWEEP_COLLECTIVES = (ALL_REDUCE, REDUCE_SCATTER, ALL_GATHER)
+LAYER_KINDS = ("embedding", "block", "head")
+
+
+class BadInput(Exception):
+    """One sentence for the user; exit status 2."""
+
+
+def parse_bytes(text: str) -> int:
+    """``64M`` -> 67108864; plain integers are bytes."""
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    t = text.strip().upper().removesuffix("B")
+    try:
+        if t and t[-1] in units:
+            return int(float(t[:-1]) * units[t[-1]])
+        return int(t)
+    except ValueError:
+        raise BadInput(f"Cannot read {text!r} as a size; write e.g. 4096, 64K, 16M or 1G.") from None
+
+
+def bus_factor(kind: str, n: int) -> float:
+    if n <= 1:
+        return 0.0
+    return 2.0 * (n - 1) / n if kind == ALL_REDUCE else (n - 1) / n
+
+
+def sizes(lo: int, hi: int, world: int) -> list[int]:
+    """Doubling sizes, each a multiple of ``4 * world`` bytes so every rank gets whole fp32 elements."""
+    step = 4 * world
+    out, s = [], lo
+    while s <= hi:
+        out.append(max(step, s // step * step))
+        s *= 2
+    return sorted(set(out))
+
+
+def _time_collective(kind: str, nbytes: int, world: int, iters: int) -> float:
+    numel = nbytes // 4
+    if kind == ALL_REDUCE:
+        buf = torch.ones(numel)
+        call = lambda: dist.all_reduce(buf)  # noqa: E731
+    elif kind == REDUCE_SCATTER:
+        src, dst = torch.ones(numel), torch.empty(numel // world)
+        call = lambda: _reduce_scatter(dst, src)  # noqa: E731
+    else:
+        src, dst = torch.ones(numel // world), torch.empty(numel)
+        call = lambda: _all_gather(dst, src)  # noqa: E731
+    call()  # warm-up: connection setup, first-touch allocation
+    dist.barrier()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        call()
+    mean = (time.perf_counter() - t0) / iters
+    slowest = torch.tensor([mean], dtype=torch.float64)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    return float(slowest)
+
+
+def collective_sweep(kinds, lo: int, hi: int, budget_s: float) -> dict:
+    world = dist.get_world_size()
+    rows = []
+    for kind in kinds:
+        for s in sizes(lo, hi, world):
+            # Enough iterations to see past timer noise, few enough to keep big sizes short.
+            probe = _time_collective(kind, s, world, 1)
+            iters = int(max(1, min(20, budget_s / max(probe, 1e-6))))
+            t = _time_collective(kind, s, world, iters) if iters > 1 else probe
+            algbw = s / t
+            rows.append({"collective": kind, "size_bytes": s, "count": s // 4, "type": "float",
+                         "time_us": t * 1e6, "algbw_gbps": algbw / 1e9,
+                         "busbw_gbps": algbw * bus_factor(kind, world) / 1e9, "iters": iters})
+    return {"world_size": world, "backend": dist.get_backend(), "rows": rows}
+
+
+def format_table(sweep: dict) -> str:
+    """The sweep as nccl-tests prints it (out-of-place columns only), one block per collective."""
+    lines = []
+    for kind in dict.fromkeys(r["collective"] for r in sweep["rows"]):
+        lines.append(f"# {kind}_perf  nranks {sweep['world_size']}  backend {sweep['backend']}")
+        lines.append(f"# {'size':>12} {'count':>12} {'type':>6} {'time':>10} {'algbw':>8} {'busbw':>8}")
+        lines.append(f"# {'(B)':>12} {'(elements)':>12} {'':>6} {'(us)':>10} {'(GB/s)':>8} {'(GB/s)':>8}")
+        for r in sweep["rows"]:
+            if r["collective"] == kind:
+                lines.append(f"  {r['size_bytes']:>12} {r['count']:>12} {r['type']:>6} {r['time_us']:>10.1f} "
+                             f"{r['algbw_gbps']:>8.3f} {r['busbw_gbps']:>8.3f}")
+    return "\n".join(lines)
+
+
+def layer_timings(model_name: str, micro_batch: int, seq_len: int, iters: int) -> dict:
+    cfg = PRESETS[model_name]
+    model = build_model(cfg, seed=0)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    x, y = global_batch(cfg, 0, 0, micro_batch * world, seq_len)
+    x, y = rank_shard(x, rank, world), rank_shard(y, rank, world)
+    layers = list(model.layers)
+    times: dict[int, dict[str, list[float]]] = {i: {"fwd": [], "bwd": []} for i in range(len(layers))}
+    for it in range(iters + 1):  # the first pass warms up allocations and is dropped
+        dist.barrier()
+        inputs, outputs = [], []
+        h = x
+        for i, layer in enumerate(layers):
+            h = h.detach().requires_grad_(h.is_floating_point())
+            inputs.append(h)
+            t0 = time.perf_counter()
+            h = layer(h, y) if i == len(layers) - 1 else layer(h)
+            if it:
+                times[i]["fwd"].append(time.perf_counter() - t0)
+            outputs.append(h)
+        grad = None
+        for i in reversed(range(len(layers))):
+            t0 = time.perf_counter()
+            outputs[i].backward(grad)
+            if it:
+                times[i]["bwd"].append(time.perf_counter() - t0)
+            grad = inputs[i].grad
+    params = [p for p in model.parameters()]
+    opt = AdamW().torch_optimizer(params)
+    opt.step()  # creates the moments
+    opt_times = []
+    for _ in range(iters):
+        dist.barrier()
+        t0 = time.perf_counter()
+        opt.step()
+        opt_times.append(time.perf_counter() - t0)
+    n_params = sum(p.numel() for p in params)
+    kinds = ["embedding", *["block"] * cfg.n_layer, "head"]
+    per_layer = [{"layer": i, "kind": kinds[i],
+                  "fwd_s": statistics.median(t["fwd"]), "bwd_s": statistics.median(t["bwd"])}
+                 for i, t in times.items()]
+    by_kind = {}
+    for kind in LAYER_KINDS:
+        rows = [r for r in per_layer if r["kind"] == kind]
+        by_kind[kind] = {d: statistics.median(r[f"{d}_s"] for r in rows) for d in ("fwd", "bwd")}
+    return {"model": model_name, "model_config": cfg.to_dict(), "micro_batch": micro_batch, "seq_len": seq_len,
+            "tokens": micro_batch * seq_len, "world_size": world, "layers": per_layer, "by_kind": by_kind,
+            "optimizer_s_per_param": statistics.median(opt_times) / n_params, "params": n_params}
+
+
+def make_parser() -> argparse.ArgumentParser:
+    class Parser(argparse.ArgumentParser):
+        def error(self, message: str):
+            raise BadInput(f"{message[0].upper()}{message[1:]}.")
+
+    p = Parser(prog="python -m real_runs.microbench", description=__doc__.split("\n\n")[0])
+    p.add_argument("--nproc", type=int, default=1, help="ranks to start when not already under torchrun")
+    p.add_argument("--timeout-s", type=float, default=600.0)
+    sub = p.add_subparsers(dest="what", required=True, parser_class=Parser)
+    c = sub.add_parser("collectives", help="nccl-tests-style sweep of all_reduce, reduce_scatter, all_gather")
+    c.add_argument("--min-bytes", default="1K")
+    c.add_argument("--max-bytes", default="256M")
+    c.add_argument("--collectives", default=",".join(SWEEP_COLLECTIVES))
+    c.add_argument("--budget-s", type=float, default=0.2, help="time to spend per size and collective")
+    c.add_argument("--out", default=None, help="write the sweep as JSON here")
+    la = sub.add_parser("layers", help="per-layer forward/backward and optimizer times of the real model")
+    la.add_argument("--model", default="small", help=", ".join(PRESETS))
+    la.add_argument("--micro-batch", type=int, default=4, help="sequences per rank")
+    la.add_argument("--seq-len", type=int, default=None)
+    la.add_argument("--iters", type=int, default=5)
+    la.add_argument("--out", default=None)
+    return p
+
+
+def validate(args) -> None:
+    if args.what == "collectives":
+        args.min_bytes, args.max_bytes = parse_bytes(args.min_bytes), parse_bytes(args.max_bytes)
+        if not 0 < args.min_bytes <= args.max_bytes:
+            raise BadInput("--min-bytes must be positive and no larger than --max-bytes.")
+        kinds = [k.strip() for k in args.collectives.split(",") if k.strip()]
+        bad = [k for k in kinds if k not in SWEEP_COLLECTIVES]
+        if bad or not kinds:
+            raise BadInput(f"Unknown collective {bad[0] if bad else '(none)'}; choose from "
+                           f"{', '.join(SWEEP_COLLECTIVES)}.")
+        args.collectives = kinds
+    else:
+        if args.model not in PRESETS:
+            raise BadInput(f"Unknown model preset {args.model!r}; choose one of {', '.join(PRESETS)}.")
+        cfg = PRESETS[args.model]
+        args.seq_len = args.seq_len or cfg.max_seq
+        if not 1 <= args.seq_len <= cfg.max_seq:
+            raise BadInput(f"--seq-len must be between 1 and {cfg.max_seq} for the {args.model} preset.")
+        if args.micro_batch < 1 or args.iters < 1:
+            raise BadInput("--micro-batch and --iters must be positive.")
+
+
+def _write_json(path: str, obj) -> None:
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=1)
+    os.replace(tmp, path)
+
+
+def run(args) -> dict:
+    torch.set_num_threads(1)  # as the training ranks do: one thread per rank
+    if "RANK" in os.environ:
+        dist.init_process_group("gloo")
+    else:
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        if args.what == "collectives":
+            result = collective_sweep(args.collectives, args.min_bytes, args.max_bytes, args.budget_s)
+            text = format_table(result)
+        else:
+            result = layer_timings(args.model, args.micro_batch, args.seq_len, args.iters)
+            text = json.dumps(result["by_kind"])
+        result["cores"] = os.cpu_count()
+        result["threads_per_rank"] = torch.get_num_threads()
+        if dist.get_rank() == 0:
+            print(text, flush=True)
+            if args.out:
+                _write_json(args.out, result)
+        dist.barrier()
+        return result
+    finally:
+        dist.destroy_process_group()
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        args = make_parser().parse_args(argv)
+        validate(args)
+        if args.nproc < 1:
+            raise BadInput("--nproc must be at least 1.")
+    except BadInput as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if "RANK" not in os.environ and args.nproc > 1:
+        from .launch import RunFailed, run_module
+        try:
+            run_module("real_runs.microbench", argv, args.nproc, on_line=print, timeout_s=args.timeout_s)
+        except RunFailed as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
+        return 0
+    run(args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

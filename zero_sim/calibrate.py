@@ -1,0 +1,226 @@
+"""Calibration: measured inputs that replace the simulator's analytical guesses.
+
+Simulators that reach a few percent of error are fed measurements; ours takes two kinds,
+saved together in one JSON file that ``zero-sim simulate --calibration FILE`` loads:
+
+* **collectives**: for each of all_reduce, reduce_scatter and all_gather, a latency and a
+  bus bandwidth fitted to a sweep of sizes (``real_runs.microbench collectives``, or an
+  nccl-tests table).  The fit is ``t(S) = latency + factor(n) * S / busbw`` with nccl-tests'
+  bus factors, by relative least squares so small sizes count as much as large ones
+  (:func:`zero_sim.collectives.fit_nccl_tests`).  A fit holds for the group size and the
+  links it was measured on; the simulator uses it for collectives over groups of exactly
+  that size and plans any other with its topology model.
+* **compute**: seconds of forward and backward per layer kind (embedding, block, head) at
+  a given number of tokens, and optimizer seconds per parameter
+  (``real_runs.microbench layers``).  Times scale linearly with tokens.
+
+What the measurement includes is what the simulator then assumes.  On a CPU machine
+the layer timings are taken with all N ranks computing at once, as they do in a
+data-parallel step, so the share of the cores each rank gets (``cores`` / N, plus
+whatever the ranks lose to each other's caches) is in the numbers; the file records
+``cores``, ``ranks`` and ``sharing_factor`` (slowdown against one rank alone when both
+were measured) so a reader sees how much of the time is contention.
+
+The file also says what was measured where (``measured_on``): host, cores, torch,
+backend, world size and, for an emulated cluster, its shape and bandwidth.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from zero_sim.collectives import (
+    CollectiveError,
+    LatencyBandwidthFit,
+    NcclTestsRow,
+    NcclTestsTable,
+    bus_factor,
+    fit_nccl_tests,
+    parse_nccl_tests,
+)
+from zero_sim.vocabulary import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER
+
+FORMAT = "zero-sim-calibration/1"
+FITTED_COLLECTIVES = (ALL_REDUCE, REDUCE_SCATTER, ALL_GATHER)
+LAYER_KINDS = ("embedding", "block", "head")
+
+
+class CalibrationError(ValueError):
+    """A calibration file or measurement that cannot be used; one sentence saying how to fix it."""
+
+
+@dataclass(frozen=True)
+class CollectiveFit:
+    """``t = latency_s + factor(kind, world_size) * S / busbw`` for groups of ``world_size`` ranks."""
+
+    kind: str
+    world_size: int
+    latency_s: float
+    busbw: float  # bytes/s
+    max_rel_error: float  # worst relative error of the fit over the measured sizes
+    sizes: tuple[int, ...] = ()
+
+    def time(self, nbytes: float) -> float:
+        return self.latency_s + bus_factor(self.kind, self.world_size) * nbytes / self.busbw
+
+
+@dataclass(frozen=True)
+class ComputeCalibration:
+    layer_seconds: dict[str, dict[str, float]]  # kind -> {"fwd": s, "bwd": s} at ``tokens``
+    tokens: int  # tokens per rank the layer times were measured at
+    optimizer_seconds_per_param: float | None
+    ranks: int  # ranks computing at once during the measurement
+    cores: int | None
+    sharing_factor: float | None = None  # block time with ``ranks`` at once / one rank alone
+    model: str | None = None
+
+
+@dataclass(frozen=True)
+class Calibration:
+    collectives: dict[str, CollectiveFit] = field(default_factory=dict)
+    compute: ComputeCalibration | None = None
+    backend: str | None = None
+    measured_on: dict = field(default_factory=dict)
+
+    def fit_for(self, kind: str, world_size: int) -> CollectiveFit | None:
+        fit = self.collectives.get(kind)
+        return fit if fit is not None and fit.world_size == world_size else None
+
+    def describe(self) -> str:
+        parts = []
+        for kind, f in self.collectives.items():
+            parts.append(f"{kind} n={f.world_size}: {f.latency_s * 1e6:.0f} us + busbw {f.busbw / 1e9:.3f} GB/s "
+                         f"(fit within {f.max_rel_error:.1%})")
+        if self.compute:
+            c = self.compute
+            block = c.layer_seconds.get("block", {})
+            parts.append(f"compute: block fwd {block.get('fwd', 0) * 1e3:.2f} ms / bwd {block.get('bwd', 0) * 1e3:.2f} ms "
+                         f"at {c.tokens} tokens, {c.ranks} rank(s) on {c.cores} core(s)")
+        where = self.measured_on
+        src = ", ".join(f"{k} {v}" for k, v in where.items() if v not in (None, "", {}))
+        return "; ".join(parts) + (f" [measured on: {src}]" if src else "")
+
+    # ------------------------------------------------------------------ files
+    def to_dict(self) -> dict:
+        return {
+            "format": FORMAT,
+            "backend": self.backend,
+            "measured_on": self.measured_on,
+            "collectives": {k: {"world_size": f.world_size, "latency_s": f.latency_s, "busbw_gbps": f.busbw / 1e9,
+                                "max_rel_error": f.max_rel_error, "sizes": list(f.sizes)}
+                            for k, f in self.collectives.items()},
+            "compute": None if self.compute is None else {
+                "layer_seconds": self.compute.layer_seconds, "tokens": self.compute.tokens,
+                "optimizer_seconds_per_param": self.compute.optimizer_seconds_per_param,
+                "ranks": self.compute.ranks, "cores": self.compute.cores,
+                "sharing_factor": self.compute.sharing_factor, "model": self.compute.model},
+        }
+
+    def save(self, path: str | os.PathLike) -> None:
+        path = Path(path)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(self.to_dict(), indent=1))
+        os.replace(tmp, path)
+
+    @classmethod
+    def from_dict(cls, d: dict, source: str = "the calibration") -> Calibration:
+        if not isinstance(d, dict) or d.get("format") != FORMAT:
+            raise CalibrationError(f"{source} is not a zero-sim calibration file (expected \"format\": \"{FORMAT}\"); "
+                                   f"make one with `zero-sim calibrate`")
+        try:
+            fits = {k: CollectiveFit(k, int(v["world_size"]), float(v["latency_s"]), float(v["busbw_gbps"]) * 1e9,
+                                     float(v.get("max_rel_error", 0.0)), tuple(v.get("sizes", ())))
+                    for k, v in (d.get("collectives") or {}).items()}
+            c = d.get("compute")
+            compute = None if c is None else ComputeCalibration(
+                {k: {"fwd": float(v["fwd"]), "bwd": float(v["bwd"])} for k, v in c["layer_seconds"].items()},
+                int(c["tokens"]), None if c.get("optimizer_seconds_per_param") is None
+                else float(c["optimizer_seconds_per_param"]), int(c.get("ranks", 1)), c.get("cores"),
+                c.get("sharing_factor"), c.get("model"))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CalibrationError(f"{source} is missing or garbles the field {exc}; regenerate it with "
+                                   f"`zero-sim calibrate`") from None
+        bad = [k for k in fits if k not in FITTED_COLLECTIVES]
+        if bad:
+            raise CalibrationError(f"{source} has a fit for unknown collective {bad[0]!r}")
+        if any(f.busbw <= 0 or f.latency_s < 0 for f in fits.values()):
+            raise CalibrationError(f"{source} has a non-positive bus bandwidth or a negative latency")
+        if compute is not None and (compute.tokens <= 0 or any(
+                v <= 0 for t in compute.layer_seconds.values() for v in t.values())):
+            raise CalibrationError(f"{source} has non-positive layer times or tokens")
+        return cls(fits, compute, d.get("backend"), d.get("measured_on") or {})
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> Calibration:
+        path = Path(path)
+        try:
+            text = path.read_text()
+        except OSError:
+            raise CalibrationError(f"cannot read calibration file {str(path)!r}; check the path") from None
+        try:
+            d = json.loads(text)
+        except json.JSONDecodeError:
+            raise CalibrationError(f"{str(path)!r} is not JSON; pass a file written by `zero-sim calibrate`") from None
+        return cls.from_dict(d, f"{str(path)!r}")
+
+
+# ---------------------------------------------------------------------- building blocks
+
+
+def fit_sweep(rows: list[dict], world_size: int, min_bytes: int = 0) -> dict[str, CollectiveFit]:
+    """Fit latency and busbw per collective from a microbenchmark sweep (rows as
+    ``real_runs.microbench`` writes them).  Sizes below ``min_bytes`` are left out."""
+    fits = {}
+    for kind in FITTED_COLLECTIVES:
+        mine = [r for r in rows if r["collective"] == kind and r["size_bytes"] >= min_bytes]
+        if len(mine) < 2:
+            continue
+        table = NcclTestsTable(tuple(NcclTestsRow(int(r["size_bytes"]), float(r["time_us"]), float(r["algbw_gbps"]),
+                                                  float(r["busbw_gbps"]) or 1e-12) for r in mine),
+                               world_size, bus_factor(kind, world_size))
+        fits[kind] = _from_lbfit(kind, world_size, fit_nccl_tests(table), table)
+    if not fits:
+        raise CalibrationError("the sweep has fewer than two sizes of any collective; sweep a wider size range")
+    return fits
+
+
+def _from_lbfit(kind: str, n: int, fit: LatencyBandwidthFit, table: NcclTestsTable) -> CollectiveFit:
+    return CollectiveFit(kind, n, fit.latency_s, fit.busbw, fit.max_rel_error,
+                         tuple(r.size_bytes for r in table.rows))
+
+
+def fit_nccl_tests_text(text: str, collective: str = ALL_REDUCE) -> CollectiveFit:
+    """One fit from pasted nccl-tests output (``all_reduce_perf`` and friends)."""
+    if collective not in FITTED_COLLECTIVES:
+        raise CalibrationError(f"cannot fit {collective!r}; choose one of {', '.join(FITTED_COLLECTIVES)}")
+    try:
+        table = parse_nccl_tests(text, collective)
+        return _from_lbfit(collective, table.n_ranks, fit_nccl_tests(table), table)
+    except CollectiveError as exc:
+        raise CalibrationError(str(exc)) from None
+
+
+def compute_from_layers(layers: dict, alone: dict | None = None) -> ComputeCalibration:
+    """Compute calibration from ``real_runs.microbench layers`` output (taken with all ranks
+    at once); ``alone`` is the same measurement on one rank, to report the sharing factor."""
+    by_kind = layers["by_kind"]
+    missing = [k for k in LAYER_KINDS if k not in by_kind]
+    if missing:
+        raise CalibrationError(f"the layer timings lack the {missing[0]!r} layer kind; rerun the layers benchmark")
+    sharing = None
+    if alone is not None:
+        sharing = by_kind["block"]["fwd"] / alone["by_kind"]["block"]["fwd"]
+    return ComputeCalibration({k: dict(by_kind[k]) for k in LAYER_KINDS}, int(layers["tokens"]),
+                              layers.get("optimizer_s_per_param"), int(layers.get("world_size", 1)),
+                              layers.get("cores"), sharing, layers.get("model"))
+
+
+def machine_facts(**extra) -> dict:
+    import torch
+
+    return {"host": platform.node(), "cores": os.cpu_count(), "torch": torch.__version__,
+            "python": platform.python_version(), **extra}

@@ -1,0 +1,124 @@
+"""The simulator scenario that stands for a real run: same model, ranks, batch, strategy, links.
+
+A run directory written by ``real_runs.train`` says what was trained (``run.json``); this
+module turns that into :func:`zero_sim.simulate.simulate` keywords, so a prediction can
+be made *before* looking at any measured time.  Nothing measured in the run is read
+here except its configuration.
+
+The pieces, each a deliberate choice:
+
+* **workload**: the real model's own layers, read off ``real_runs.model`` on the meta
+  device (:func:`zero_sim.workload.workload_from_module`): exact parameter counts per
+  layer (the real lm head is untied), FLOPs, saved-activation bytes.  Layer kinds are
+  labelled ``embedding`` / ``block`` / ``head`` so per-kind calibrated times apply.
+* **precision**: fp32 everywhere (the real runs train in fp32): K = 8, 4-byte grads.
+* **strategy**: each real implementation maps to the simulated strategy and knobs that
+  describe what it does (:data:`REAL_TO_SIM`).  Where they differ, the mapping says so.
+* **machine**: ``gpu=CPU``, ``backend=gloo``; the topology is the emulated cluster's
+  when the run has a ``cluster`` block, else ``cpu-gloo`` (loopback).
+"""
+
+from __future__ import annotations
+
+from zero_sim.workload import Layer, Workload, workload_from_module
+
+# real strategy -> (simulated strategy, knobs, what the mapping leaves out)
+REAL_TO_SIM: dict[str, tuple[str, dict, str]] = {
+    "ddp": ("ddp", {"gradient_as_bucket_view": True}, ""),
+    "ddp-torch": ("ddp", {"gradient_as_bucket_view": True}, "torch DDP with gradient_as_bucket_view=True"),
+    "zero1": ("zero1", {"zero1_reduce": "all_reduce"}, "the real ZeRO-1 all-reduces whole buckets (3 Psi)"),
+    "zero2": ("zero2", {"zero2_launch": "hook"}, ""),
+    "zero2-step": ("zero2", {"zero2_launch": "step", "bucket_mb": 0.0}, ""),
+    "zero2-hook": ("zero2", {"zero2_launch": "hook", "bucket_mb": 0.0}, ""),
+    "zero3": ("fsdp", {"wrap": "blocks", "reshard_after_forward": True, "backward_prefetch": "pre",
+                       "limit_all_gathers": False},
+              "the real ZeRO-3 keeps embeddings and head gathered from forward to backward, as FSDP's root "
+              "unit; it gathers them as two collectives where the simulated root is one"),
+    "fsdp-torch": ("fsdp", {"wrap": "blocks", "reshard_after_forward": True}, "FSDP2's collectives are not "
+                   "recorded in the real run, only its compute"),
+}
+BUCKETED = {"ddp", "ddp-torch", "zero1", "zero2"}
+
+# Emulated cluster shape (real_runs.cluster) -> topology preset that models it.
+CLUSTER_TOPOLOGY = {"uniform": "emu-uniform", "two-nodes": "emu-two-nodes", "shared-bus": "emu-shared-bus"}
+
+
+class ReplayError(ValueError):
+    """A run that cannot be replayed; the message is one sentence saying why."""
+
+
+def real_workload(model_config: dict, micro_batch: int, seq_len: int, name: str = "real") -> Workload:
+    """The real GPT (``real_runs.model``) as a simulator workload, read on the meta device."""
+    import torch
+
+    from real_runs.model import GPT, GPTConfig
+
+    cfg = GPTConfig(**model_config)
+    with torch.device("meta"):
+        model = GPT(cfg)
+
+    class _Inputs(torch.nn.Module):
+        """The real model takes (tokens, targets); the workload reader feeds one tensor."""
+
+        def __init__(self, gpt):
+            super().__init__()
+            self.gpt = gpt
+
+        def forward(self, idx):
+            return self.gpt(idx, idx)
+
+    example = torch.zeros(micro_batch, seq_len, dtype=torch.long, device="meta")
+    w = workload_from_module(_Inputs(model), example, layers=list(model.layers), name=name,
+                             micro_batch=micro_batch)
+    last = len(w.layers) - 1
+    kinds = ["embedding" if i == 0 else "head" if i == last else "block" for i in range(len(w.layers))]
+    layers = tuple(Layer(lay.index, kind, lay.tensors, lay.fwd_flops, lay.activation_bytes,
+                         lay.checkpointed_activation_bytes) for lay, kind in zip(w.layers, kinds, strict=True))
+    return Workload(w.name, layers, w.seq_len, w.micro_batch, w.recompute)
+
+
+def scenario_for_run(run: dict, calibration=None) -> tuple[dict, Workload]:
+    """``simulate`` keywords and the workload for a real run's ``run.json``."""
+    try:
+        strategy, world, gb = run["strategy"], int(run["world_size"]), int(run["global_batch"])
+        seq_len, cfg = int(run["seq_len"]), dict(run["model_config"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ReplayError(f"run.json lacks the field {exc}; it was not written by real_runs.train") from None
+    if strategy not in REAL_TO_SIM:
+        raise ReplayError(f"unknown real strategy {strategy!r}; expected one of {', '.join(REAL_TO_SIM)}")
+    if run.get("device", "cpu") != "cpu":
+        raise ReplayError("only CPU (gloo) runs can be replayed without a GPU calibration; "
+                          "pass a calibration measured on that GPU")
+    sim_strategy, knobs, _ = REAL_TO_SIM[strategy]
+    knobs = dict(knobs)
+    if strategy in BUCKETED:
+        knobs["bucket_mb"] = float(run.get("bucket_mb", 25.0))
+    micro = gb // world
+    cluster = run.get("cluster")
+    kw = dict(strategy=sim_strategy, gpus=world, gpu="CPU", backend="gloo", precision="fp32",
+              micro_batch=micro, seq_len=seq_len, grad_accum=1, steps=3, explicit_ranks=True, **knobs)
+    if cluster:
+        kind = cluster.get("kind")
+        if kind not in CLUSTER_TOPOLOGY:
+            raise ReplayError(f"the run's emulated cluster shape {kind!r} is unknown; "
+                              f"expected one of {', '.join(CLUSTER_TOPOLOGY)}")
+        kw["topology"] = CLUSTER_TOPOLOGY[kind]
+        kw["bandwidth_gbps"] = float(cluster["bandwidth_gbps"])
+        if kind == "two-nodes":
+            kw["gpus_per_node"] = world // 2
+        elif kind == "uniform":
+            kw["gpus_per_node"] = 1
+    else:
+        kw["topology"] = "cpu-gloo"
+    if calibration is not None:
+        kw["calibration"] = calibration
+    name = f"{run.get('model', 'real')} (real_runs)"
+    return kw, real_workload(cfg, micro, seq_len, name)
+
+
+def predict_run(run: dict, calibration=None):
+    """Simulate the scenario of a real run (see :func:`scenario_for_run`); a SimResult."""
+    from zero_sim.simulate import simulate
+
+    kw, workload = scenario_for_run(run, calibration)
+    return simulate(workload=workload, **kw)
