@@ -11,8 +11,8 @@ is part of what is measured::
     python -m real_runs.microbench --nproc 2 layers --model small --micro-batch 4 --out out/layers.json
 
 **Collectives.**  For every size (doubling from ``--min-bytes`` to ``--max-bytes``) and
-collective, every rank times ``iters`` back-to-back calls between two barriers; the
-time of a call is the slowest rank's mean, as nccl-tests reports it.  ``size`` is the
+collective, every rank times ``iters`` back-to-back calls (at least 3, more while they fit in
+``--budget-s``); the time of a call is the slowest rank's median.  ``size`` is the
 whole buffer S (the gathered output for all_gather, the input for reduce_scatter), so
 ``algbw = S / t`` and ``busbw = algbw * factor`` use nccl-tests' factors.
 
@@ -90,11 +90,14 @@ def _time_collective(kind: str, nbytes: int, world: int, iters: int) -> float:
         call = lambda: _all_gather(dst, src)  # noqa: E731
     call()  # warm-up: connection setup, first-touch allocation
     dist.barrier()
-    t0 = time.perf_counter()
+    times = []
     for _ in range(iters):
+        t0 = time.perf_counter()
         call()
-    mean = (time.perf_counter() - t0) / iters
-    slowest = torch.tensor([mean], dtype=torch.float64)
+        times.append(time.perf_counter() - t0)
+    # The median shrugs off a call that lost the CPU to something else on a shared machine;
+    # the slowest rank's median is the collective's time, as every rank waits for it.
+    slowest = torch.tensor([statistics.median(times)], dtype=torch.float64)
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
     return float(slowest)
 
@@ -106,8 +109,8 @@ def collective_sweep(kinds, lo: int, hi: int, budget_s: float) -> dict:
         for s in sizes(lo, hi, world):
             # Enough iterations to see past timer noise, few enough to keep big sizes short.
             probe = _time_collective(kind, s, world, 1)
-            iters = int(max(1, min(20, budget_s / max(probe, 1e-6))))
-            t = _time_collective(kind, s, world, iters) if iters > 1 else probe
+            iters = int(max(3, min(25, budget_s / max(probe, 1e-6))))
+            t = _time_collective(kind, s, world, iters)
             algbw = s / t
             rows.append({"collective": kind, "size_bytes": s, "count": s // 4, "type": "float",
                          "time_us": t * 1e6, "algbw_gbps": algbw / 1e9,

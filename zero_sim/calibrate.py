@@ -5,9 +5,8 @@ saved together in one JSON file that ``zero-sim simulate --calibration FILE`` lo
 
 * **collectives**: for each of all_reduce, reduce_scatter and all_gather, a latency and a
   bus bandwidth fitted to a sweep of sizes (``real_runs.microbench collectives``, or an
-  nccl-tests table).  The fit is ``t(S) = latency + factor(n) * S / busbw`` with nccl-tests'
-  bus factors, by relative least squares so small sizes count as much as large ones
-  (:func:`zero_sim.collectives.fit_nccl_tests`).  A fit holds for the group size and the
+  nccl-tests table).  The model is ``t(S) = latency + factor(n) * S / busbw`` with
+  nccl-tests' bus factors; :func:`fit_sweep` says how each parameter is read.  A fit holds for the group size and the
   links it was measured on; the simulator uses it for collectives over groups of exactly
   that size and plans any other with its topology model.
 * **compute**: seconds of forward and backward per layer kind (embedding, block, head) at
@@ -30,7 +29,7 @@ from __future__ import annotations
 import json
 import os
 import platform
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from zero_sim.collectives import (
@@ -42,6 +41,7 @@ from zero_sim.collectives import (
     fit_nccl_tests,
     parse_nccl_tests,
 )
+from zero_sim.topology import Fabric, Network, TopologySpec, parse_nvidia_smi_topo
 from zero_sim.vocabulary import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER
 
 FORMAT = "zero-sim-calibration/1"
@@ -85,6 +85,7 @@ class Calibration:
     compute: ComputeCalibration | None = None
     backend: str | None = None
     measured_on: dict = field(default_factory=dict)
+    topology: TopologySpec | None = None  # a real box's, from nvidia-smi topo + nccl-tests (`--topology calibrated`)
 
     def fit_for(self, kind: str, world_size: int) -> CollectiveFit | None:
         fit = self.collectives.get(kind)
@@ -118,6 +119,7 @@ class Calibration:
                 "optimizer_seconds_per_param": self.compute.optimizer_seconds_per_param,
                 "ranks": self.compute.ranks, "cores": self.compute.cores,
                 "sharing_factor": self.compute.sharing_factor, "model": self.compute.model},
+            "topology": None if self.topology is None else asdict(self.topology),
         }
 
     def save(self, path: str | os.PathLike) -> None:
@@ -144,6 +146,14 @@ class Calibration:
         except (KeyError, TypeError, ValueError) as exc:
             raise CalibrationError(f"{source} is missing or garbles the field {exc}; regenerate it with "
                                    f"`zero-sim calibrate`") from None
+        try:
+            topo = d.get("topology")
+            topology = None if topo is None else TopologySpec(**{
+                **topo, "fabric": Fabric(**topo["fabric"]),
+                "network": None if topo.get("network") is None else Network(**topo["network"])})
+        except (KeyError, TypeError) as exc:
+            raise CalibrationError(f"{source} has a malformed topology ({exc}); regenerate it with "
+                                   f"`zero-sim calibrate --nvidia-smi-topo`") from None
         bad = [k for k in fits if k not in FITTED_COLLECTIVES]
         if bad:
             raise CalibrationError(f"{source} has a fit for unknown collective {bad[0]!r}")
@@ -152,7 +162,7 @@ class Calibration:
         if compute is not None and (compute.tokens <= 0 or any(
                 v <= 0 for t in compute.layer_seconds.values() for v in t.values())):
             raise CalibrationError(f"{source} has non-positive layer times or tokens")
-        return cls(fits, compute, d.get("backend"), d.get("measured_on") or {})
+        return cls(fits, compute, d.get("backend"), d.get("measured_on") or {}, topology)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> Calibration:
@@ -171,17 +181,46 @@ class Calibration:
 # ---------------------------------------------------------------------- building blocks
 
 
+# A sweep has two regimes: below ~32 KB a collective costs its latency and nothing else;
+# above ~1 MB it costs its bytes over the bus bandwidth.  In between, emulated links
+# let a burst through at memory speed (tc's token bucket) and a shared machine adds
+# noise, so the fit reads each parameter where it is visible.
+LATENCY_MAX_BYTES = 32 * 1024
+BANDWIDTH_MIN_BYTES = 1 << 20
+
+
 def fit_sweep(rows: list[dict], world_size: int, min_bytes: int = 0) -> dict[str, CollectiveFit]:
     """Fit latency and busbw per collective from a microbenchmark sweep (rows as
-    ``real_runs.microbench`` writes them).  Sizes below ``min_bytes`` are left out."""
+    ``real_runs.microbench`` writes them).
+
+    ``latency`` is the median time of the sizes up to 32 KB; ``busbw`` then minimises the
+    relative error of ``latency + factor*S/busbw`` over the sizes from 1 MB up.  A sweep
+    that lacks either regime falls back to one relative least-squares fit over every
+    size from ``min_bytes`` (:func:`zero_sim.collectives.fit_nccl_tests`)."""
+    import statistics
+
     fits = {}
     for kind in FITTED_COLLECTIVES:
-        mine = [r for r in rows if r["collective"] == kind and r["size_bytes"] >= min_bytes]
+        mine = sorted((r for r in rows if r["collective"] == kind), key=lambda r: r["size_bytes"])
+        factor = bus_factor(kind, world_size)
+        small = [r["time_us"] * 1e-6 for r in mine if r["size_bytes"] <= LATENCY_MAX_BYTES]
+        large = [(r["size_bytes"], r["time_us"] * 1e-6) for r in mine if r["size_bytes"] >= BANDWIDTH_MIN_BYTES]
+        if len(small) >= 2 and len(large) >= 2 and factor > 0:
+            latency = statistics.median(small)
+            # minimise sum(((latency + factor*S*x) - t) / t)^2 over x = 1/busbw: closed form.
+            num = sum(factor * s / t * (1.0 - latency / t) for s, t in large)
+            den = sum((factor * s / t) ** 2 for s, t in large)
+            if num > 0:
+                fit = CollectiveFit(kind, world_size, latency, den / num, 0.0, tuple(r["size_bytes"] for r in mine))
+                worst = max(abs(fit.time(r["size_bytes"]) / (r["time_us"] * 1e-6) - 1) for r in mine)
+                fits[kind] = CollectiveFit(kind, world_size, latency, fit.busbw, worst, fit.sizes)
+                continue
+        mine = [r for r in mine if r["size_bytes"] >= min_bytes]
         if len(mine) < 2:
             continue
         table = NcclTestsTable(tuple(NcclTestsRow(int(r["size_bytes"]), float(r["time_us"]), float(r["algbw_gbps"]),
                                                   float(r["busbw_gbps"]) or 1e-12) for r in mine),
-                               world_size, bus_factor(kind, world_size))
+                               world_size, factor)
         fits[kind] = _from_lbfit(kind, world_size, fit_nccl_tests(table), table)
     if not fits:
         raise CalibrationError("the sweep has fewer than two sizes of any collective; sweep a wider size range")
@@ -204,6 +243,37 @@ def fit_nccl_tests_text(text: str, collective: str = ALL_REDUCE) -> CollectiveFi
         raise CalibrationError(str(exc)) from None
 
 
+def topology_from_imports(nvidia_smi_text: str, fits: dict[str, CollectiveFit]) -> TopologySpec:
+    """A real box's topology: the GPU layout of ``nvidia-smi topo -m``, its link figures set from
+    the nccl-tests all_reduce fit when there is one (otherwise the layout's defaults stay).
+
+    On NVLink/NVSwitch each ring edge has a GPU port to itself, so the port rate is the
+    measured busbw.  On PCIe every edge of a ring of n GPUs crosses their shared bus once,
+    so the bus carries n times the busbw; across subgroups the host bridge is the limit.
+    The per-hop latency is the fitted latency spread over the ring's 2(n-1) steps."""
+    from zero_sim.collectives import BACKENDS
+    from zero_sim.topology import TopologyError
+
+    try:
+        spec = parse_nvidia_smi_topo(nvidia_smi_text, name="calibrated")
+    except TopologyError as exc:
+        raise CalibrationError(str(exc)) from None
+    fit = fits.get(ALL_REDUCE)
+    if fit is None:
+        return spec
+    n, bw = fit.world_size, fit.busbw / 1e9
+    hop_us = max(0.0, fit.latency_s - BACKENDS["nccl"].launch_latency_s) / max(1, 2 * (n - 1)) * 1e6
+    fab = spec.fabric
+    if fab.kind == "nvswitch":
+        fab = replace(fab, port_gbps=bw, port_latency_us=hop_us)
+    elif fab.subgroups > 1 and n > spec.gpus_per_node // fab.subgroups:
+        fab = replace(fab, bridge_gbps=bw, bridge_latency_us=hop_us)
+    else:
+        fab = replace(fab, bus_gbps=bw * n, bus_latency_us=hop_us)
+    return replace(spec, fabric=fab, source=f"nvidia-smi topo -m; links fitted to nccl-tests all_reduce on {n} GPUs "
+                                            f"({fit.latency_s * 1e6:.0f} us + {bw:.2f} GB/s busbw)")
+
+
 def compute_from_layers(layers: dict, alone: dict | None = None) -> ComputeCalibration:
     """Compute calibration from ``real_runs.microbench layers`` output (taken with all ranks
     at once); ``alone`` is the same measurement on one rank, to report the sharing factor."""
@@ -224,3 +294,80 @@ def machine_facts(**extra) -> dict:
 
     return {"host": platform.node(), "cores": os.cpu_count(), "torch": torch.__version__,
             "python": platform.python_version(), **extra}
+
+
+# ---------------------------------------------------------------------- measuring here
+
+
+def measure_compute(nproc: int, model: str, micro_batch: int, seq_len: int | None, workdir: Path,
+                    timeout_s: float = 300.0, on_line=None) -> ComputeCalibration:
+    """Per-layer times of the real model with ``nproc`` ranks computing at once, and one alone."""
+    from real_runs.launch import run_module
+
+    found = {}
+    for ranks in sorted({1, nproc}):
+        path = Path(workdir) / f"layers_{model}_mb{micro_batch}_r{ranks}.json"
+        argv = ["layers", "--model", model, "--micro-batch", str(micro_batch), "--out", str(path)]
+        if seq_len:
+            argv += ["--seq-len", str(seq_len)]
+        run_module("real_runs.microbench", argv, ranks, on_line=on_line, timeout_s=timeout_s)
+        found[ranks] = json.loads(path.read_text())
+    return compute_from_layers(found[nproc], found[1] if nproc > 1 else None)
+
+
+def measure_network(runner, nproc: int, workdir: Path, max_bytes: str = "32M", budget_s: float = 0.15,
+                    timeout_s: float = 300.0, on_line=None) -> tuple[dict[str, CollectiveFit], dict]:
+    """Sweep collectives on ``runner`` (an EmulatedCluster, or anything with its ``run_module``)
+    and fit them; returns the fits and the raw sweep."""
+    path = Path(workdir) / f"sweep_n{nproc}_{os.getpid()}.json"
+    runner.run_module("real_runs.microbench", ["collectives", "--min-bytes", "4K", "--max-bytes", max_bytes,
+                                               "--budget-s", str(budget_s), "--out", str(path)],
+                      on_line=on_line, timeout_s=timeout_s)
+    sweep = json.loads(path.read_text())
+    return fit_sweep(sweep["rows"], nproc), sweep
+
+
+class Loopback:
+    """``nproc`` ranks of this machine on plain loopback: the runner when nothing is emulated."""
+
+    def __init__(self, nproc: int):
+        self.nproc = nproc
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return None
+
+    def describe(self) -> str:
+        return f"{self.nproc} rank(s) on plain loopback (not shaped)"
+
+    def run_module(self, module: str, argv: list[str], on_line=None, timeout_s: float = 600.0) -> None:
+        from real_runs.launch import run_module
+
+        run_module(module, argv, self.nproc, on_line=on_line, timeout_s=timeout_s)
+
+    def cluster_record(self) -> None:
+        return None
+
+
+def measure(nproc: int, model: str = "small", micro_batch: int = 4, seq_len: int | None = None,
+            shape: str | None = None, bandwidth_gbps: float | None = None, max_bytes: str = "32M",
+            workdir: Path | None = None, on_line=None) -> Calibration:
+    """Calibrate this machine: compute with ``nproc`` ranks, and the network they use (an
+    emulated cluster of ``shape`` at ``bandwidth_gbps`` when given, else plain loopback)."""
+    import tempfile
+
+    workdir = Path(workdir or tempfile.mkdtemp(prefix="zero-sim-calibrate-"))
+    compute = measure_compute(nproc, model, micro_batch, seq_len, workdir, on_line=on_line)
+    if shape is not None:
+        from real_runs.cluster import ClusterShape, EmulatedCluster
+
+        runner = EmulatedCluster(nproc, ClusterShape(shape, float(bandwidth_gbps)))
+    else:
+        runner = Loopback(nproc)
+    with runner as r:
+        where = r.describe()
+        fits = measure_network(r, nproc, workdir, max_bytes, on_line=on_line)[0] if nproc > 1 else {}
+    return Calibration(fits, compute, "gloo", machine_facts(ranks=nproc, network=where, model=model,
+                                                          micro_batch=micro_batch))

@@ -4,6 +4,9 @@
     zero-sim presets
     zero-sim fit-nccl-tests table.txt
     zero-sim demo --out out/
+    zero-sim calibrate --nproc 2 --shape uniform --bandwidth-gbps 1 --out cal.json
+    zero-sim calibrate --nccl-tests all_reduce_perf.txt --nvidia-smi-topo topo.txt --out box.json
+    zero-sim validate --quick --report out/validation
 
 Every flag of ``simulate`` is a keyword of ``zero_sim.simulate()``.  Bad input gets one
 sentence on stderr and exit status 2; a model that does not fit is a result
@@ -69,6 +72,28 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo", help="simulate the default scenario; write a PNG and a trace")
     demo.add_argument("--out", type=Path, default=Path("out"))
+
+    cal = sub.add_parser("calibrate", help="measure (or import) collective and compute times into a calibration file")
+    cal.add_argument("--out", type=Path, required=True, help="calibration file to write (JSON)")
+    cal.add_argument("--nproc", type=int, default=2, help="ranks to measure with on this machine")
+    cal.add_argument("--shape", choices=["uniform", "two-nodes", "shared-bus"], default=None,
+                     help="measure inside an emulated cluster of this shape (needs root and tc)")
+    cal.add_argument("--bandwidth-gbps", type=float, default=None, help="the emulated links' rate, Gbit/s")
+    cal.add_argument("--model", default="small", help="real_runs model preset whose layers are timed")
+    cal.add_argument("--micro-batch", type=int, default=4, help="sequences per rank when timing layers")
+    cal.add_argument("--max-bytes", default="32M", help="largest collective in the sweep")
+    cal.add_argument("--nccl-tests", type=Path, action="append", default=[],
+                     help="import an nccl-tests output file instead of measuring (repeatable: one per collective)")
+    cal.add_argument("--nvidia-smi-topo", type=Path, default=None,
+                     help="with --nccl-tests: also build a topology from `nvidia-smi topo -m` output")
+
+    val = sub.add_parser("validate", help="predict, then run, a grid of real runs; report the errors")
+    val.add_argument("--quick", action="store_true", help="a small grid fit for CI")
+    val.add_argument("--report", type=Path, default=None, help="write report.md, validation.json and figures here")
+    val.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    val.add_argument("--model", default="small")
+    val.add_argument("--steps", type=int, default=5)
+    val.add_argument("--shape", choices=["uniform", "two-nodes", "shared-bus"], default="uniform")
     return parser
 
 
@@ -164,6 +189,56 @@ def _demo(args) -> int:
     return 0
 
 
+def _calibrate(args) -> int:
+    from zero_sim import calibrate as cal
+
+    if args.nccl_tests:
+        fits = {}
+        for path in args.nccl_tests:
+            if not path.is_file():
+                raise UsageError(f"nccl-tests file {str(path)!r} does not exist; pass the path of saved output")
+            text = path.read_text(errors="replace")
+            kind = next((k for k in cal.FITTED_COLLECTIVES if f"{k}_perf" in text or k in path.name), "all_reduce")
+            fits[kind] = cal.fit_nccl_tests_text(text, kind)
+        topology = None
+        if args.nvidia_smi_topo is not None:
+            if not args.nvidia_smi_topo.is_file():
+                raise UsageError(f"file {str(args.nvidia_smi_topo)!r} does not exist; save `nvidia-smi topo -m` there")
+            topology = cal.topology_from_imports(args.nvidia_smi_topo.read_text(errors="replace"), fits)
+        result = cal.Calibration(fits, None, "nccl", {"source": ", ".join(str(p) for p in args.nccl_tests)},
+                                 topology)
+    else:
+        if args.nproc < 1 or args.micro_batch < 1:
+            raise UsageError("--nproc and --micro-batch must be positive integers")
+        if (args.shape is None) != (args.bandwidth_gbps is None):
+            raise UsageError("--shape and --bandwidth-gbps go together: give both to measure in an emulated "
+                             "cluster, or neither for plain loopback")
+        if args.bandwidth_gbps is not None and args.bandwidth_gbps <= 0:
+            raise UsageError(f"--bandwidth-gbps must be positive, got {args.bandwidth_gbps}")
+        result = cal.measure(args.nproc, args.model, args.micro_batch, None, args.shape, args.bandwidth_gbps,
+                             args.max_bytes, on_line=print)
+    result.save(args.out)
+    print(result.describe())
+    print(f"wrote {args.out}; use it with `zero-sim simulate --calibration {args.out}`")
+    return 0
+
+
+def _validate(args) -> int:
+    from zero_sim import validate as v
+
+    cases = v.QUICK_GRID if args.quick else v.FULL_GRID
+    opts = v.Options(model=args.model, steps=args.steps, shape=args.shape)
+    result = v.run_validation(cases, opts, report_dir=args.report,
+                              on_line=(lambda line: print(line, file=sys.stderr)) if args.json else print)
+    if args.json:
+        print(json.dumps(result, default=str))
+    else:
+        print(f"median |error| of step time: {result['median_abs_error']:.1%} over {len(result['cases'])} cases")
+        if args.report:
+            print(f"wrote {args.report / 'report.md'}")
+    return 0
+
+
 def main(argv=None) -> int:
     parser = build_parser()
     try:
@@ -176,11 +251,20 @@ def main(argv=None) -> int:
             return _fit(args)
         if args.command == "demo":
             return _demo(args)
+        if args.command == "calibrate":
+            return _calibrate(args)
+        if args.command == "validate":
+            return _validate(args)
         parser.print_help()
         return 2
     except (UsageError, ScenarioError, CollectiveError) as exc:
         print(f"zero-sim: {exc}", file=sys.stderr)
         return 2
+    except RuntimeError as exc:  # a real run or an emulated cluster that failed: its one sentence
+        if type(exc).__name__ not in ("RunFailed", "ClusterUnavailable"):
+            raise
+        print(f"zero-sim: {exc}", file=sys.stderr)
+        return 1
     except ValueError as exc:  # any other bad value that reached a model: still one sentence
         print(f"zero-sim: {exc}", file=sys.stderr)
         return 2

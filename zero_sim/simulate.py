@@ -39,7 +39,8 @@ COMMON: tuple[Setting, ...] = (
     Setting("strategy", "ddp", "ddp, zero1, zero2, zero3 or fsdp", str),
     Setting("gpus", 8, "number of ranks N", int),
     Setting("gpus_per_node", None, "ranks per node (default: the topology's node size)", int),
-    Setting("topology", "dgx-a100", "topology preset (see `zero-sim presets`)", str),
+    Setting("topology", "dgx-a100", "topology preset (see `zero-sim presets`), or 'calibrated' for the "
+            "calibration file's imported topology", str),
     Setting("gpu", None, "GPU model (default: the topology's)", str, tuple(GPUS)),
     Setting("bandwidth_gbps", None, "override the bottleneck link's bandwidth, in Gbit/s", float),
     Setting("backend", "nccl", "collective library", str, tuple(BACKENDS)),
@@ -91,7 +92,7 @@ def _check(s: dict) -> None:
     for setting in COMMON:
         if setting.choices and s[setting.name] is not None and s[setting.name] not in setting.choices:
             raise ScenarioError(f"{setting.flag} {s[setting.name]!r} is not one of {', '.join(setting.choices)}")
-    if s["topology"] not in TOPOLOGIES:
+    if s["topology"] not in TOPOLOGIES and s["topology"] != "calibrated":
         raise ScenarioError(f"unknown topology preset {s['topology']!r}; choose one of {', '.join(sorted(TOPOLOGIES))}")
 
 
@@ -152,8 +153,14 @@ def simulate(workload: Workload | None = None, **kwargs) -> SimResult:
     elif workload.micro_batch != s["micro_batch"]:
         raise ScenarioError(f"the workload was built for micro-batch {workload.micro_batch} but --micro-batch is "
                             f"{s['micro_batch']}; pass the same value to both")
+    spec = s["topology"]
+    if spec == "calibrated":
+        if calibration is None or calibration.topology is None:
+            raise ScenarioError("--topology calibrated needs --calibration with an imported topology; make one with "
+                                "`zero-sim calibrate --nccl-tests FILE --nvidia-smi-topo FILE --out FILE`")
+        spec = calibration.topology
     try:
-        topo = build_topology(s["topology"], s["gpus"], s["gpus_per_node"])
+        topo = build_topology(spec, s["gpus"], s["gpus_per_node"])
     except ValueError as exc:
         raise ScenarioError(str(exc)) from None
     if s["bandwidth_gbps"] is not None:
