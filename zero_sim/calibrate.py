@@ -193,8 +193,9 @@ def fit_sweep(rows: list[dict], world_size: int, min_bytes: int = 0) -> dict[str
     """Fit latency and busbw per collective from a microbenchmark sweep (rows as
     ``real_runs.microbench`` writes them).
 
-    ``latency`` is the median time of the sizes up to 32 KB; ``busbw`` then minimises the
-    relative error of ``latency + factor*S/busbw`` over the sizes from 1 MB up.  A sweep
+    ``latency`` is the median time of the sizes up to 32 KB less their bytes' share;
+    ``busbw`` minimises the relative error of ``latency + factor*S/busbw`` over the sizes
+    from 1 MB up; the two are refined in turn.  A sweep
     that lacks either regime falls back to one relative least-squares fit over every
     size from ``min_bytes`` (:func:`zero_sim.collectives.fit_nccl_tests`)."""
     import statistics
@@ -203,15 +204,19 @@ def fit_sweep(rows: list[dict], world_size: int, min_bytes: int = 0) -> dict[str
     for kind in FITTED_COLLECTIVES:
         mine = sorted((r for r in rows if r["collective"] == kind), key=lambda r: r["size_bytes"])
         factor = bus_factor(kind, world_size)
-        small = [r["time_us"] * 1e-6 for r in mine if r["size_bytes"] <= LATENCY_MAX_BYTES]
+        small = [(r["size_bytes"], r["time_us"] * 1e-6) for r in mine if r["size_bytes"] <= LATENCY_MAX_BYTES]
         large = [(r["size_bytes"], r["time_us"] * 1e-6) for r in mine if r["size_bytes"] >= BANDWIDTH_MIN_BYTES]
         if len(small) >= 2 and len(large) >= 2 and factor > 0:
-            latency = statistics.median(small)
-            # minimise sum(((latency + factor*S*x) - t) / t)^2 over x = 1/busbw: closed form.
-            num = sum(factor * s / t * (1.0 - latency / t) for s, t in large)
-            den = sum((factor * s / t) ** 2 for s, t in large)
-            if num > 0:
-                fit = CollectiveFit(kind, world_size, latency, den / num, 0.0, tuple(r["size_bytes"] for r in mine))
+            # Alternate: latency is what the small sizes take beyond their bytes; 1/busbw then
+            # minimises sum(((latency + factor*S/busbw) - t) / t)^2 over the large sizes (closed form).
+            inv_bw = 0.0
+            for _ in range(3):
+                latency = max(0.0, statistics.median(t - factor * sz * inv_bw for sz, t in small))
+                num = sum(factor * sz / t * (1.0 - latency / t) for sz, t in large)
+                den = sum((factor * sz / t) ** 2 for sz, t in large)
+                inv_bw = num / den if num > 0 else 0.0
+            if inv_bw > 0:
+                fit = CollectiveFit(kind, world_size, latency, 1.0 / inv_bw, 0.0, tuple(r["size_bytes"] for r in mine))
                 worst = max(abs(fit.time(r["size_bytes"]) / (r["time_us"] * 1e-6) - 1) for r in mine)
                 fits[kind] = CollectiveFit(kind, world_size, latency, fit.busbw, worst, fit.sizes)
                 continue

@@ -1,0 +1,165 @@
+"""Calibration: measured collective and layer times, saved in one file, change what the simulator predicts."""
+
+import json
+
+import pytest
+
+from zero_sim.calibrate import (
+    Calibration,
+    CalibrationError,
+    CollectiveFit,
+    ComputeCalibration,
+    compute_from_layers,
+    fit_nccl_tests_text,
+    fit_sweep,
+    topology_from_imports,
+)
+from zero_sim.collectives import CollectiveModel, bus_factor, parse_nccl_tests
+from zero_sim.engine import process_groups
+from zero_sim.simulate import ScenarioError, simulate
+from zero_sim.topology import build_topology
+
+
+@pytest.mark.parametrize("table", ["seed002_pcie_pair.txt", "seed002_host_bridge.txt"])
+def test_a_calibration_from_seed_002_reproduces_every_measured_size_within_5_percent(data_dir, table, figures):
+    text = (data_dir / table).read_text()
+    fit = fit_nccl_tests_text(text, "all_reduce")
+    rows = parse_nccl_tests(text).rows
+    errors = [fit.time(r.size_bytes) / (r.time_us * 1e-6) - 1 for r in rows]
+    figures(f"{table}: {fit.latency_s * 1e6:.0f} us + {fit.busbw / 1e9:.2f} GB/s; worst error "
+            f"{max(map(abs, errors)):.1%} over {len(rows)} sizes ({rows[0].size_bytes:,} to {rows[-1].size_bytes:,} B)")
+    assert max(map(abs, errors)) <= 0.05
+
+
+def sweep_rows(kind, n, latency_s, busbw, sizes):
+    return [{"collective": kind, "size_bytes": s, "time_us": (latency_s + bus_factor(kind, n) * s / busbw) * 1e6,
+             "algbw_gbps": 0.0, "busbw_gbps": 0.0} for s in sizes]
+
+
+def test_a_sweep_fit_reads_latency_from_small_sizes_and_bandwidth_from_large_ones():
+    sizes = [4096 << i for i in range(14)]  # 4 KB .. 32 MB
+    rows = sweep_rows("all_reduce", 4, 300e-6, 0.5e9, sizes) + sweep_rows("all_gather", 4, 200e-6, 0.8e9, sizes)
+    fits = fit_sweep(rows, 4)
+    assert set(fits) == {"all_reduce", "all_gather"}
+    assert fits["all_reduce"].latency_s == pytest.approx(300e-6, rel=0.05)
+    assert fits["all_reduce"].busbw == pytest.approx(0.5e9, rel=0.01)
+    assert fits["all_gather"].busbw == pytest.approx(0.8e9, rel=0.01)
+    assert fits["all_reduce"].max_rel_error < 0.05
+
+
+def test_a_sweep_with_one_size_cannot_be_fitted():
+    with pytest.raises(CalibrationError, match="fewer than two sizes"):
+        fit_sweep(sweep_rows("all_reduce", 2, 1e-4, 1e9, [1 << 20]), 2)
+
+
+def calibration(n=2, latency_s=1e-3, busbw=50e6):
+    fits = {k: CollectiveFit(k, n, latency_s, busbw, 0.0) for k in ("all_reduce", "reduce_scatter", "all_gather")}
+    compute = ComputeCalibration({"embedding": {"fwd": 1e-3, "bwd": 2e-3}, "block": {"fwd": 10e-3, "bwd": 20e-3},
+                                  "head": {"fwd": 5e-3, "bwd": 10e-3}}, 4096, 1e-8, n, 2, 1.1, "small")
+    return Calibration(fits, compute, "gloo", {"host": "test"})
+
+
+def test_a_calibrated_collective_costs_exactly_its_fit_when_alone():
+    cal = calibration()
+    topo = build_topology("emu-uniform", 2, 1).with_bandwidth(1.0)
+    model = CollectiveModel(topo, "gloo", "auto", cal)
+    plan = model.plan("all_reduce", 8e6, process_groups(topo, "world"))
+    assert plan.algorithm == "calibrated"
+    assert plan.isolated_time(topo) == pytest.approx(cal.collectives["all_reduce"].time(8e6))
+
+
+def test_a_fit_for_another_group_size_is_not_used():
+    cal = calibration(n=4)
+    topo = build_topology("emu-uniform", 2, 1)
+    plan = CollectiveModel(topo, "gloo", "auto", cal).plan("all_reduce", 8e6, process_groups(topo, "world"))
+    assert plan.algorithm == "ring"
+
+
+def test_the_simulator_uses_calibrated_layer_times_scaled_by_tokens(tmp_path):
+    cal = calibration()
+    path = tmp_path / "cal.json"
+    cal.save(path)
+    result = simulate(model="gpt2-124m", micro_batch=2, seq_len=1024, strategy="ddp", gpus=2, topology="emu-uniform",
+                      gpus_per_node=1, gpu="CPU", backend="gloo", precision="fp32", calibration=str(path))
+    fwd_block = next(op for op in result.ops if op["name"] == "fwd L1")
+    assert fwd_block["end_s"] - fwd_block["start_s"] == pytest.approx(10e-3 * 2048 / 4096, rel=0.01)
+    assert "all_reduce n=2" in result.scenario["calibration"]
+
+
+def test_a_calibration_survives_a_round_trip_through_its_file(tmp_path):
+    cal = calibration()
+    cal.save(tmp_path / "c.json")
+    back = Calibration.load(tmp_path / "c.json")
+    assert back.collectives == cal.collectives
+    assert back.compute == cal.compute
+    assert back.backend == "gloo"
+
+
+@pytest.mark.parametrize("content,fragment", [
+    ("not json", "is not JSON"),
+    ('{"format": "something-else"}', "is not a zero-sim calibration file"),
+    ('{"format": "zero-sim-calibration/1", "collectives": {"all_reduce": {"world_size": 2}}}', "missing or garbles"),
+    ('{"format": "zero-sim-calibration/1", "collectives": {"all_reduce": {"world_size": 2, "latency_s": 0, '
+     '"busbw_gbps": -1}}}', "non-positive bus bandwidth"),
+])
+def test_a_bad_calibration_file_gets_one_sentence(tmp_path, content, fragment):
+    path = tmp_path / "bad.json"
+    path.write_text(content)
+    with pytest.raises(ScenarioError) as err:
+        simulate(calibration=str(path))
+    assert fragment in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_a_calibration_from_another_backend_is_refused(tmp_path):
+    with pytest.raises(ScenarioError, match="measured with gloo"):
+        simulate(calibration=calibration(), backend="nccl")
+
+
+def test_compute_calibration_reports_how_much_sharing_the_cores_costs():
+    def layers(block_fwd, ranks):
+        by_kind = {"embedding": {"fwd": 1e-4, "bwd": 2e-4}, "block": {"fwd": block_fwd, "bwd": 2 * block_fwd},
+                   "head": {"fwd": 1e-3, "bwd": 2e-3}}
+        return {"by_kind": by_kind, "tokens": 512, "world_size": ranks, "cores": 2, "optimizer_s_per_param": 1e-9}
+
+    comp = compute_from_layers(layers(0.027, 4), alone=layers(0.010, 1))
+    assert comp.ranks == 4 and comp.sharing_factor == pytest.approx(2.7)
+    assert comp.layer_seconds["block"]["fwd"] == 0.027
+
+
+NVSWITCH = """\tGPU0\tGPU1\tGPU2\tGPU3
+GPU0\t X \tNV12\tNV12\tNV12
+GPU1\tNV12\t X \tNV12\tNV12
+GPU2\tNV12\tNV12\t X \tNV12
+GPU3\tNV12\tNV12\tNV12\t X
+"""
+PCIE_TWO_GROUPS = """\tGPU0\tGPU1\tGPU2\tGPU3
+GPU0\t X \tPIX\tSYS\tSYS
+GPU1\tPIX\t X \tSYS\tSYS
+GPU2\tSYS\tSYS\t X \tPIX
+GPU3\tSYS\tSYS\tPIX\t X
+"""
+
+
+def test_nvidia_smi_topo_and_nccl_tests_make_a_topology_whose_links_reproduce_the_measurement(data_dir):
+    fit = fit_nccl_tests_text((data_dir / "seed002_pcie_pair.txt").read_text())
+    spec = topology_from_imports(PCIE_TWO_GROUPS, {"all_reduce": fit})
+    assert spec.fabric.kind == "pcie" and spec.fabric.subgroups == 2
+    topo = build_topology(spec, 2)  # a pair on one bus, as the table was measured
+    plan = CollectiveModel(topo).plan("all_reduce", 256e6, process_groups(topo, "world"))
+    assert plan.isolated_time(topo) == pytest.approx(fit.time(256e6), rel=0.03)
+
+    nv = topology_from_imports(NVSWITCH, {"all_reduce": CollectiveFit("all_reduce", 4, 20e-6, 200e9, 0.0)})
+    assert nv.fabric.kind == "nvswitch" and nv.fabric.port_gbps == pytest.approx(200.0)
+
+
+def test_an_imported_topology_is_simulated_by_name_calibrated(tmp_path, data_dir):
+    fit = fit_nccl_tests_text((data_dir / "seed002_host_bridge.txt").read_text())
+    cal = Calibration({"all_reduce": fit}, None, "nccl", {}, topology_from_imports(PCIE_TWO_GROUPS, {"all_reduce": fit}))
+    cal.save(tmp_path / "box.json")
+    assert json.loads((tmp_path / "box.json").read_text())["topology"]["fabric"]["kind"] == "pcie"
+    result = simulate(calibration=str(tmp_path / "box.json"), topology="calibrated", gpus=4, gpus_per_node=4,
+                      model="gpt2-124m", micro_batch=2)
+    assert result.scenario["topology"] == "calibrated"
+    with pytest.raises(ScenarioError, match="needs --calibration"):
+        simulate(topology="calibrated", gpus=2)

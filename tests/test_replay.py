@@ -1,0 +1,64 @@
+"""A real run's configuration becomes a simulator scenario: same model, ranks, batch, strategy and links."""
+
+import pytest
+
+from real_runs.model import PRESETS, build_model, count_params
+from real_runs.strategies import STRATEGIES
+from real_runs.strategies.base import formula_bytes
+from zero_sim.replay import REAL_TO_SIM, ReplayError, predict_run, real_workload, scenario_for_run
+
+
+def planned(strategy, world=2, model="tiny", cluster=None, **extra):
+    cfg = PRESETS[model]
+    run = {"strategy": strategy, "world_size": world, "global_batch": 8, "seq_len": cfg.max_seq, "model": model,
+           "model_config": cfg.to_dict(), "device": "cpu", "bucket_mb": 25.0, **extra}
+    if cluster:
+        run["cluster"] = cluster
+    return run
+
+
+@pytest.mark.parametrize("model", ["nano", "tiny", "small"])
+def test_the_replayed_workload_has_exactly_the_real_models_parameters(model):
+    cfg = PRESETS[model]
+    w = real_workload(cfg.to_dict(), micro_batch=2, seq_len=cfg.max_seq)
+    assert w.params == count_params(build_model(cfg, seed=0))
+    assert [layer.kind for layer in w.layers] == ["embedding", *["block"] * cfg.n_layer, "head"]
+    assert all(layer.fwd_flops > 0 for layer in w.layers[1:])
+
+
+def test_every_real_strategy_has_a_simulated_counterpart():
+    assert set(REAL_TO_SIM) == set(STRATEGIES)
+
+
+@pytest.mark.parametrize("strategy", sorted(STRATEGIES))
+@pytest.mark.parametrize("world", [2, 4])
+def test_predicted_model_states_are_exactly_the_real_runs_bytes(strategy, world):
+    """The real runs check their bytes against the ZeRO formulas; the simulator must land on the same bytes."""
+    sim = predict_run(planned(strategy, world))
+    psi = sim.scenario["params"]
+    expected = formula_bytes(STRATEGIES[strategy].stage, psi, world)["bytes"]
+    assert sim.metrics["memory"]["model_states_bytes"] == pytest.approx(expected, rel=0.002)  # shard padding only
+
+
+def test_an_emulated_cluster_selects_its_topology_and_bandwidth():
+    kw, _ = scenario_for_run(planned("ddp", 4, cluster={"kind": "two-nodes", "bandwidth_gbps": 0.5, "nproc": 4}))
+    assert (kw["topology"], kw["bandwidth_gbps"], kw["gpus_per_node"]) == ("emu-two-nodes", 0.5, 2)
+    kw, _ = scenario_for_run(planned("ddp", 2, cluster={"kind": "uniform", "bandwidth_gbps": 1.0, "nproc": 2}))
+    assert (kw["topology"], kw["gpus_per_node"]) == ("emu-uniform", 1)
+
+
+def test_a_slower_emulated_link_predicts_a_slower_step():
+    slow = predict_run(planned("ddp", 2, model="small", cluster={"kind": "uniform", "bandwidth_gbps": 0.25}))
+    fast = predict_run(planned("ddp", 2, model="small", cluster={"kind": "uniform", "bandwidth_gbps": 4.0}))
+    assert slow.metrics["exposed_comm_s"] > 4 * fast.metrics["exposed_comm_s"]
+
+
+@pytest.mark.parametrize("run,fragment", [
+    ({"strategy": "ddp"}, "lacks the field"),
+    (planned("ddp-fancy"), "unknown real strategy"),
+    (planned("ddp", cluster={"kind": "torus", "bandwidth_gbps": 1}), "cluster shape 'torus' is unknown"),
+])
+def test_a_run_that_cannot_be_replayed_says_why_in_one_sentence(run, fragment):
+    with pytest.raises(ReplayError) as err:
+        scenario_for_run(run)
+    assert fragment in str(err.value) and "\n" not in str(err.value)
