@@ -10,6 +10,9 @@
 others; if the whole run outlives ``timeout_s``, or the caller is interrupted, the
 process group is killed.  Either way :class:`RunFailed` is raised with one sentence,
 naming the failing rank and its error when a rank said what went wrong.
+
+:func:`supervise` does that watching for any number of ``torchrun`` processes at once,
+so :mod:`real_runs.cluster` (one ``torchrun`` per emulated node) fails the same way.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 
@@ -46,12 +49,8 @@ def _flags(flags: dict) -> list[str]:
     return argv
 
 
-def launch(strategy: str, nproc: int = 2, out: str | os.PathLike = "out/real_run",
-           on_line: Callable[[str], None] | None = None, timeout_s: float = 600.0, **flags) -> dict:
-    """Run ``real_runs.train`` on ``nproc`` ranks and return its parsed ``run.json``.
-
-    ``flags`` are train.py's options with underscores (``global_batch=16``,
-    ``save_state=True``).  Bad input raises ValueError before anything starts."""
+def train_argv(strategy: str, nproc: int, out: str | os.PathLike, flags: dict) -> list[str]:
+    """train.py's command line for these options, checked: ValueError (one sentence) on bad input."""
     from .train import BadInput, make_parser, validate
 
     argv = ["--strategy", strategy, "--out", str(out), *_flags(flags)]
@@ -59,48 +58,104 @@ def launch(strategy: str, nproc: int = 2, out: str | os.PathLike = "out/real_run
         validate(make_parser().parse_args(argv), nproc)
     except BadInput as e:
         raise ValueError(str(e)) from None
+    return argv
+
+
+def launch(strategy: str, nproc: int = 2, out: str | os.PathLike = "out/real_run",
+           on_line: Callable[[str], None] | None = None, timeout_s: float = 600.0, **flags) -> dict:
+    """Run ``real_runs.train`` on ``nproc`` ranks and return its parsed ``run.json``.
+
+    ``flags`` are train.py's options with underscores (``global_batch=16``,
+    ``save_state=True``).  Bad input raises ValueError before anything starts."""
+    argv = train_argv(strategy, nproc, out, flags)
     return launch_argv(argv, nproc, on_line=on_line, timeout_s=timeout_s)
 
 
 def launch_argv(argv: list[str], nproc: int, on_line: Callable[[str], None] | None = None,
                 timeout_s: float = 600.0) -> dict:
-    argv = [a for i, a in enumerate(argv) if a != "--nproc" and (i == 0 or argv[i - 1] != "--nproc")]
+    run_module("real_runs.train", argv, nproc, on_line=on_line, timeout_s=timeout_s)
     out = Path(argv[argv.index("--out") + 1]) if "--out" in argv else Path("out/real_run")
+    with open(out / "run.json") as f:
+        return json.load(f)
+
+
+def without_nproc(argv: list[str]) -> list[str]:
+    """``--nproc N`` asks a module to start torchrun itself; under torchrun it means nothing."""
+    return [a for i, a in enumerate(argv) if a != "--nproc" and (i == 0 or argv[i - 1] != "--nproc")]
+
+
+def rank_env(**extra: str) -> dict[str, str]:
+    # One thread per rank: ranks share the machine's cores, as they would share a node's.
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **extra}
+
+
+def run_module(module: str, argv: list[str], nproc: int, on_line: Callable[[str], None] | None = None,
+               timeout_s: float = 600.0) -> None:
+    """``python -m <module> <argv>`` on ``nproc`` ranks of this machine under one torchrun."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-           "--monitor-interval=0.5", "-m", "real_runs.train", *argv]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+           "--monitor-interval=0.5", "-m", module, *without_nproc(argv)]
+    supervise([start(cmd, rank_env())], on_line=on_line, timeout_s=timeout_s)
+
+
+def start(cmd: list[str], env: dict[str, str]) -> subprocess.Popen:
+    """Start ``cmd`` in a session of its own, so killing its process group stops every rank."""
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=env, start_new_session=True)
+
+
+def supervise(procs: Sequence[subprocess.Popen], on_line: Callable[[str], None] | None = None,
+              timeout_s: float = 600.0, grace_s: float = 5.0) -> None:
+    """Stream every line of ``procs`` to ``on_line`` until all have ended; RunFailed if one fails.
+
+    When one process fails the others get ``grace_s`` to end by themselves (their ranks
+    lost a peer) and to print why: the rank that raised may live in a process that ends
+    second.  Then, or at the deadline, or on any exception, every process group is killed."""
     lines: queue.Queue = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(x) for x in proc.stdout] + [lines.put(None)], daemon=True).start()
+    for i, proc in enumerate(procs):
+        threading.Thread(target=_pump, args=(i, proc, lines), daemon=True).start()
 
     errors: list[str] = []
     output: list[str] = []
+    failed_rc = None
+    failed_at = 0.0
+    open_ = len(procs)
     deadline = time.monotonic() + timeout_s
     try:
-        while True:
+        while open_:
+            until = deadline if failed_rc is None else min(deadline, failed_at + grace_s)
             try:
-                line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
+                i, line = lines.get(timeout=max(0.0, until - time.monotonic()))
             except queue.Empty:
+                if failed_rc is not None:
+                    break
                 raise RunFailed(f"The run did not finish within {timeout_s:.0f} s and was stopped.", output) from None
             if line is None:
-                break
+                open_ -= 1
+                try:
+                    rc = procs[i].wait(timeout=max(1.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    raise RunFailed(f"The run did not finish within {timeout_s:.0f} s and was stopped.",
+                                    output) from None
+                if rc != 0 and failed_rc is None:
+                    failed_rc, failed_at = rc, time.monotonic()
+                continue
             line = line.rstrip("\n")
             output.append(line)
             if re.match(r"\[rank \d+\] error: ", line):
                 errors.append(line)
             if on_line is not None:
                 on_line(line)
-        rc = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
-    except BaseException:
-        _kill_group(proc)
-        raise
     finally:
-        _kill_group(proc)
-    if rc != 0:
-        raise RunFailed(_failure_sentence(rc, errors, output), output)
-    with open(out / "run.json") as f:
-        return json.load(f)
+        for proc in procs:
+            kill_group(proc)
+    if failed_rc is not None:
+        raise RunFailed(_failure_sentence(failed_rc, errors, output), output)
+
+
+def _pump(i: int, proc: subprocess.Popen, lines: queue.Queue) -> None:
+    for line in proc.stdout:
+        lines.put((i, line))
+    lines.put((i, None))
 
 
 def _torchrun_failures(output: list[str]) -> list[tuple[str, str]]:
@@ -129,7 +184,8 @@ def _failure_sentence(rc: int, errors: list[str], output: list[str]) -> str:
     return f"The run failed with torchrun exit status {rc} and no rank said why."
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
+def kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL the process group of a process :func:`start` started, and reap it."""
     if proc.poll() is None:
         try:
             os.killpg(proc.pid, signal.SIGKILL)
