@@ -150,3 +150,140 @@ def plot_overview(result, path=None, max_ranks: int = 4):
     if path is not None:
         fig.savefig(path, dpi=110)
     return fig
+
+
+# ----------------------------------------------------------------------------- measured over predicted
+
+PREDICTED_HATCH = "////"
+
+
+def overlay_lanes(comparison, ranks=None) -> list[tuple[int, str]]:
+    """(rank, stream) rows of an overlay: every stream either side used, host, compute, then comm."""
+    ranks = list(range(min(comparison.run.world_size, 4))) if ranks is None else list(ranks)
+    order = {"host": 0, "compute": 1}
+    out = []
+    for rank in ranks:
+        streams = {op["stream"] for op in comparison.predicted_ops(rank)}
+        streams |= {op["stream"] for op in comparison.measured_ops(rank)}
+        out += [(rank, s) for s in sorted(streams, key=lambda s: (order.get(s, 2), s))]
+    return out
+
+
+def _overlay_title(comparison, label: str | None = None) -> str:
+    s = comparison.summary
+    err = s["step_error"]
+    head = f"{label}: " if label else f"{s['strategy']} · {s['world_size']} ranks · {s['model']}: "
+    return (f"{head}step predicted {s['predicted_step_s'] * 1e3:.1f} ms vs measured "
+            f"{s['measured_step_s'] * 1e3:.1f} ms ({err * 100:+.0f}%), measured step {s['step']}")
+
+
+def plot_overlay(comparison, ax=None, fig=None, ranks=None, title: str | None = None, legend: bool = True,
+                 mark_backward: bool = True, label: str | None = None):
+    """Measured ops drawn over predicted ones: one row per rank x stream, times in ms from the step start.
+
+    Predicted ops are light, hatched, outlined bars the full height of the row; measured
+    ops are solid, thinner bars drawn over them, both coloured by op kind as in
+    :func:`plot_timeline`.  Vertical lines mark where backward ends (the backward /
+    optimizer boundary) on each side: dashed predicted, solid measured."""
+    import matplotlib.pyplot as plt
+
+    lane_list = overlay_lanes(comparison, ranks)
+    if ax is None:
+        if fig is None:
+            fig = plt.figure(figsize=(12, 0.42 * len(lane_list) + 2.0), layout="constrained")
+        ax = fig.add_subplot()
+    index = {lane: i for i, lane in enumerate(lane_list)}
+    for (rank, stream), y in index.items():
+        pred = [op for op in comparison.predicted_ops(rank) if op["stream"] == stream]
+        meas = [op for op in comparison.measured_ops(rank) if op["stream"] == stream]
+        if pred:
+            colors = [op_color(op["name"]) for op in pred]
+            ax.broken_barh([(op["start_s"] * 1e3, max(op["end_s"] - op["start_s"], 0) * 1e3) for op in pred],
+                           (y - 0.42, 0.84), facecolors=[_light(c) for c in colors], edgecolors=colors,
+                           linewidth=0.6, hatch=PREDICTED_HATCH)
+        if meas:
+            ax.broken_barh([(op["start_s"] * 1e3, max(op["end_s"] - op["start_s"], 0) * 1e3) for op in meas],
+                           (y - 0.19, 0.38), facecolors=[op_color(op["name"]) for op in meas],
+                           edgecolor="white", linewidth=0.2)
+    ax.set_yticks(range(len(index)))
+    ax.set_yticklabels([f"rank {r} {s}" for r, s in index])
+    ax.set_ylim(len(index) - 0.5, -0.5)
+    ax.set_xlim(0, overlay_span_s(comparison, [r for r, _ in lane_list]) * 1e3 * 1.02)
+    ax.set_xlabel("time in step (ms); each rank from its own step start")
+    if mark_backward:  # per rank, across that rank's rows only: ranks end backward at different times
+        for rank in dict.fromkeys(r for r, _ in lane_list):
+            ys = [y for (r, _), y in index.items() if r == rank]
+            pred, meas = comparison.timing(rank)
+            ax.vlines(pred["backward_end_s"] * 1e3, min(ys) - 0.5, max(ys) + 0.5, color="#444444",
+                      linestyle="--", linewidth=1.1)
+            ax.vlines(meas["backward_end_s"] * 1e3, min(ys) - 0.5, max(ys) + 0.5, color="black", linewidth=1.1)
+        for y in range(1, len(lane_list)):
+            if lane_list[y][0] != lane_list[y - 1][0]:
+                ax.axhline(y - 0.5, color="#cccccc", linewidth=0.8)
+    ax.set_title(title or _overlay_title(comparison, label), fontsize=10)
+    if legend:
+        from matplotlib.transforms import offset_copy
+
+        # A fixed distance under the axis, below the tick labels and the x label, whatever the figure's height.
+        below = offset_copy(ax.transAxes, fig=ax.figure, y=-34, units="points")
+        ax.legend(handles=overlay_legend_handles([comparison], mark_backward), loc="upper center",
+                  bbox_to_anchor=(0.5, 0.0), bbox_transform=below, ncol=6, fontsize=8, frameon=False)
+    return ax
+
+
+def overlay_span_s(comparison, ranks) -> float:
+    """The longest step shown: the prediction's, or any shown rank's measured one (or its last op's end:
+    a collective's completion is stamped by a watcher thread, which may run a moment after the step ended)."""
+    measured = [comparison.step.step_time_s.get(r, 0.0) for r in ranks]
+    ends = [op["end_s"] for r in ranks for op in comparison.measured_ops(r)]
+    return max([comparison.summary["predicted_step_s"], *measured, *ends])
+
+
+def _light(color: str, amount: float = 0.75) -> tuple[float, float, float]:
+    from matplotlib.colors import to_rgb
+
+    r, g, b = to_rgb(color)
+    return (r + (1 - r) * amount, g + (1 - g) * amount, b + (1 - b) * amount)
+
+
+def overlay_legend_handles(comparisons, mark_backward: bool = True) -> list:
+    """Legend entries: which bars are predicted and which measured, then the op kinds used."""
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    grey = "#8C8C8C"
+    handles = [Patch(facecolor=_light(grey), edgecolor=grey, hatch=PREDICTED_HATCH, label="predicted (hatched, tall)"),
+               Patch(facecolor=grey, label="measured (solid, thin)")]
+    if mark_backward:
+        handles += [Line2D([], [], color="#444444", linestyle="--", label="backward ends, predicted"),
+                    Line2D([], [], color="black", label="backward ends, measured")]
+    used = set()
+    for c in comparisons:
+        for rank in range(c.run.world_size):
+            used |= {parse_op_name(op["name"]).kind for op in c.predicted_ops(rank) + c.measured_ops(rank)
+                     if _parses(op["name"])}
+    return handles + [Patch(color=col, label=k) for k, col in COLORS.items() if k in used]
+
+
+def plot_overlay_pair(comp_a, comp_b, labels: tuple[str, str] | None = None, fig=None, ranks=None):
+    """Two overlays stacked on one time axis (e.g. ZeRO-2 step above hook), one shared legend.
+
+    Each panel marks its backward / optimizer boundary, predicted and measured, so what
+    moved from the optimizer phase into backward can be read straight off the picture."""
+    import matplotlib.pyplot as plt
+
+    comps = (comp_a, comp_b)
+    labels = labels or tuple(c.summary["strategy"] for c in comps)
+    n_lanes = [len(overlay_lanes(c, ranks)) for c in comps]
+    if fig is None:
+        fig = plt.figure(figsize=(12, 0.42 * sum(n_lanes) + 3.0))
+    axes = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [max(n, 1) for n in n_lanes]})
+    for ax, comp, label in zip(axes, comps, labels, strict=True):
+        plot_overlay(comp, ax=ax, ranks=ranks, legend=False, label=label)
+        ax.xaxis.set_tick_params(labelbottom=True)
+    axes[0].set_xlabel("")
+    longest = max(overlay_span_s(c, {r for r, _ in overlay_lanes(c, ranks)}) for c in comps) * 1e3
+    axes[0].set_xlim(0, longest * 1.02)
+    fig.legend(handles=overlay_legend_handles(comps), loc="lower center", ncol=6, fontsize=8, frameon=False)
+    fig.subplots_adjust(left=0.12, right=0.98, top=0.95, bottom=0.1 + 0.3 / max(sum(n_lanes), 1), hspace=0.45)
+    return fig
