@@ -5,6 +5,7 @@ import pytest
 from zero_sim.collectives import CollectiveModel
 from zero_sim.engine import Engine, EngineConfig, Straggler
 from zero_sim.program import ProgramBuilder
+from zero_sim.simulate import simulate
 from zero_sim.topology import build_topology
 from zero_sim.vocabulary import COMPUTE
 
@@ -93,3 +94,17 @@ def test_memory_is_allocated_at_start_and_freed_at_end():
     acts = [(t, v) for t, cat, v in out.memory[0] if cat == "activations"]
     assert acts == [(0.0, 0), (0.0, 50), (pytest.approx(0.003), 0)]
     assert COMPUTE in b.build().streams()
+
+
+def overlapping_collectives(backend):
+    result = simulate(model="gpt2-124m", micro_batch=1, seq_len=256, strategy="zero2", bucket_mb=0.0, gpus=2,
+                      topology="cpu-gloo", gpu="CPU", precision="fp32", backend=backend)
+    spans = sorted((op["start_s"], op["end_s"]) for op in result.ops
+                   if op["rank"] == 0 and op["stream"] == "comm" and op["step"] == 1)
+    return sum(1 for (s1, e1), (s2, _) in zip(spans, spans[1:], strict=False) if s2 < e1 - 1e-12)
+
+
+def test_gloo_runs_two_collectives_of_one_stream_at_once_where_nccl_runs_one():
+    """gloo's process group hands async collectives to two worker threads; a CUDA stream is one queue."""
+    assert overlapping_collectives("gloo") > 0
+    assert overlapping_collectives("nccl") == 0

@@ -48,11 +48,15 @@ class Backend:
     launch_latency_s: float  # fixed cost of starting one collective (kernel launch, protocol setup)
     reduce_scatter_as_all_reduce: bool
     algorithms: tuple[str, ...]
+    # Collectives of one stream in flight at once.  NCCL kernels on one CUDA stream run one
+    # after another; gloo's process group hands async collectives to a pool of worker
+    # threads (two per device by default), so two run at once and their latencies overlap.
+    in_flight: int = 1
 
 
 BACKENDS: dict[str, Backend] = {
     "nccl": Backend("nccl", 12e-6, False, ("ring", "tree", "hierarchical")),
-    "gloo": Backend("gloo", 40e-6, True, ("ring",)),
+    "gloo": Backend("gloo", 40e-6, True, ("ring",), in_flight=2),
 }
 
 

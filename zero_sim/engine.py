@@ -7,7 +7,8 @@ What is simulated, per rank:
 * one **compute stream** and one or more **comm streams** (``comm``, ``comm:<group>``),
   each a FIFO queue: an op starts when it reaches the head of its stream *and* the ops it
   waits on (CUDA-event semantics) have finished.  Two ops on one stream never overlap,
-  even when the second one's data is ready (seed 000);
+  even when the second one's data is ready (seed 000), except where the backend runs
+  collectives on several threads (gloo: two in flight, started in stream order);
 * **collectives** start on every member rank at the same instant: when the last member's
   stream reaches it.  A slow rank delays everyone (seed 004's allocator flushes are
   injected as per-rank, per-collective stalls);
@@ -43,7 +44,7 @@ from dataclasses import dataclass, field
 
 import simpy
 
-from zero_sim.collectives import CollectiveModel, CollectivePlan
+from zero_sim.collectives import BACKENDS, CollectiveModel, CollectivePlan
 from zero_sim.program import Op, Program
 from zero_sim.topology import Topology
 from zero_sim.vocabulary import HOST, MEMORY_CATEGORIES
@@ -186,11 +187,12 @@ class FluidNetwork:
 
 
 class _Stream:
-    __slots__ = ("queue", "waiter")
+    __slots__ = ("queue", "waiter", "slots")
 
-    def __init__(self):
+    def __init__(self, slots: simpy.Resource | None = None):
         self.queue: deque = deque()
         self.waiter: simpy.Event | None = None
+        self.slots = slots
 
 
 class _Rendezvous:
@@ -221,6 +223,7 @@ class Engine:
         self.mem_now: dict[int, dict[str, int]] = {r: dict(program.resident) for r in self.ranks}
         self.step_ends: dict[int, list[float | None]] = {r: [None] * config.steps for r in self.ranks}
         self.rank_set = set(self.ranks)
+        self.in_flight = BACKENDS[collectives.backend].in_flight
         self._remaining: dict[tuple[int, int], int] = {}
         self._plan_groups()
 
@@ -258,7 +261,8 @@ class Engine:
             self.done[r] = [[env.event() for _ in prog.ops] for _ in range(steps)]
             for s in range(steps):
                 self._remaining[(r, s)] = len(prog.ops)
-            streams = {name: _Stream() for name in streams_used if name != HOST}
+            streams = {name: _Stream(simpy.Resource(env, self.in_flight) if self.in_flight > 1 else None)
+                       for name in streams_used if name != HOST}
             for name, stream in streams.items():
                 env.process(self._stream(r, name, stream))
             env.process(self._host(r, streams))
@@ -324,7 +328,12 @@ class Engine:
             if implicit is not None and not implicit.processed:
                 yield implicit
             yield from self._waits(rank, step, op)
-            if op.kind == "collective":
+            if op.kind == "collective" and self.in_flight > 1:
+                # Start in stream order, but let up to ``in_flight`` run at once (gloo's worker threads).
+                slot = stream.slots.request()
+                yield slot
+                env.process(self._collective_in_slot(rank, step, op, stream.slots, slot))
+            elif op.kind == "collective":
                 yield from self._collective(rank, step, op)
             else:
                 start = env.now
@@ -335,6 +344,10 @@ class Engine:
                 if seconds > 0:
                     yield env.timeout(seconds)
                 self._finish(rank, step, op, start, env.now)
+
+    def _collective_in_slot(self, rank: int, step: int, op: Op, slots: simpy.Resource, slot):
+        yield from self._collective(rank, step, op)
+        slots.release(slot)
 
     def _stall(self, rank: int, n_members: int) -> float:
         spec = self.config.straggler
