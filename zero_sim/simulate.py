@@ -147,7 +147,6 @@ def simulate(workload: Workload | None = None, **kwargs) -> SimResult:
     r = resolve(**kwargs)
     s, knobs, strategy = r["settings"], r["knobs"], r["strategy"]
     calibration = _load_calibration(calibration)
-    s["calibration"] = calibration
     if workload is None:
         workload = _resolve_workload(s)
     elif workload.micro_batch != s["micro_batch"]:
