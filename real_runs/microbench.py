@@ -31,22 +31,21 @@ import os
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
+from zero_sim.collectives import bus_factor
 from zero_sim.vocabulary import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER
 
 from .model import PRESETS, build_model, global_batch, rank_shard
 from .strategies import AdamW
 from .strategies.base import _all_gather, _reduce_scatter
+from .train import BadInput, _Parser, _write_json
 
 SWEEP_COLLECTIVES = (ALL_REDUCE, REDUCE_SCATTER, ALL_GATHER)
 LAYER_KINDS = ("embedding", "block", "head")
-
-
-class BadInput(Exception):
-    """One sentence for the user; exit status 2."""
 
 
 def parse_bytes(text: str) -> int:
@@ -59,12 +58,6 @@ def parse_bytes(text: str) -> int:
         return int(t)
     except ValueError:
         raise BadInput(f"Cannot read {text!r} as a size; write e.g. 4096, 64K, 16M or 1G.") from None
-
-
-def bus_factor(kind: str, n: int) -> float:
-    if n <= 1:
-        return 0.0
-    return 2.0 * (n - 1) / n if kind == ALL_REDUCE else (n - 1) / n
 
 
 def sizes(lo: int, hi: int, world: int) -> list[int]:
@@ -183,14 +176,10 @@ def layer_timings(model_name: str, micro_batch: int, seq_len: int, iters: int) -
 
 
 def make_parser() -> argparse.ArgumentParser:
-    class Parser(argparse.ArgumentParser):
-        def error(self, message: str):
-            raise BadInput(f"{message[0].upper()}{message[1:]}.")
-
-    p = Parser(prog="python -m real_runs.microbench", description=__doc__.split("\n\n")[0])
+    p = _Parser(prog="python -m real_runs.microbench", description=__doc__.split("\n\n")[0])
     p.add_argument("--nproc", type=int, default=1, help="ranks to start when not already under torchrun")
     p.add_argument("--timeout-s", type=float, default=600.0)
-    sub = p.add_subparsers(dest="what", required=True, parser_class=Parser)
+    sub = p.add_subparsers(dest="what", required=True, parser_class=_Parser)
     c = sub.add_parser("collectives", help="nccl-tests-style sweep of all_reduce, reduce_scatter, all_gather")
     c.add_argument("--min-bytes", default="1K")
     c.add_argument("--max-bytes", default="256M")
@@ -228,13 +217,6 @@ def validate(args) -> None:
             raise BadInput("--micro-batch and --iters must be positive.")
 
 
-def _write_json(path: str, obj) -> None:
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=1)
-    os.replace(tmp, path)
-
-
 def run(args) -> dict:
     torch.set_num_threads(1)  # as the training ranks do: one thread per rank
     if "RANK" in os.environ:
@@ -253,7 +235,7 @@ def run(args) -> dict:
         if dist.get_rank() == 0:
             print(text, flush=True)
             if args.out:
-                _write_json(args.out, result)
+                _write_json(Path(args.out), result)
         dist.barrier()
         return result
     finally:

@@ -123,10 +123,9 @@ class Calibration:
         }
 
     def save(self, path: str | os.PathLike) -> None:
-        path = Path(path)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(self.to_dict(), indent=1))
-        os.replace(tmp, path)
+        from zero_sim.trace import write_json_atomic
+
+        write_json_atomic(path, self.to_dict())
 
     @classmethod
     def from_dict(cls, d: dict, source: str = "the calibration") -> Calibration:
