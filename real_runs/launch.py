@@ -141,8 +141,10 @@ def supervise(procs: Sequence[subprocess.Popen], on_line: Callable[[str], None] 
                 continue
             line = line.rstrip("\n")
             output.append(line)
-            if re.match(r"\[rank \d+\] error: ", line):
-                errors.append(line)
+            # Searched, not matched at the start: a line another process left unfinished
+            # may precede a rank's error on the same pipe.
+            if m := re.search(r"\[rank \d+\] error: .*", line):
+                errors.append(m[0])
             if on_line is not None:
                 on_line(line)
     finally:

@@ -248,6 +248,13 @@ def _lost_peer(e: Exception) -> bool:
                             "Timed out", "timeout", "NCCL communicator was aborted"))
 
 
+def _say_line(line: str) -> None:
+    """One line on stderr in a single write: the ranks and torchrun share one pipe, and
+    ``print`` writes the text and its newline separately, so another process's line
+    could land in between and hide this one from the launcher."""
+    os.write(sys.stderr.fileno(), (line + "\n").encode())
+
+
 def _finish() -> None:
     # Tear down only once every rank is done with every collective: a process group
     # destroyed while a peer still talks to it can abort the process.
@@ -279,10 +286,9 @@ def main(argv: list[str] | None = None) -> int:
         # One line naming the rank: the launcher lifts it into its error message.  A rank
         # that only lost a peer says so, so the launcher can name the rank that failed first.
         if _lost_peer(e):
-            print(f"[rank {rank}] lost a peer: {type(e).__name__}", file=sys.stderr, flush=True)
+            _say_line(f"[rank {rank}] lost a peer: {type(e).__name__}")
         else:
-            print(f"[rank {rank}] error: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
-                  file=sys.stderr, flush=True)
+            _say_line(f"[rank {rank}] error: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
         # Leave at once: a clean interpreter exit would wait on, or tear down mid-call,
         # threads still parked in collectives that can never complete.
         os._exit(1)

@@ -12,7 +12,7 @@ import pytest
 import torch
 from real_runs_helpers import RUN
 
-from real_runs.launch import RunFailed, launch
+from real_runs.launch import RunFailed, launch, start, supervise
 
 
 def train_cli(*args: str) -> subprocess.CompletedProcess:
@@ -44,6 +44,16 @@ def test_the_launcher_refuses_bad_input_before_starting_anything(tmp_path):
 def test_asking_for_cuda_without_it_is_bad_input():
     done = train_cli("--strategy", "ddp", "--device", "cuda")
     assert done.returncode == 2 and "no CUDA device" in done.stderr
+
+
+def test_a_rank_error_is_found_even_after_another_process_left_its_line_unfinished():
+    # Ranks and torchrun share one pipe: another process's unfinished line can sit in
+    # front of the failing rank's error, which must still be named.
+    script = ("import os, sys; os.write(2, b'[rank 0] lost a peer: RuntimeError'); "
+              "os.write(2, b'[rank 1] error: RuntimeError: injected fault at step 1\\n'); sys.exit(1)")
+    with pytest.raises(RunFailed) as failure:
+        supervise([start([sys.executable, "-c", script], dict(os.environ))], timeout_s=30, grace_s=0.1)
+    assert str(failure.value) == "The run failed: rank 1 raised RuntimeError: injected fault at step 1."
 
 
 @pytest.mark.slow
