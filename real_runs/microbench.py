@@ -11,10 +11,18 @@ is part of what is measured::
     python -m real_runs.microbench --nproc 2 layers --model small --micro-batch 4 --out out/layers.json
 
 **Collectives.**  For every size (doubling from ``--min-bytes`` to ``--max-bytes``) and
-collective, every rank times ``iters`` back-to-back calls (at least 3, more while they fit in
-``--budget-s``); the time of a call is the slowest rank's median.  ``size`` is the
-whole buffer S (the gathered output for all_gather, the input for reduce_scatter), so
-``algbw = S / t`` and ``busbw = algbw * factor`` use nccl-tests' factors.
+collective, every rank launches a queue of asynchronous calls back to back and waits for
+them (up to 16 while they fit in ``--budget-s``), three times; the time of a call is the
+slowest rank's median of queue time / queue length.  Queued calls are how training issues
+them (a bucket or a parameter at a time) and how nccl-tests times them; on gloo they also
+let its two worker threads overlap small calls, which the simulator then need not model.
+``size`` is the whole buffer S (the gathered output for all_gather, the input for
+reduce_scatter), so ``algbw = S / t`` and ``busbw = algbw * factor`` use nccl-tests' factors.
+
+``--under-load`` keeps every rank computing in a background thread during the sweep.
+On a CPU machine the collectives of backward run while the ranks compute, and gloo's
+threads then wait for a core at every step of the ring; the loaded sweep measures that,
+and each row says how much slower the background compute ran meanwhile.
 
 **Layers.**  Every rank runs forward and backward of each layer of the real model
 (``real_runs.model``) on its micro-batch, all ranks at once, as they do in training;
@@ -70,58 +78,126 @@ def sizes(lo: int, hi: int, world: int) -> list[int]:
     return sorted(set(out))
 
 
-def _time_collective(kind: str, nbytes: int, world: int, iters: int) -> float:
+def _launcher(kind: str, nbytes: int, world: int, slots: int):
+    """A function that launches one asynchronous ``kind`` of ``nbytes`` on the next of
+    ``slots`` buffer pairs (so ops queued together never share a buffer) and returns its work."""
     numel = nbytes // 4
     if kind == ALL_REDUCE:
-        buf = torch.ones(numel)
-        call = lambda: dist.all_reduce(buf)  # noqa: E731
+        bufs = [(torch.ones(numel),) for _ in range(slots)]
+        launch = lambda b: dist.all_reduce(b[0], async_op=True)  # noqa: E731
     elif kind == REDUCE_SCATTER:
-        src, dst = torch.ones(numel), torch.empty(numel // world)
-        call = lambda: _reduce_scatter(dst, src)  # noqa: E731
+        bufs = [(torch.empty(numel // world), torch.ones(numel)) for _ in range(slots)]
+        launch = lambda b: _reduce_scatter(b[0], b[1], async_op=True)  # noqa: E731
     else:
-        src, dst = torch.ones(numel // world), torch.empty(numel)
-        call = lambda: _all_gather(dst, src)  # noqa: E731
-    call()  # warm-up: connection setup, first-touch allocation
+        bufs = [(torch.empty(numel), torch.ones(numel // world)) for _ in range(slots)]
+        launch = lambda b: _all_gather(b[0], b[1], async_op=True)  # noqa: E731
+    turn = iter(range(1 << 62))
+    return lambda: launch(bufs[next(turn) % slots])
+
+
+def _time_collective(kind: str, nbytes: int, world: int, iters: int, queue: int = 1) -> float:
+    """Seconds per call: ``queue`` calls launched back to back and then waited for, as a
+    training step issues them (and as nccl-tests times them); the median of ``iters`` such
+    queues, from the slowest rank."""
+    call = _launcher(kind, nbytes, world, queue)
+    call().wait()  # warm-up: connection setup, first-touch allocation
     dist.barrier()
     times = []
     for _ in range(iters):
         t0 = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - t0)
-    # The median shrugs off a call that lost the CPU to something else on a shared machine;
+        works = [call() for _ in range(queue)]
+        for w in works:
+            w.wait()
+        times.append((time.perf_counter() - t0) / queue)
+    # The median shrugs off a queue that lost the CPU to something else on a shared machine;
     # the slowest rank's median is the collective's time, as every rank waits for it.
     slowest = torch.tensor([statistics.median(times)], dtype=torch.float64)
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
     return float(slowest)
 
 
-def collective_sweep(kinds, lo: int, hi: int, budget_s: float) -> dict:
+class ComputeLoad:
+    """A thread that keeps this rank's core busy with matrix products, as a rank's
+    forward or backward does, and counts how many it finished.
+
+    Timing collectives with the load on says what they cost while every rank computes
+    (on a shared CPU their threads must wait for a core); the load's rate with and without
+    collectives running says how much compute loses to communication."""
+
+    def __init__(self, dim: int = 512):
+        import threading
+
+        self.a, self.b = torch.randn(dim, dim), torch.randn(dim, dim)
+        self.out = torch.empty(dim, dim)
+        self.done, self._stop = 0, threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            torch.mm(self.a, self.b, out=self.out)  # releases the GIL: the main thread keeps launching
+            self.done += 1
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+    def rate(self, seconds: float) -> float:
+        """Products per second over the next ``seconds`` (nothing else running on this rank)."""
+        start, t0 = self.done, time.perf_counter()
+        time.sleep(seconds)
+        return (self.done - start) / (time.perf_counter() - t0)
+
+
+def collective_sweep(kinds, lo: int, hi: int, budget_s: float, load: bool = False) -> dict:
+    """One row per (collective, size).  With ``load`` every rank computes in the background
+    throughout, and each row also says how much slower that compute ran (``compute_slowdown``)."""
+    import contextlib
+
     world = dist.get_world_size()
     rows = []
-    for kind in kinds:
-        for s in sizes(lo, hi, world):
-            # Enough iterations to see past timer noise, few enough to keep big sizes short.
-            probe = _time_collective(kind, s, world, 1)
-            iters = int(max(3, min(25, budget_s / max(probe, 1e-6))))
-            t = _time_collective(kind, s, world, iters)
-            algbw = s / t
-            rows.append({"collective": kind, "size_bytes": s, "count": s // 4, "type": "float",
-                         "time_us": t * 1e6, "algbw_gbps": algbw / 1e9,
-                         "busbw_gbps": algbw * bus_factor(kind, world) / 1e9, "iters": iters})
-    return {"world_size": world, "backend": dist.get_backend(), "rows": rows}
+    with ComputeLoad() if load else contextlib.nullcontext() as busy:
+        if busy is not None:
+            dist.barrier()
+            alone = busy.rate(0.3)
+        for kind in kinds:
+            for s in sizes(lo, hi, world):
+                # Enough calls to see past timer noise and to let gloo's threads overlap queued
+                # calls as they do in training; few enough to keep big sizes short.
+                probe = _time_collective(kind, s, world, 1)
+                queue = int(max(1, min(16, budget_s / 3 / max(probe, 1e-6), (64 << 20) // s)))
+                iters = 3
+                before, t0 = (busy.done if busy else 0), time.perf_counter()
+                t = _time_collective(kind, s, world, iters, queue)
+                row = {"collective": kind, "size_bytes": s, "count": s // 4, "type": "float",
+                       "time_us": t * 1e6, "algbw_gbps": s / t / 1e9,
+                       "busbw_gbps": s / t * bus_factor(kind, world) / 1e9, "iters": iters, "queue": queue}
+                if busy is not None:
+                    during = (busy.done - before) / (time.perf_counter() - t0)
+                    row["compute_slowdown"] = max(0.0, alone / max(during, 1e-9) - 1.0)
+                rows.append(row)
+    return {"world_size": world, "backend": dist.get_backend(), "rows": rows, "under_load": load}
 
 
 def format_table(sweep: dict) -> str:
     """The sweep as nccl-tests prints it (out-of-place columns only), one block per collective."""
     lines = []
     for kind in dict.fromkeys(r["collective"] for r in sweep["rows"]):
-        lines.append(f"# {kind}_perf  nranks {sweep['world_size']}  backend {sweep['backend']}")
-        lines.append(f"# {'size':>12} {'count':>12} {'type':>6} {'time':>10} {'algbw':>8} {'busbw':>8}")
-        lines.append(f"# {'(B)':>12} {'(elements)':>12} {'':>6} {'(us)':>10} {'(GB/s)':>8} {'(GB/s)':>8}")
+        loaded = sweep.get("under_load")
+        lines.append(f"# {kind}_perf  nranks {sweep['world_size']}  backend {sweep['backend']}"
+                     + ("  (every rank computing meanwhile)" if loaded else ""))
+        lines.append(f"# {'size':>12} {'count':>12} {'type':>6} {'time':>10} {'algbw':>8} {'busbw':>8} {'queue':>6}"
+                     + (f" {'compute':>8}" if loaded else ""))
+        lines.append(f"# {'(B)':>12} {'(elements)':>12} {'':>6} {'(us)':>10} {'(GB/s)':>8} {'(GB/s)':>8} {'(ops)':>6}"
+                     + (f" {'slowed':>8}" if loaded else ""))
         for r in sweep["rows"]:
             if r["collective"] == kind:
                 lines.append(f"  {r['size_bytes']:>12} {r['count']:>12} {r['type']:>6} {r['time_us']:>10.1f} "
-                             f"{r['algbw_gbps']:>8.3f} {r['busbw_gbps']:>8.3f}")
+                             f"{r['algbw_gbps']:>8.3f} {r['busbw_gbps']:>8.3f} {r.get('queue', 1):>6}"
+                             + (f" {r['compute_slowdown']:>8.0%}" if loaded else ""))
     return "\n".join(lines)
 
 
@@ -185,6 +261,9 @@ def make_parser() -> argparse.ArgumentParser:
     c.add_argument("--max-bytes", default="256M")
     c.add_argument("--collectives", default=",".join(SWEEP_COLLECTIVES))
     c.add_argument("--budget-s", type=float, default=0.2, help="time to spend per size and collective")
+    c.add_argument("--under-load", action="store_true",
+                   help="keep every rank computing in the background while timing (collectives as they run "
+                        "during backward), and report how much that compute slowed")
     c.add_argument("--out", default=None, help="write the sweep as JSON here")
     la = sub.add_parser("layers", help="per-layer forward/backward and optimizer times of the real model")
     la.add_argument("--model", default="small", help=", ".join(PRESETS))
@@ -225,7 +304,8 @@ def run(args) -> dict:
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
         if args.what == "collectives":
-            result = collective_sweep(args.collectives, args.min_bytes, args.max_bytes, args.budget_s)
+            result = collective_sweep(args.collectives, args.min_bytes, args.max_bytes, args.budget_s,
+                                      args.under_load)
             text = format_table(result)
         else:
             result = layer_timings(args.model, args.micro_batch, args.seq_len, args.iters)

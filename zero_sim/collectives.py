@@ -163,6 +163,15 @@ class CollectiveModel:
         if self.algorithm not in ALGORITHMS:
             raise CollectiveError(f"unknown algorithm {self.algorithm!r}; use one of {', '.join(ALGORITHMS)}")
 
+    @property
+    def in_flight(self) -> int:
+        """Collectives of one stream that run at once.  A calibration times collectives queued
+        back to back, as training issues them, so whatever overlap the backend's threads
+        achieve is already in its figures: calibrated collectives then run one at a time."""
+        if self.calibration is not None and getattr(self.calibration, "collectives", None):
+            return 1
+        return BACKENDS[self.backend].in_flight
+
     def plan(self, kind: str, nbytes: float, instances: tuple[tuple[int, ...], ...]) -> CollectivePlan:
         """Plan ``kind`` over ``nbytes`` on the first of ``instances`` (process-group member lists).
 
@@ -183,13 +192,17 @@ class CollectiveModel:
         if n <= 1 or nbytes <= 0:
             return CollectivePlan(kind, nbytes, n, "local", self.backend, (), 0.0)
         fit = self.calibration.fit_for(kind, n) if self.calibration is not None else None
+        wire_kind = ALL_REDUCE if (backend.reduce_scatter_as_all_reduce and kind == REDUCE_SCATTER) else kind
         if fit is not None:
             # Measured on this group size: the fit's latency, and its busbw as the most one ring
-            # edge can move; the links still apply, so concurrent collectives share them.
-            stage = Stage(fit.latency_s, bus_factor(kind, n) * nbytes, _merged_loads(self.topology, instances),
-                          fit.busbw)
+            # edge can move.  The links still apply, so concurrent collectives share them, and
+            # they carry what the backend really sends (gloo's reduce_scatter moves an
+            # all_reduce's bytes): the cap is scaled to those bytes, so a collective alone
+            # still takes exactly its fitted time.
+            wire = bus_factor(wire_kind, n) / bus_factor(kind, n)
+            stage = Stage(fit.latency_s, bus_factor(wire_kind, n) * nbytes, _merged_loads(self.topology, instances),
+                          fit.busbw * wire)
             return CollectivePlan(kind, nbytes, n, "calibrated", self.backend, (stage,), sent)
-        wire_kind = ALL_REDUCE if (backend.reduce_scatter_as_all_reduce and kind == REDUCE_SCATTER) else kind
         candidates = []
         wanted = backend.algorithms if self.algorithm == "auto" else (self.algorithm,)
         for algo in wanted:

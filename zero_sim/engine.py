@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 
 import simpy
 
-from zero_sim.collectives import BACKENDS, CollectiveModel, CollectivePlan
+from zero_sim.collectives import CollectiveModel, CollectivePlan
 from zero_sim.program import Op, Program
 from zero_sim.topology import Topology
 from zero_sim.vocabulary import HOST, MEMORY_CATEGORIES
@@ -223,7 +223,7 @@ class Engine:
         self.mem_now: dict[int, dict[str, int]] = {r: dict(program.resident) for r in self.ranks}
         self.step_ends: dict[int, list[float | None]] = {r: [None] * config.steps for r in self.ranks}
         self.rank_set = set(self.ranks)
-        self.in_flight = BACKENDS[collectives.backend].in_flight
+        self.in_flight = collectives.in_flight
         self._remaining: dict[tuple[int, int], int] = {}
         self._plan_groups()
 
