@@ -124,7 +124,8 @@ class ComputeLoad:
     (on a shared CPU their threads must wait for a core); the load's rate with and without
     collectives running says how much compute loses to communication."""
 
-    def __init__(self, dim: int = 512):
+    def __init__(self, dim: int = 128):
+        # Small products (about 0.1 ms each here) so that even a short window counts hundreds.
         import threading
 
         self.a, self.b = torch.randn(dim, dim), torch.randn(dim, dim)
@@ -162,14 +163,15 @@ def collective_sweep(kinds, lo: int, hi: int, budget_s: float, load: bool = Fals
     with ComputeLoad() if load else contextlib.nullcontext() as busy:
         if busy is not None:
             dist.barrier()
-            alone = busy.rate(0.3)
+            alone = busy.rate(0.5)
         for kind in kinds:
             for s in sizes(lo, hi, world):
                 # Enough calls to see past timer noise and to let gloo's threads overlap queued
                 # calls as they do in training; few enough to keep big sizes short.
                 probe = _time_collective(kind, s, world, 1)
                 queue = int(max(1, min(16, budget_s / 3 / max(probe, 1e-6), (64 << 20) // s)))
-                iters = 3
+                # Under load a row must last long enough (0.1 s) to read the compute rate from it.
+                iters = 3 if busy is None else int(max(3, min(50, 0.1 / (queue * max(probe, 1e-6)))))
                 before, t0 = (busy.done if busy else 0), time.perf_counter()
                 t = _time_collective(kind, s, world, iters, queue)
                 row = {"collective": kind, "size_bytes": s, "count": s // 4, "type": "float",

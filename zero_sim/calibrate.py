@@ -13,6 +13,15 @@ saved together in one JSON file that ``zero-sim simulate --calibration FILE`` lo
   a given number of tokens, and optimizer seconds per parameter
   (``real_runs.microbench layers``).  Times scale linearly with tokens.
 
+* **cpu** (a CPU machine, where ranks compute on the cores that also move their bytes):
+  what communication takes from compute, read from a second sweep taken while every rank
+  computes (``microbench collectives --under-load``).  ``collective_cpu_s`` is the compute
+  time a rank loses per collective (the median over small sizes, where a collective is
+  nearly all per-call work: thread wake-ups, the kernel's TCP path); ``overlap_slowdown``
+  is how much slower compute runs while large collectives stream (the median over sizes
+  from 1 MB).  The simulator charges the first to the rank's host thread at each
+  collective it issues and stretches compute by the second while a collective is in flight.
+
 What the measurement includes is what the simulator then assumes.  On a CPU machine
 the layer timings are taken with all N ranks computing at once, as they do in a
 data-parallel step, so the share of the cores each rank gets (``cores`` / N, plus
@@ -80,12 +89,22 @@ class ComputeCalibration:
 
 
 @dataclass(frozen=True)
+class CpuCalibration:
+    """What communication costs the compute it shares a CPU with (see the module docstring)."""
+
+    collective_cpu_s: float  # compute seconds a rank loses per collective
+    overlap_slowdown: float  # compute runs 1 + this times longer while a large collective streams
+    ranks: int
+
+
+@dataclass(frozen=True)
 class Calibration:
     collectives: dict[str, CollectiveFit] = field(default_factory=dict)
     compute: ComputeCalibration | None = None
     backend: str | None = None
     measured_on: dict = field(default_factory=dict)
     topology: TopologySpec | None = None  # a real box's, from nvidia-smi topo + nccl-tests (`--topology calibrated`)
+    cpu: CpuCalibration | None = None
 
     def fit_for(self, kind: str, world_size: int) -> CollectiveFit | None:
         fit = self.collectives.get(kind)
@@ -101,6 +120,9 @@ class Calibration:
             block = c.layer_seconds.get("block", {})
             parts.append(f"compute: block fwd {block.get('fwd', 0) * 1e3:.2f} ms / bwd {block.get('bwd', 0) * 1e3:.2f} ms "
                          f"at {c.tokens} tokens, {c.ranks} rank(s) on {c.cores} core(s)")
+        if self.cpu:
+            parts.append(f"cpu: {self.cpu.collective_cpu_s * 1e6:.0f} us of compute lost per collective, compute "
+                         f"{self.cpu.overlap_slowdown:.0%} slower while a large collective streams")
         where = self.measured_on
         src = ", ".join(f"{k} {v}" for k, v in where.items() if v not in (None, "", {}))
         return "; ".join(parts) + (f" [measured on: {src}]" if src else "")
@@ -120,6 +142,7 @@ class Calibration:
                 "ranks": self.compute.ranks, "cores": self.compute.cores,
                 "sharing_factor": self.compute.sharing_factor, "model": self.compute.model},
             "topology": None if self.topology is None else asdict(self.topology),
+            "cpu": None if self.cpu is None else asdict(self.cpu),
         }
 
     def save(self, path: str | os.PathLike) -> None:
@@ -142,6 +165,9 @@ class Calibration:
                 int(c["tokens"]), None if c.get("optimizer_seconds_per_param") is None
                 else float(c["optimizer_seconds_per_param"]), int(c.get("ranks", 1)), c.get("cores"),
                 c.get("sharing_factor"), c.get("model"))
+            u = d.get("cpu")
+            cpu = None if u is None else CpuCalibration(float(u["collective_cpu_s"]), float(u["overlap_slowdown"]),
+                                                        int(u.get("ranks", 1)))
         except (KeyError, TypeError, ValueError) as exc:
             raise CalibrationError(f"{source} is missing or garbles the field {exc}; regenerate it with "
                                    f"`zero-sim calibrate`") from None
@@ -161,7 +187,9 @@ class Calibration:
         if compute is not None and (compute.tokens <= 0 or any(
                 v <= 0 for t in compute.layer_seconds.values() for v in t.values())):
             raise CalibrationError(f"{source} has non-positive layer times or tokens")
-        return cls(fits, compute, d.get("backend"), d.get("measured_on") or {}, topology)
+        if cpu is not None and (cpu.collective_cpu_s < 0 or cpu.overlap_slowdown < 0):
+            raise CalibrationError(f"{source} has a negative cpu figure")
+        return cls(fits, compute, d.get("backend"), d.get("measured_on") or {}, topology, cpu)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> Calibration:
@@ -186,6 +214,7 @@ class Calibration:
 # noise, so the fit reads each parameter where it is visible.
 LATENCY_MAX_BYTES = 32 * 1024
 BANDWIDTH_MIN_BYTES = 1 << 20
+SMALL_CALL_MAX_BYTES = 64 * 1024
 
 
 def fit_sweep(rows: list[dict], world_size: int, min_bytes: int = 0) -> dict[str, CollectiveFit]:
@@ -234,6 +263,26 @@ def fit_sweep(rows: list[dict], world_size: int, min_bytes: int = 0) -> dict[str
 def _from_lbfit(kind: str, n: int, fit: LatencyBandwidthFit, table: NcclTestsTable) -> CollectiveFit:
     return CollectiveFit(kind, n, fit.latency_s, fit.busbw, fit.max_rel_error,
                          tuple(r.size_bytes for r in table.rows))
+
+
+def cpu_from_loaded_sweep(rows: list[dict], world_size: int) -> CpuCalibration:
+    """What communication takes from compute, from a sweep timed ``--under-load``.
+
+    A row whose background compute ran ``1 + s`` times slower lost ``s / (1 + s)`` of its
+    CPU time to the collective, i.e. ``s / (1 + s) * t`` seconds per call.  Small calls
+    (up to 64 KB) are almost all per-call work, so their median is the cost of one
+    collective; calls from 1 MB up stream bytes for long enough that the median ``s`` is
+    the slowdown while one runs.  Medians, because on a shared machine single rows jump."""
+    import statistics
+
+    loaded = [r for r in rows if r.get("compute_slowdown") is not None]
+    small = [r["compute_slowdown"] / (1 + r["compute_slowdown"]) * r["time_us"] * 1e-6
+             for r in loaded if r["size_bytes"] <= SMALL_CALL_MAX_BYTES]
+    large = [r["compute_slowdown"] for r in loaded if r["size_bytes"] >= BANDWIDTH_MIN_BYTES]
+    if not small or not large:
+        raise CalibrationError("the loaded sweep needs sizes up to 64 KB and from 1 MB; sweep from 4K to at least 1M "
+                               "with --under-load")
+    return CpuCalibration(statistics.median(small), statistics.median(large), world_size)
 
 
 def fit_nccl_tests_text(text: str, collective: str = ALL_REDUCE) -> CollectiveFit:
@@ -320,15 +369,18 @@ def measure_compute(nproc: int, model: str, micro_batch: int, seq_len: int | Non
 
 
 def measure_network(runner, nproc: int, workdir: Path, max_bytes: str = "32M", budget_s: float = 0.15,
-                    timeout_s: float = 300.0, on_line=None) -> tuple[dict[str, CollectiveFit], dict]:
+                    timeout_s: float = 300.0, on_line=None) -> tuple[dict[str, CollectiveFit], CpuCalibration, dict]:
     """Sweep collectives on ``runner`` (an EmulatedCluster, or anything with its ``run_module``)
-    and fit them; returns the fits and the raw sweep."""
-    path = Path(workdir) / f"sweep_n{nproc}_{os.getpid()}.json"
-    runner.run_module("real_runs.microbench", ["collectives", "--min-bytes", "4K", "--max-bytes", max_bytes,
-                                               "--budget-s", str(budget_s), "--out", str(path)],
-                      on_line=on_line, timeout_s=timeout_s)
-    sweep = json.loads(path.read_text())
-    return fit_sweep(sweep["rows"], nproc), sweep
+    twice, idle and with every rank computing; returns the fits of the idle sweep, what the
+    loaded one says communication costs compute, and the raw sweeps."""
+    sweeps = {}
+    for mode, extra in (("idle", []), ("loaded", ["--under-load"])):
+        path = Path(workdir) / f"sweep_n{nproc}_{mode}_{os.getpid()}.json"
+        runner.run_module("real_runs.microbench", ["collectives", "--min-bytes", "4K", "--max-bytes", max_bytes,
+                                                   "--budget-s", str(budget_s), "--out", str(path), *extra],
+                          on_line=on_line, timeout_s=timeout_s)
+        sweeps[mode] = json.loads(path.read_text())
+    return fit_sweep(sweeps["idle"]["rows"], nproc), cpu_from_loaded_sweep(sweeps["loaded"]["rows"], nproc), sweeps
 
 
 class Loopback:
@@ -372,6 +424,6 @@ def measure(nproc: int, model: str = "small", micro_batch: int = 4, seq_len: int
         runner = Loopback(nproc)
     with runner as r:
         where = r.describe()
-        fits = measure_network(r, nproc, workdir, max_bytes, on_line=on_line)[0] if nproc > 1 else {}
+        fits, cpu, _ = measure_network(r, nproc, workdir, max_bytes, on_line=on_line) if nproc > 1 else ({}, None, {})
     return Calibration(fits, compute, "gloo", machine_facts(ranks=nproc, network=where, model=model,
-                                                          micro_batch=micro_batch))
+                                                          micro_batch=micro_batch), cpu=cpu)

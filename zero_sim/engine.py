@@ -17,7 +17,9 @@ What is simulated, per rank:
   starts or ends.  Two process groups' collectives in flight together share the links
   they both cross;
 * compute that starts while a collective is in flight on its rank runs
-  ``1 + overlap_slowdown`` times longer (communication kernels take SMs);
+  ``1 + overlap_slowdown`` times longer (communication kernels take SMs; on a CPU, gloo's
+  threads take cores), and every collective costs its rank's host ``collective_cpu_s``
+  when issued (on a CPU, the per-call work its threads take from compute);
 * a collective waits for the compute op issued just before it (torch's NCCL process
   group makes its stream wait on the current stream), besides its explicit dependencies;
 * on a CPU (``host_runs_compute``) the host thread runs compute itself, so it cannot
@@ -64,6 +66,9 @@ class EngineConfig:
     steps: int = 2
     host_overhead_s: float = 10e-6
     overlap_slowdown: float = 0.0
+    # Host time each collective costs its rank on top of the issue cost: on a CPU, the
+    # compute that gloo's threads and the kernel's TCP path take from the rank (calibrated).
+    collective_cpu_s: float = 0.0
     explicit_ranks: bool = False  # simulate every rank (True) or rank 0 standing for all (False)
     host_runs_compute: bool = False  # CPU training: compute runs on the host thread, synchronously
     straggler: Straggler | None = None
@@ -285,6 +290,8 @@ class Engine:
         for step in range(cfg.steps):
             for op in self.program.ops:
                 issue = default_issue if op.host_s is None else op.host_s
+                if op.kind == "collective":
+                    issue += cfg.collective_cpu_s
                 if issue > 0:
                     yield env.timeout(issue)
                 if op.kind == "sync":

@@ -160,9 +160,10 @@ def run_validation(cases, opts: Options = Options(), workdir: str | os.PathLike 
         with ctx as cluster:
             where = cluster.describe()
             say(f"calibrating the network: {where}")
-            fits, _ = measure_network(cluster, n, workdir, opts.sweep_max_bytes, opts.sweep_budget_s,
-                                      opts.timeout_s)
-            cal = Calibration(fits, computes[n], "gloo", machine_facts(ranks=n, network=where, emulated=emulated))
+            fits, cpu, _ = measure_network(cluster, n, workdir, opts.sweep_max_bytes, opts.sweep_budget_s,
+                                           opts.timeout_s)
+            cal = Calibration(fits, computes[n], "gloo", machine_facts(ranks=n, network=where, emulated=emulated),
+                              cpu=cpu)
             cal.save(workdir / f"calibration_n{n}_bw{bw}.json")
             calibrations[f"n{n}_bw{bw}"] = cal.to_dict() | {"summary": cal.describe()}
             record = cluster.cluster_record() if shape is not None else None
@@ -205,7 +206,9 @@ def run_validation(cases, opts: Options = Options(), workdir: str | os.PathLike 
             "compute: per-layer forward/backward and optimizer times of the real model, measured with all N "
             "ranks computing at once on this machine (real_runs.microbench layers); network: latency and bus "
             "bandwidth of all_reduce, reduce_scatter, all_gather fitted to a size sweep in the same emulated "
-            "cluster (real_runs.microbench collectives). Nothing else was fitted; no case's measurement was used."),
+            "cluster (real_runs.microbench collectives); cpu: compute time lost per collective and compute "
+            "slowdown while collectives stream, from a second sweep with every rank computing (--under-load). "
+            "Nothing else was fitted; no case's measurement was used."),
     }
     if report_dir is not None:
         write_report(summary, Path(report_dir))
