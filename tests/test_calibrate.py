@@ -1,6 +1,7 @@
 """Calibration: measured collective and layer times, saved in one file, change what the simulator predicts."""
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -9,7 +10,9 @@ from zero_sim.calibrate import (
     CalibrationError,
     CollectiveFit,
     ComputeCalibration,
+    CpuCalibration,
     compute_from_layers,
+    cpu_from_loaded_sweep,
     fit_nccl_tests_text,
     fit_sweep,
     topology_from_imports,
@@ -68,6 +71,65 @@ def test_a_calibrated_collective_costs_exactly_its_fit_when_alone():
     assert plan.isolated_time(topo) == pytest.approx(cal.collectives["all_reduce"].time(8e6))
 
 
+def test_calibrated_collectives_run_one_at_a_time_because_the_sweep_timed_them_queued():
+    topo = build_topology("emu-uniform", 2, 1)
+    assert CollectiveModel(topo, "gloo", "auto", calibration()).in_flight == 1
+    assert CollectiveModel(topo, "gloo", "auto").in_flight == 2
+
+
+def test_a_calibrated_gloo_reduce_scatter_loads_the_link_with_an_all_reduces_bytes():
+    # gloo reduce-scatters by all-reducing: alone it takes its fitted time, but the link
+    # sees twice a reduce-scatter's bytes, so two at once cannot both run at full speed.
+    cal = calibration(latency_s=0.0, busbw=50e6)  # 100 MB/s on the wire: within the 1 Gbit/s link
+    topo = build_topology("emu-uniform", 2, 1).with_bandwidth(1.0)
+    plan = CollectiveModel(topo, "gloo", "auto", cal).plan("reduce_scatter", 8e6, process_groups(topo, "world"))
+    (stage,) = plan.stages
+    assert stage.edge_bytes == pytest.approx(bus_factor("all_reduce", 2) * 8e6)
+    assert plan.isolated_time(topo) == pytest.approx(cal.collectives["reduce_scatter"].time(8e6))
+
+
+def loaded_rows(cpu_per_call_s, slowdown_large):
+    """A loaded sweep: small calls cost ``cpu_per_call_s`` of compute each; large ones slow it by ``slowdown_large``."""
+    rows = []
+    for size in [4096 << i for i in range(14)]:
+        t = 1e-3 + size / 100e6
+        if size <= 64 * 1024:
+            stolen = cpu_per_call_s / t  # fraction of the CPU taken
+            slowdown = stolen / (1 - stolen)
+        elif size >= 1 << 20:
+            slowdown = slowdown_large
+        else:
+            slowdown = 5.0  # the middle sizes are read by neither figure
+        rows.append({"collective": "all_reduce", "size_bytes": size, "time_us": t * 1e6,
+                     "compute_slowdown": slowdown})
+    return rows
+
+
+def test_the_loaded_sweep_says_what_a_collective_costs_compute():
+    cpu = cpu_from_loaded_sweep(loaded_rows(200e-6, 0.12), 4)
+    assert cpu.collective_cpu_s == pytest.approx(200e-6)
+    assert cpu.overlap_slowdown == pytest.approx(0.12)
+    assert cpu.ranks == 4
+    with pytest.raises(CalibrationError, match="--under-load"):
+        cpu_from_loaded_sweep([r for r in loaded_rows(2e-4, 0.1) if r["size_bytes"] < 1 << 20], 4)
+
+
+def test_the_cpu_figures_reach_the_engine_for_as_many_ranks_as_were_measured():
+    cal = replace(calibration(), cpu=CpuCalibration(300e-6, 0.25, 2))
+    args = dict(model="gpt2-124m", micro_batch=1, seq_len=256, strategy="zero2", bucket_mb=0.0, gpus=2,
+                topology="emu-uniform", gpus_per_node=1, gpu="CPU", backend="gloo", precision="fp32")
+    with_cpu = simulate(calibration=cal, **args)
+    assert with_cpu.scenario["collective_cpu_us"] == pytest.approx(300)
+    assert with_cpu.scenario["overlap_slowdown"] == pytest.approx(0.25)
+    without = simulate(calibration=calibration(), **args)
+    assert with_cpu.metrics["step_time_s"] > without.metrics["step_time_s"]
+    # An explicit setting wins over the measured one.
+    assert simulate(calibration=cal, overlap_slowdown=0.0, **args).scenario["overlap_slowdown"] == 0.0
+    # Measured on 4 ranks: says nothing about 2.
+    four = simulate(calibration=replace(cal, cpu=CpuCalibration(300e-6, 0.25, 4)), **args)
+    assert four.scenario["collective_cpu_us"] == 0 and four.scenario["overlap_slowdown"] == 0
+
+
 def test_a_fit_for_another_group_size_is_not_used():
     cal = calibration(n=4)
     topo = build_topology("emu-uniform", 2, 1)
@@ -93,6 +155,9 @@ def test_a_calibration_survives_a_round_trip_through_its_file(tmp_path):
     assert back.collectives == cal.collectives
     assert back.compute == cal.compute
     assert back.backend == "gloo"
+    with_cpu = replace(cal, cpu=CpuCalibration(2e-4, 0.1, 2))
+    with_cpu.save(tmp_path / "cpu.json")
+    assert Calibration.load(tmp_path / "cpu.json").cpu == with_cpu.cpu
 
 
 @pytest.mark.parametrize("content,fragment", [

@@ -86,6 +86,32 @@ def test_compute_overlapping_communication_runs_slower_when_asked():
     assert plain[(0, "bwd L0")].end_s - plain[(0, "bwd L0")].start_s == pytest.approx(0.001)
 
 
+def test_each_collective_takes_the_calibrated_cpu_time_from_the_compute_it_runs_alongside():
+    b = ProgramBuilder()
+    b.collective("all_reduce", "all_reduce B0", 1e3, "backward")
+    b.collective("all_reduce", "all_reduce B1", 1e9, "backward")
+    b.compute("bwd L0", "backward", 0.001)
+    plain, _ = run(b.build())
+    charged, _ = run(b.build(), collective_cpu_s=0.002)
+
+    def took(records):
+        return records[(0, "bwd L0")].end_s - records[(0, "bwd L0")].start_s
+
+    # B0 is in flight when bwd L0 starts and B1 starts while it computes: it pays for each once.
+    assert charged[(0, "all_reduce B1")].start_s < charged[(0, "bwd L0")].end_s
+    assert took(charged) == pytest.approx(took(plain) + 0.004)
+
+
+def test_a_collective_that_runs_while_nothing_computes_costs_no_compute():
+    b = ProgramBuilder()
+    c = b.collective("all_reduce", "all_reduce B0", 1e3, "optimizer")
+    b.sync("wait all_reduce B0", "optimizer", deps=(c,))
+    b.compute("fwd L0", "forward", 0.001)
+    plain, _ = run(b.build())
+    charged, _ = run(b.build(), collective_cpu_s=0.002)
+    assert charged[(0, "fwd L0")].end_s == pytest.approx(plain[(0, "fwd L0")].end_s)
+
+
 def test_memory_is_allocated_at_start_and_freed_at_end():
     b = ProgramBuilder({"params": 100})
     b.compute("fwd L0", "forward", 0.001, alloc=(("activations", 50),))

@@ -374,9 +374,10 @@ def measure_network(runner, nproc: int, workdir: Path, max_bytes: str = "32M", b
     twice, idle and with every rank computing; returns the fits of the idle sweep, what the
     loaded one says communication costs compute, and the raw sweeps."""
     sweeps = {}
-    for mode, extra in (("idle", []), ("loaded", ["--under-load"])):
+    # The loaded sweep's figures come from sizes up to 64 KB and from 1 MB: it stops at 8 MB.
+    for mode, top, extra in (("idle", max_bytes, []), ("loaded", "8M", ["--under-load"])):
         path = Path(workdir) / f"sweep_n{nproc}_{mode}_{os.getpid()}.json"
-        runner.run_module("real_runs.microbench", ["collectives", "--min-bytes", "4K", "--max-bytes", max_bytes,
+        runner.run_module("real_runs.microbench", ["collectives", "--min-bytes", "4K", "--max-bytes", top,
                                                    "--budget-s", str(budget_s), "--out", str(path), *extra],
                           on_line=on_line, timeout_s=timeout_s)
         sweeps[mode] = json.loads(path.read_text())

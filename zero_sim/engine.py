@@ -18,8 +18,9 @@ What is simulated, per rank:
   they both cross;
 * compute that starts while a collective is in flight on its rank runs
   ``1 + overlap_slowdown`` times longer (communication kernels take SMs; on a CPU, gloo's
-  threads take cores), and every collective costs its rank's host ``collective_cpu_s``
-  when issued (on a CPU, the per-call work its threads take from compute);
+  threads take cores); besides, every collective takes ``collective_cpu_s`` from the first
+  compute op that runs while it is in flight (on a CPU, the per-call work of its threads;
+  a collective that runs while its rank computes nothing costs nothing);
 * a collective waits for the compute op issued just before it (torch's NCCL process
   group makes its stream wait on the current stream), besides its explicit dependencies;
 * on a CPU (``host_runs_compute``) the host thread runs compute itself, so it cannot
@@ -66,8 +67,8 @@ class EngineConfig:
     steps: int = 2
     host_overhead_s: float = 10e-6
     overlap_slowdown: float = 0.0
-    # Host time each collective costs its rank on top of the issue cost: on a CPU, the
-    # compute that gloo's threads and the kernel's TCP path take from the rank (calibrated).
+    # Compute time each collective takes from its rank's compute, once, if compute runs while
+    # it is in flight: on a CPU, the cores gloo's threads and the kernel's TCP path use (calibrated).
     collective_cpu_s: float = 0.0
     explicit_ranks: bool = False  # simulate every rank (True) or rank 0 standing for all (False)
     host_runs_compute: bool = False  # CPU training: compute runs on the host thread, synchronously
@@ -222,6 +223,11 @@ class Engine:
         self.rendezvous: dict[tuple, _Rendezvous] = {}
         self.plans: dict[int, CollectivePlan] = {}
         self.comm_busy: dict[int, int] = {r: 0 for r in self.ranks}
+        # Per-call CPU cost of collectives (collective_cpu_s): those in flight not yet charged
+        # to any compute, and what the compute op running now owes on top of its own time.
+        self.uncharged: dict[int, set] = {r: set() for r in self.ranks}
+        self.computing: dict[int, bool] = {r: False for r in self.ranks}
+        self.owed: dict[int, float] = {r: 0.0 for r in self.ranks}
         self.rng = {r: random.Random((config.straggler.seed if config.straggler else 0) * 1_000_003 + r)
                     for r in self.ranks}
         self.memory: dict[int, list[tuple[float, str, int]]] = {r: [] for r in self.ranks}
@@ -290,8 +296,6 @@ class Engine:
         for step in range(cfg.steps):
             for op in self.program.ops:
                 issue = default_issue if op.host_s is None else op.host_s
-                if op.kind == "collective":
-                    issue += cfg.collective_cpu_s
                 if issue > 0:
                     yield env.timeout(issue)
                 if op.kind == "sync":
@@ -348,8 +352,15 @@ class Engine:
                 if slowdown and self.comm_busy[rank]:
                     seconds *= 1.0 + slowdown
                 self._apply(rank, op.alloc, +1)
+                self.computing[rank] = True
+                self.owed[rank] = len(self.uncharged[rank]) * self.config.collective_cpu_s
+                self.uncharged[rank].clear()
                 if seconds > 0:
                     yield env.timeout(seconds)
+                while self.owed[rank] > 0:  # collectives that ran alongside took their share of the core
+                    owed, self.owed[rank] = self.owed[rank], 0.0
+                    yield env.timeout(owed)
+                self.computing[rank] = False
                 self._finish(rank, step, op, start, env.now)
 
     def _collective_in_slot(self, rank: int, step: int, op: Op, slots: simpy.Resource, slot):
@@ -389,7 +400,13 @@ class Engine:
             env.process(self._run_plan(plan, rv.done))
         self._apply(rank, op.alloc, +1)
         self.comm_busy[rank] += 1
+        if self.config.collective_cpu_s:
+            if self.computing[rank]:
+                self.owed[rank] += self.config.collective_cpu_s
+            else:
+                self.uncharged[rank].add(key)
         yield rv.done
+        self.uncharged[rank].discard(key)
         self.comm_busy[rank] -= 1
         self._finish(rank, step, op, rv.start, env.now, plan)
 
