@@ -34,6 +34,7 @@ with the figures, because on a CPU they decide how much each rank gets.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import statistics
@@ -91,8 +92,8 @@ def _launcher(kind: str, nbytes: int, world: int, slots: int):
     else:
         bufs = [(torch.empty(numel), torch.ones(numel // world)) for _ in range(slots)]
         launch = lambda b: _all_gather(b[0], b[1], async_op=True)  # noqa: E731
-    turn = iter(range(1 << 62))
-    return lambda: launch(bufs[next(turn) % slots])
+    turns = itertools.cycle(bufs)
+    return lambda: launch(next(turns))
 
 
 def _time_collective(kind: str, nbytes: int, world: int, iters: int, queue: int = 1) -> float:
