@@ -19,8 +19,9 @@ saved together in one JSON file that ``zero-sim simulate --calibration FILE`` lo
   time a rank loses per collective (the median over small sizes, where a collective is
   nearly all per-call work: thread wake-ups, the kernel's TCP path); ``overlap_slowdown``
   is how much slower compute runs while large collectives stream (the median over sizes
-  from 1 MB).  The simulator charges the first to the rank's host thread at each
-  collective it issues and stretches compute by the second while a collective is in flight.
+  from 1 MB).  The simulator takes the first, once per collective, from the first compute
+  op that runs while that collective is in flight (nothing if none does), and stretches
+  compute by the second while a collective is in flight.
 
 What the measurement includes is what the simulator then assumes.  On a CPU machine
 the layer timings are taken with all N ranks computing at once, as they do in a
