@@ -86,7 +86,9 @@ def without_nproc(argv: list[str]) -> list[str]:
 
 def rank_env(**extra: str) -> dict[str, str]:
     # One thread per rank: ranks share the machine's cores, as they would share a node's.
-    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **extra}
+    # faulthandler: a rank killed by a signal (a native abort) prints every thread's stack.
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1",
+            **extra}
 
 
 def run_module(module: str, argv: list[str], nproc: int, on_line: Callable[[str], None] | None = None,
@@ -182,8 +184,23 @@ def _failure_sentence(rc: int, errors: list[str], output: list[str]) -> str:
         return f"The run failed: rank {rank} raised {first.split('error: ', 1)[1]}."
     for rank, how in _torchrun_failures(output):
         if how.startswith("SIG") and how != "SIGTERM":
-            return f"The run failed: rank {rank} died ({how}) and the other ranks were stopped."
+            said = _native_abort(output)
+            return (f"The run failed: rank {rank} died ({how}{': ' + said if said else ''}) "
+                    "and the other ranks were stopped.")
     return f"The run failed with torchrun exit status {rc} and no rank said why."
+
+
+def _native_abort(output: list[str]) -> str | None:
+    """What a native abort printed before its signal: the C++ exception it threw, or
+    where faulthandler found the aborting thread (``File ..., line N in f``)."""
+    text = "\n".join(output)
+    if m := re.search(r"terminate called after throwing an instance of '([^']+)'", text):
+        what = re.search(r"what\(\):\s*(.+)", text)
+        return f"{m[1]}: {what[1].strip()}" if what else m[1]
+    if m := re.search(r"Fatal Python error: [^\n]+", text):
+        where = re.search(r"Current thread [^\n]*\n\s*(File [^\n]+)", text[m.end():])
+        return f"{m[0]}, {where[1]}" if where else m[0]
+    return None
 
 
 def kill_group(proc: subprocess.Popen) -> None:

@@ -72,7 +72,8 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--nproc", type=int, default=1, help="ranks to start when not already under torchrun")
     p.add_argument("--fail-rank", type=int, default=None, help="fault injection: the rank that fails")
     p.add_argument("--fail-at-step", type=int, default=0, help="fault injection: the step it fails in")
-    p.add_argument("--fail-mode", choices=("raise", "kill"), default="raise")
+    p.add_argument("--fail-mode", choices=("raise", "kill", "abort"), default="raise",
+                   help="raise a Python error, die of SIGKILL, or abort as a native crash would")
     return p
 
 
@@ -134,6 +135,8 @@ def _inject_fault(args, rank: int, step: int) -> None:
     if args.fail_rank == rank and args.fail_at_step == step:
         if args.fail_mode == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
+        if args.fail_mode == "abort":
+            os.abort()
         raise RuntimeError(f"injected fault at step {step}")
 
 

@@ -11,7 +11,7 @@ import tempfile
 
 import torch
 
-from real_runs.launch import launch
+from real_runs.launch import RunFailed, launch
 from real_runs.model import PRESETS, build_model, global_batch
 from real_runs.strategies import AdamW
 
@@ -55,7 +55,13 @@ def real_run(strategy: str, nproc: int, **overrides) -> tuple[dict, str]:
     flags = {**RUN, **overrides}
     out = tempfile.mkdtemp(prefix=f"rr-{strategy}-{nproc}-")
     atexit.register(shutil.rmtree, out, ignore_errors=True)
-    run = launch(strategy, nproc=nproc, out=out, save_state=True, timeout_s=240, **flags)
+    try:
+        run = launch(strategy, nproc=nproc, out=out, save_state=True, timeout_s=240, **flags)
+    except RunFailed as e:
+        # The sentence names the failure; the ranks' last lines say what led to it.
+        tail = "\n".join(e.output[-80:])
+        raise RunFailed(f"{strategy} on {nproc} ranks: {e}\n--- last lines the ranks printed ---\n{tail}",
+                        e.output) from None
     return run, out
 
 

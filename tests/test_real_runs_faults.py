@@ -58,7 +58,9 @@ def test_a_rank_error_is_found_even_after_another_process_left_its_line_unfinish
 
 @pytest.mark.slow
 @pytest.mark.parametrize("mode, says", [("raise", "rank 1 raised RuntimeError: injected fault at step 1"),
-                                        ("kill", "rank 1 died (SIGKILL)")])
+                                        ("kill", "rank 1 died (SIGKILL)"),
+                                        # faulthandler says where a native crash happened
+                                        ("abort", "rank 1 died (SIGABRT: Fatal Python error: Aborted, File")])
 def test_a_failing_rank_ends_the_whole_run_with_a_clear_error(tmp_path, mode, says):
     # A previous complete run in the same place must not survive a failed one.
     (tmp_path / "run.json").write_text("{}")
