@@ -4,7 +4,7 @@ import pytest
 
 from real_runs.model import PRESETS, build_model, count_params
 from real_runs.strategies import STRATEGIES
-from real_runs.strategies.base import formula_bytes
+from real_runs.strategies.base import bucketize, formula_bytes
 from zero_sim.replay import REAL_TO_SIM, ReplayError, predict_run, real_workload, scenario_for_run
 
 
@@ -38,6 +38,20 @@ def test_predicted_model_states_are_exactly_the_real_runs_bytes(strategy, world)
     psi = sim.scenario["params"]
     expected = formula_bytes(STRATEGIES[strategy].stage, psi, world)["bytes"]
     assert sim.metrics["memory"]["model_states_bytes"] == pytest.approx(expected, rel=0.002)  # shard padding only
+
+
+@pytest.mark.parametrize("strategy, collective", [("ddp", "all_reduce"), ("zero1", "all_reduce"),
+                                                  ("zero2", "reduce_scatter")])
+@pytest.mark.parametrize("bucket_mb", [25.0, 4.0, 0.1])
+def test_the_simulated_gradient_buckets_are_the_real_ones(strategy, collective, bucket_mb):
+    """Same bytes, same order: at the default cap the first bucket holds only 1 MiB on both sides."""
+    run = planned(strategy, 2, model="small", bucket_mb=bucket_mb)
+    first = 2**20 if bucket_mb == 25.0 else None
+    real = [sum(p.numel() * 4 for p in group) for group in
+            bucketize(list(build_model(PRESETS["small"], seed=0).parameters()), bucket_mb * 2**20, first)]
+    ops = [op for op in predict_run(run).step_ops() if op["rank"] == 0 and op["name"].startswith(collective)]
+    sim = [int(op["bytes"]) for op in sorted(ops, key=lambda op: int(op["name"].rsplit(" B", 1)[1]))]
+    assert sim == real
 
 
 def test_an_emulated_cluster_selects_its_topology_and_bandwidth():

@@ -146,7 +146,9 @@ class ZeRO2(Strategy):
         b = ProgramBuilder({PARAMS: p.param_bytes * w.params, GRADS: sharded_bytes(ctx, p.grad_bytes),
                             OPTIMIZER_STATE: sharded_bytes(ctx, p.optimizer_bytes)})
         per_tensor = ctx.knob("bucket_mb") == 0
-        units = buckets(w, ctx.knob("bucket_mb") * 1024 * 1024, p.grad_bytes)
+        # The same plan as DDP's and ZeRO-1's: at the default cap the first bucket is 1 MiB.
+        cap, first = bucket_caps(ctx.knob("bucket_mb"))
+        units = buckets(w, cap, p.grad_bytes, first)
         label = {u.index: (f"L{u.layers[0]}" if per_tensor else f"B{u.index}") for u in units}
         hook = ctx.knob("zero2_launch") == "hook"
         compiled = ctx.knob("compiled_backward")
