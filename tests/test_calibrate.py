@@ -1,6 +1,7 @@
 """Calibration: measured collective and layer times, saved in one file, change what the simulator predicts."""
 
 import json
+import math
 from dataclasses import replace
 
 import pytest
@@ -69,6 +70,30 @@ def test_a_calibrated_collective_costs_exactly_its_fit_when_alone():
     plan = model.plan("all_reduce", 8e6, process_groups(topo, "world"))
     assert plan.algorithm == "calibrated"
     assert plan.isolated_time(topo) == pytest.approx(cal.collectives["all_reduce"].time(8e6))
+
+
+def test_from_1_mb_a_calibrated_collective_alone_takes_what_the_sweep_measured():
+    # Per-byte cost that grows with size: the fitted line misses the large sizes, the plan does not.
+    sizes = [4096 << i for i in range(14)]  # 4 KB .. 32 MB
+    rows = sweep_rows("all_reduce", 2, 1e-3, 50e6, sizes)
+    for r in rows:
+        r["time_us"] *= 1 + 0.2 * max(0.0, math.log2(r["size_bytes"] / (1 << 20))) / 5  # +20% at 32 MB
+    fit = fit_sweep(rows, 2)["all_reduce"]
+    measured = {r["size_bytes"]: r["time_us"] * 1e-6 for r in rows}
+    cal = replace(calibration(), collectives={"all_reduce": fit})
+    topo = build_topology("emu-uniform", 2, 1).with_bandwidth(10.0)
+    model = CollectiveModel(topo, "gloo", "auto", cal)
+
+    def alone(nbytes):
+        return model.plan("all_reduce", nbytes, process_groups(topo, "world")).isolated_time(topo)
+
+    assert fit.max_rel_error > 0.05
+    for s in (1 << 20, 4 << 20, 32 << 20):
+        assert alone(s) == pytest.approx(measured[s])
+    between = 6 << 20  # log-log between 4 MB and 8 MB
+    assert measured[4 << 20] < alone(between) < measured[8 << 20]
+    assert alone(64 << 10) == pytest.approx(fit.time(64 << 10))  # small sizes: the fit
+    assert alone(64 << 20) == pytest.approx(fit.time(64 << 20))  # beyond the sweep: the fit
 
 
 def test_calibrated_collectives_run_one_at_a_time_because_the_sweep_timed_them_queued():

@@ -6,7 +6,9 @@ saved together in one JSON file that ``zero-sim simulate --calibration FILE`` lo
 * **collectives**: for each of all_reduce, reduce_scatter and all_gather, a latency and a
   bus bandwidth fitted to a sweep of sizes (``real_runs.microbench collectives``, or an
   nccl-tests table).  The model is ``t(S) = latency + factor(n) * S / busbw`` with
-  nccl-tests' bus factors; :func:`fit_sweep` says how each parameter is read.  A fit holds for the group size and the
+  nccl-tests' bus factors; :func:`fit_sweep` says how each parameter is read.  The swept
+  times are kept beside the fit: from 1 MB up, where they are reliable, a collective alone
+  takes the measured time (interpolated between sizes), not the line's.  A fit holds for the group size and the
   links it was measured on; the simulator uses it for collectives over groups of exactly
   that size and plans any other with its topology model.
 * **compute**: seconds of forward and backward per layer kind (embedding, block, head) at
@@ -36,7 +38,9 @@ backend, world size and, for an emulated cluster, its shape and bandwidth.
 
 from __future__ import annotations
 
+import bisect
 import json
+import math
 import os
 import platform
 from dataclasses import asdict, dataclass, field, replace
@@ -73,9 +77,25 @@ class CollectiveFit:
     busbw: float  # bytes/s
     max_rel_error: float  # worst relative error of the fit over the measured sizes
     sizes: tuple[int, ...] = ()
+    times_s: tuple[float, ...] = ()  # what each of ``sizes`` measured, when the sweep is at hand
 
     def time(self, nbytes: float) -> float:
         return self.latency_s + bus_factor(self.kind, self.world_size) * nbytes / self.busbw
+
+    def alone_time(self, nbytes: float) -> float:
+        """What one collective of ``nbytes`` takes by itself: between two swept sizes from
+        1 MB up, the measured times interpolated (log-log); elsewhere the fit.
+
+        Large sizes are measured reliably and a two-parameter line misses them by up to
+        15% where per-byte cost grows with size (socket buffers, caches); small sizes are
+        noisy one by one, so there the fit's median latency is the better figure."""
+        pts = [(s, t) for s, t in zip(self.sizes, self.times_s, strict=False) if s >= BANDWIDTH_MIN_BYTES]
+        if len(pts) < 2 or not pts[0][0] <= nbytes <= pts[-1][0]:
+            return self.time(nbytes)
+        i = min(max(bisect.bisect_left([s for s, _ in pts], nbytes), 1), len(pts) - 1)
+        (s0, t0), (s1, t1) = pts[i - 1], pts[i]
+        w = math.log(nbytes / s0) / math.log(s1 / s0)
+        return math.exp(math.log(t0) + w * (math.log(t1) - math.log(t0)))
 
 
 @dataclass(frozen=True)
@@ -135,7 +155,8 @@ class Calibration:
             "backend": self.backend,
             "measured_on": self.measured_on,
             "collectives": {k: {"world_size": f.world_size, "latency_s": f.latency_s, "busbw_gbps": f.busbw / 1e9,
-                                "max_rel_error": f.max_rel_error, "sizes": list(f.sizes)}
+                                "max_rel_error": f.max_rel_error, "sizes": list(f.sizes),
+                                "times_s": list(f.times_s)}
                             for k, f in self.collectives.items()},
             "compute": None if self.compute is None else {
                 "layer_seconds": self.compute.layer_seconds, "tokens": self.compute.tokens,
@@ -158,7 +179,8 @@ class Calibration:
                                    f"make one with `zero-sim calibrate`")
         try:
             fits = {k: CollectiveFit(k, int(v["world_size"]), float(v["latency_s"]), float(v["busbw_gbps"]) * 1e9,
-                                     float(v.get("max_rel_error", 0.0)), tuple(v.get("sizes", ())))
+                                     float(v.get("max_rel_error", 0.0)), tuple(v.get("sizes", ())),
+                                     tuple(float(t) for t in v.get("times_s", ())))
                     for k, v in (d.get("collectives") or {}).items()}
             c = d.get("compute")
             compute = None if c is None else ComputeCalibration(
@@ -183,6 +205,9 @@ class Calibration:
         bad = [k for k in fits if k not in FITTED_COLLECTIVES]
         if bad:
             raise CalibrationError(f"{source} has a fit for unknown collective {bad[0]!r}")
+        if any(f.times_s and (len(f.times_s) != len(f.sizes) or min(f.times_s) <= 0) for f in fits.values()):
+            raise CalibrationError(f"{source} has measured times that do not match its sizes one for one, "
+                                   f"or are not positive")
         if any(f.busbw <= 0 or f.latency_s < 0 for f in fits.values()):
             raise CalibrationError(f"{source} has a non-positive bus bandwidth or a negative latency")
         if compute is not None and (compute.tokens <= 0 or any(
@@ -245,9 +270,10 @@ def fit_sweep(rows: list[dict], world_size: int, min_bytes: int = 0) -> dict[str
                 den = sum((factor * sz / t) ** 2 for sz, t in large)
                 inv_bw = num / den if num > 0 else 0.0
             if inv_bw > 0:
-                fit = CollectiveFit(kind, world_size, latency, 1.0 / inv_bw, 0.0, tuple(r["size_bytes"] for r in mine))
+                fit = CollectiveFit(kind, world_size, latency, 1.0 / inv_bw, 0.0, tuple(r["size_bytes"] for r in mine),
+                                    tuple(r["time_us"] * 1e-6 for r in mine))
                 worst = max(abs(fit.time(r["size_bytes"]) / (r["time_us"] * 1e-6) - 1) for r in mine)
-                fits[kind] = CollectiveFit(kind, world_size, latency, fit.busbw, worst, fit.sizes)
+                fits[kind] = replace(fit, max_rel_error=worst)
                 continue
         mine = [r for r in mine if r["size_bytes"] >= min_bytes]
         if len(mine) < 2:
@@ -263,7 +289,7 @@ def fit_sweep(rows: list[dict], world_size: int, min_bytes: int = 0) -> dict[str
 
 def _from_lbfit(kind: str, n: int, fit: LatencyBandwidthFit, table: NcclTestsTable) -> CollectiveFit:
     return CollectiveFit(kind, n, fit.latency_s, fit.busbw, fit.max_rel_error,
-                         tuple(r.size_bytes for r in table.rows))
+                         tuple(r.size_bytes for r in table.rows), tuple(r.time_us * 1e-6 for r in table.rows))
 
 
 def cpu_from_loaded_sweep(rows: list[dict], world_size: int) -> CpuCalibration:

@@ -194,14 +194,15 @@ class CollectiveModel:
         fit = self.calibration.fit_for(kind, n) if self.calibration is not None else None
         wire_kind = ALL_REDUCE if (backend.reduce_scatter_as_all_reduce and kind == REDUCE_SCATTER) else kind
         if fit is not None:
-            # Measured on this group size: the fit's latency, and its busbw as the most one ring
-            # edge can move.  The links still apply, so concurrent collectives share them, and
-            # they carry what the backend really sends (gloo's reduce_scatter moves an
-            # all_reduce's bytes): the cap is scaled to those bytes, so a collective alone
-            # still takes exactly its fitted time.
-            wire = bus_factor(wire_kind, n) / bus_factor(kind, n)
-            stage = Stage(fit.latency_s, bus_factor(wire_kind, n) * nbytes, _merged_loads(self.topology, instances),
-                          fit.busbw * wire)
+            # Measured on this group size.  A collective alone takes what was measured
+            # (``CollectiveFit.alone_time``: the sweep's own times from 1 MB, the fit below):
+            # the fit's latency, then its bytes at a capped rate chosen to land on that time.
+            # The links still apply, so concurrent collectives share them, and they carry
+            # what the backend really sends (gloo's reduce_scatter moves an all_reduce's bytes).
+            edge_bytes = bus_factor(wire_kind, n) * nbytes
+            streaming = fit.alone_time(nbytes) - fit.latency_s
+            cap = edge_bytes / streaming if streaming > 0 else fit.busbw * bus_factor(wire_kind, n) / bus_factor(kind, n)
+            stage = Stage(fit.latency_s, edge_bytes, _merged_loads(self.topology, instances), cap)
             return CollectivePlan(kind, nbytes, n, "calibrated", self.backend, (stage,), sent)
         candidates = []
         wanted = backend.algorithms if self.algorithm == "auto" else (self.algorithm,)
