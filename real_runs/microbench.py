@@ -12,7 +12,8 @@ is part of what is measured::
 
 **Collectives.**  For every size (doubling from ``--min-bytes`` to ``--max-bytes``) and
 collective, every rank launches a queue of asynchronous calls back to back and waits for
-them (up to 16 while they fit in ``--budget-s``), three times; the time of a call is the
+them (up to 16 while they fit in ``--budget-s``), three times (seven up to 64 KB, where
+one queue's time jumps most); the time of a call is the
 slowest rank's median of queue time / queue length.  Queued calls are how training issues
 them (a bucket or a parameter at a time) and how nccl-tests times them; on gloo they also
 let its two worker threads overlap small calls, which the simulator then need not model.
@@ -172,7 +173,10 @@ def collective_sweep(kinds, lo: int, hi: int, budget_s: float, load: bool = Fals
                 probe = _time_collective(kind, s, world, 1)
                 queue = int(max(1, min(16, budget_s / 3 / max(probe, 1e-6), (64 << 20) // s)))
                 # Under load a row must last long enough (0.1 s) to read the compute rate from it.
-                iters = 3 if busy is None else int(max(3, min(50, 0.1 / (queue * max(probe, 1e-6)))))
+                if busy is None:
+                    iters = 7 if s <= 64 << 10 else 3
+                else:
+                    iters = int(max(3, min(50, 0.1 / (queue * max(probe, 1e-6)))))
                 before, t0 = (busy.done if busy else 0), time.perf_counter()
                 t = _time_collective(kind, s, world, iters, queue)
                 row = {"collective": kind, "size_bytes": s, "count": s // 4, "type": "float",

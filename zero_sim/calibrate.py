@@ -307,7 +307,7 @@ def cpu_from_loaded_sweep(rows: list[dict], world_size: int) -> CpuCalibration:
              for r in loaded if r["size_bytes"] <= SMALL_CALL_MAX_BYTES]
     large = [r["compute_slowdown"] for r in loaded if r["size_bytes"] >= BANDWIDTH_MIN_BYTES]
     if not small or not large:
-        raise CalibrationError("the loaded sweep needs sizes up to 64 KB and from 1 MB; sweep from 4K to at least 1M "
+        raise CalibrationError("the loaded sweep needs sizes up to 64 KB and from 1 MB; sweep from 1K to at least 1M "
                                "with --under-load")
     return CpuCalibration(statistics.median(small), statistics.median(large), world_size)
 
@@ -396,15 +396,17 @@ def measure_compute(nproc: int, model: str, micro_batch: int, seq_len: int | Non
 
 
 def measure_network(runner, nproc: int, workdir: Path, max_bytes: str = "32M", budget_s: float = 0.15,
-                    timeout_s: float = 300.0, on_line=None) -> tuple[dict[str, CollectiveFit], CpuCalibration, dict]:
+                    timeout_s: float = 300.0, on_line=None, label: str = ""
+                    ) -> tuple[dict[str, CollectiveFit], CpuCalibration, dict]:
     """Sweep collectives on ``runner`` (an EmulatedCluster, or anything with its ``run_module``)
     twice, idle and with every rank computing; returns the fits of the idle sweep, what the
-    loaded one says communication costs compute, and the raw sweeps."""
+    loaded one says communication costs compute, and the raw sweeps (kept in ``workdir``,
+    named by ``label``).  From 1 KB: six sizes up to 32 KB give the latency's median."""
     sweeps = {}
     # The loaded sweep's figures come from sizes up to 64 KB and from 1 MB: it stops at 8 MB.
     for mode, top, extra in (("idle", max_bytes, []), ("loaded", "8M", ["--under-load"])):
-        path = Path(workdir) / f"sweep_n{nproc}_{mode}_{os.getpid()}.json"
-        runner.run_module("real_runs.microbench", ["collectives", "--min-bytes", "4K", "--max-bytes", top,
+        path = Path(workdir) / f"sweep_n{nproc}{label and '_' + label}_{mode}_{os.getpid()}.json"
+        runner.run_module("real_runs.microbench", ["collectives", "--min-bytes", "1K", "--max-bytes", top,
                                                    "--budget-s", str(budget_s), "--out", str(path), *extra],
                           on_line=on_line, timeout_s=timeout_s)
         sweeps[mode] = json.loads(path.read_text())

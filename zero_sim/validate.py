@@ -161,7 +161,7 @@ def run_validation(cases, opts: Options = Options(), workdir: str | os.PathLike 
             where = cluster.describe()
             say(f"calibrating the network: {where}")
             fits, cpu, _ = measure_network(cluster, n, workdir, opts.sweep_max_bytes, opts.sweep_budget_s,
-                                           opts.timeout_s)
+                                           opts.timeout_s, label=f"bw{bw}")
             cal = Calibration(fits, computes[n], "gloo", machine_facts(ranks=n, network=where, emulated=emulated),
                               cpu=cpu)
             cal.save(workdir / f"calibration_n{n}_bw{bw}.json")
