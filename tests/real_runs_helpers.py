@@ -61,9 +61,10 @@ def real_run(strategy: str, nproc: int, **overrides) -> tuple[dict, str]:
         try:
             return launch(strategy, nproc=nproc, out=out, save_state=True, timeout_s=240, **flags), out
         except RunFailed as e:
-            # A rank that died of a native abort (seen once in CI, inside torch, on a loaded
-            # 2-core machine) gets one more try, said out loud; a second one, or any Python
-            # error, fails the test with the ranks' last lines.
+            # A rank that died of a native abort (SIGABRT once in CI on a loaded 2-core
+            # machine, before ranks said where) gets one more try, said out loud with the
+            # abort's message; a second one, or any Python error, fails the test with the
+            # ranks' last lines.
             native = re.search(r"died \((SIGABRT|SIGSEGV|SIGBUS)", str(e))
             if attempt == 1 and native:
                 warnings.warn(f"{strategy} on {nproc} ranks: {e} Retried once.", stacklevel=2)
