@@ -27,7 +27,17 @@ Bucket storage is a second copy of the gradients unless ``gradient_as_bucket_vie
 from __future__ import annotations
 
 from zero_sim.program import Program, ProgramBuilder
-from zero_sim.strategies.base import MB, Context, Knob, Strategy, StrategyError, backward, buckets, forward
+from zero_sim.strategies.base import (
+    MB,
+    Bucket,
+    Context,
+    Knob,
+    Strategy,
+    StrategyError,
+    backward,
+    buckets,
+    forward,
+)
 from zero_sim.vocabulary import (
     ALL_REDUCE,
     BACKWARD,
@@ -48,6 +58,13 @@ def bucket_caps(bucket_mb: float) -> tuple[float, float | None]:
     """(cap, first-bucket cap) in bytes, following torch: 1 MiB first bucket only at the default cap."""
     cap = bucket_mb * MB
     return cap, (FIRST_BUCKET_MB * MB if bucket_mb == DEFAULT_BUCKET_MB else None)
+
+
+def gradient_buckets(ctx: Context) -> list[Bucket]:
+    """The gradient buckets of every bucketed strategy (DDP, ZeRO-1, ZeRO-2), one plan for all,
+    as the real runs share ``bucketize``: ``--bucket-mb`` cap, first bucket per :func:`bucket_caps`."""
+    cap, first = bucket_caps(ctx.knob("bucket_mb"))
+    return buckets(ctx.workload, cap, ctx.precision.grad_bytes, first)
 
 
 def optimizer_ops(b: ProgramBuilder, ctx: Context, deps_of_layer, share: float = 1.0,
@@ -82,8 +99,7 @@ class DDP(Strategy):
         if not ctx.knob("gradient_as_bucket_view"):
             resident[BUFFERS] = p.grad_bytes * psi
         b = ProgramBuilder(resident)
-        cap, first = bucket_caps(ctx.knob("bucket_mb"))
-        plan = buckets(w, cap, p.grad_bytes, first)
+        plan = gradient_buckets(ctx)
         all_reduces = tuple(steps_with_bucketed_reduction(b, ctx, plan, ALL_REDUCE, transient_buffers=False))
         # torch's optimizer step follows backward(), whose finalisation makes the compute
         # stream wait for every bucket: each layer's update waits for all of them.
@@ -91,7 +107,7 @@ class DDP(Strategy):
         prog = b.build()
         prog.model_flops = w.model_flops() * ctx.grad_accum
         prog.notes.append(f"{len(plan)} gradient buckets (cap {ctx.knob('bucket_mb')} MiB"
-                          + (", first 1 MiB)" if first else ")"))
+                          + (", first 1 MiB)" if bucket_caps(ctx.knob("bucket_mb"))[1] else ")"))
         return prog
 
 

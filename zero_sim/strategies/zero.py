@@ -50,13 +50,12 @@ from zero_sim.strategies.base import (
     Strategy,
     StrategyError,
     backward,
-    buckets,
     forward,
     shard,
 )
 from zero_sim.strategies.ddp import (
     DEFAULT_BUCKET_MB,
-    bucket_caps,
+    gradient_buckets,
     optimizer_ops,
     steps_with_bucketed_reduction,
 )
@@ -116,8 +115,7 @@ class ZeRO1(Strategy):
         b = ProgramBuilder({PARAMS: p.param_bytes * w.params, GRADS: p.grad_bytes * w.params,
                             OPTIMIZER_STATE: sharded_bytes(ctx, p.optimizer_bytes)})
         kind = ALL_REDUCE if ctx.knob("zero1_reduce") == "all_reduce" else REDUCE_SCATTER
-        cap, first = bucket_caps(ctx.knob("bucket_mb"))
-        plan = buckets(w, cap, p.grad_bytes, first)
+        plan = gradient_buckets(ctx)
         reductions = steps_with_bucketed_reduction(b, ctx, plan, kind, transient_buffers=True)
         opts = optimizer_ops(b, ctx, lambda layer: tuple(reductions), share=1.0 / ctx.world_size)
         opt_of_layer = {layer.index: op for layer, op in zip(w.layers, opts, strict=True)}
@@ -133,7 +131,8 @@ class ZeRO2(Strategy):
     name = "zero2"
     summary = "shard optimizer state and gradients; reduce-scatter gradients, all-gather weights"
     knobs = (
-        Knob("bucket_mb", DEFAULT_BUCKET_MB, "reduce bucket cap in MiB; 0 = one reduce-scatter per tensor"),
+        Knob("bucket_mb", DEFAULT_BUCKET_MB,
+             "reduce bucket cap in MiB (first bucket 1 MiB at the default); 0 = one reduce-scatter per tensor"),
         Knob("zero2_launch", "hook", "launch reduce-scatters from backward hooks or in step()", str, ("hook", "step")),
         Knob("compiled_backward", False, "backward is one compiled graph: hooks fire only when it ends", bool),
     )
@@ -146,9 +145,7 @@ class ZeRO2(Strategy):
         b = ProgramBuilder({PARAMS: p.param_bytes * w.params, GRADS: sharded_bytes(ctx, p.grad_bytes),
                             OPTIMIZER_STATE: sharded_bytes(ctx, p.optimizer_bytes)})
         per_tensor = ctx.knob("bucket_mb") == 0
-        # The same plan as DDP's and ZeRO-1's: at the default cap the first bucket is 1 MiB.
-        cap, first = bucket_caps(ctx.knob("bucket_mb"))
-        units = buckets(w, cap, p.grad_bytes, first)
+        units = gradient_buckets(ctx)  # DDP's and ZeRO-1's plan (0 MB: one unit per tensor)
         label = {u.index: (f"L{u.layers[0]}" if per_tensor else f"B{u.index}") for u in units}
         hook = ctx.knob("zero2_launch") == "hook"
         compiled = ctx.knob("compiled_backward")
