@@ -12,11 +12,14 @@ is part of what is measured::
 
 **Collectives.**  For every size (doubling from ``--min-bytes`` to ``--max-bytes``) and
 collective, every rank launches a queue of asynchronous calls back to back and waits for
-them (up to 16 while they fit in ``--budget-s``), three times (seven up to 64 KB, where
-one queue's time jumps most); the time of a call is the
+them (up to 16 while they fit in ``--budget-s``), three times; the time of a call is the
 slowest rank's median of queue time / queue length.  Queued calls are how training issues
-them (a bucket or a parameter at a time) and how nccl-tests times them; on gloo they also
-let its two worker threads overlap small calls, which the simulator then need not model.
+large ones (a bucket at a time) and how nccl-tests times them.  Up to 64 KB a call is
+timed alone, fifteen times: there its time is its latency, which a per-parameter strategy
+pays between other work, whereas identical small calls queued back to back pipeline
+through gloo's two worker threads and look cheaper than any one of them is.  Each row also
+says how much CPU time the rank's threads used per call (``cpu_us``, the mean over ranks):
+on a CPU machine that is what communication takes from compute.
 ``size`` is the whole buffer S (the gathered output for all_gather, the input for
 reduce_scatter), so ``algbw = S / t`` and ``busbw = algbw * factor`` use nccl-tests' factors.
 
@@ -46,6 +49,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from zero_sim.calibrate import SMALL_CALL_MAX_BYTES
 from zero_sim.collectives import bus_factor
 from zero_sim.vocabulary import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER
 
@@ -97,25 +101,29 @@ def _launcher(kind: str, nbytes: int, world: int, slots: int):
     return lambda: launch(next(turns))
 
 
-def _time_collective(kind: str, nbytes: int, world: int, iters: int, queue: int = 1) -> float:
-    """Seconds per call: ``queue`` calls launched back to back and then waited for, as a
-    training step issues them (and as nccl-tests times them); the median of ``iters`` such
-    queues, from the slowest rank."""
+def _time_collective(kind: str, nbytes: int, world: int, iters: int, queue: int = 1) -> tuple[float, float]:
+    """Seconds per call, wall and CPU: ``queue`` calls launched back to back and then waited
+    for, as a training step issues them (and as nccl-tests times them); the median of
+    ``iters`` such queues.  Wall time is the slowest rank's (every rank waits for it); CPU
+    time is what this process's threads used per call (gloo's workers, the kernel's TCP
+    path on their behalf, the launching thread), averaged over the ranks."""
     call = _launcher(kind, nbytes, world, queue)
     call().wait()  # warm-up: connection setup, first-touch allocation
     dist.barrier()
-    times = []
+    walls, cpus = [], []
     for _ in range(iters):
-        t0 = time.perf_counter()
+        c0, t0 = time.process_time(), time.perf_counter()
         works = [call() for _ in range(queue)]
         for w in works:
             w.wait()
-        times.append((time.perf_counter() - t0) / queue)
-    # The median shrugs off a queue that lost the CPU to something else on a shared machine;
-    # the slowest rank's median is the collective's time, as every rank waits for it.
-    slowest = torch.tensor([statistics.median(times)], dtype=torch.float64)
+        walls.append((time.perf_counter() - t0) / queue)
+        cpus.append((time.process_time() - c0) / queue)
+    # The median shrugs off a queue that lost the CPU to something else on a shared machine.
+    slowest = torch.tensor([statistics.median(walls)], dtype=torch.float64)
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-    return float(slowest)
+    cpu = torch.tensor([statistics.median(cpus)], dtype=torch.float64)
+    dist.all_reduce(cpu, op=dist.ReduceOp.SUM)
+    return float(slowest), float(cpu) / world
 
 
 class ComputeLoad:
@@ -168,21 +176,26 @@ def collective_sweep(kinds, lo: int, hi: int, budget_s: float, load: bool = Fals
             alone = busy.rate(0.5)
         for kind in kinds:
             for s in sizes(lo, hi, world):
-                # Enough calls to see past timer noise and to let gloo's threads overlap queued
-                # calls as they do in training; few enough to keep big sizes short.
-                probe = _time_collective(kind, s, world, 1)
-                queue = int(max(1, min(16, budget_s / 3 / max(probe, 1e-6), (64 << 20) // s)))
-                # Under load a row must last long enough (0.1 s) to read the compute rate from it.
-                if busy is None:
-                    iters = 7 if s <= 64 << 10 else 3
+                probe, _ = _time_collective(kind, s, world, 1)
+                if s <= SMALL_CALL_MAX_BYTES:
+                    # Small calls one at a time: their time is a call's own latency, as a
+                    # per-parameter strategy pays it between other work.  Queued back to back,
+                    # identical small calls pipeline through gloo's threads and look cheaper.
+                    queue = 1
+                    iters = 15 if busy is None else int(max(3, min(50, 0.1 / max(probe, 1e-6))))
                 else:
-                    iters = int(max(3, min(50, 0.1 / (queue * max(probe, 1e-6)))))
+                    # Enough calls to see past timer noise, few enough to keep big sizes short.
+                    queue = int(max(1, min(16, budget_s / 3 / max(probe, 1e-6), (64 << 20) // s)))
+                    # Under load a row must last long enough (0.1 s) to read the compute rate from it.
+                    iters = 3 if busy is None else int(max(3, min(50, 0.1 / (queue * max(probe, 1e-6)))))
                 before, t0 = (busy.done if busy else 0), time.perf_counter()
-                t = _time_collective(kind, s, world, iters, queue)
+                t, cpu = _time_collective(kind, s, world, iters, queue)
                 row = {"collective": kind, "size_bytes": s, "count": s // 4, "type": "float",
                        "time_us": t * 1e6, "algbw_gbps": s / t / 1e9,
                        "busbw_gbps": s / t * bus_factor(kind, world) / 1e9, "iters": iters, "queue": queue}
-                if busy is not None:
+                if busy is None:
+                    row["cpu_us"] = cpu * 1e6  # under load the process's time includes the load itself
+                else:
                     during = (busy.done - before) / (time.perf_counter() - t0)
                     row["compute_slowdown"] = max(0.0, alone / max(during, 1e-9) - 1.0)
                 rows.append(row)

@@ -13,7 +13,7 @@ from zero_sim.calibrate import (
     ComputeCalibration,
     CpuCalibration,
     compute_from_layers,
-    cpu_from_loaded_sweep,
+    cpu_from_sweep,
     fit_nccl_tests_text,
     fit_sweep,
     topology_from_imports,
@@ -96,10 +96,29 @@ def test_from_1_mb_a_calibrated_collective_alone_takes_what_the_sweep_measured()
     assert alone(64 << 20) == pytest.approx(fit.time(64 << 20))  # beyond the sweep: the fit
 
 
-def test_calibrated_collectives_run_one_at_a_time_because_the_sweep_timed_them_queued():
+def test_calibrated_or_not_gloo_runs_two_collectives_of_a_stream_at_once():
     topo = build_topology("emu-uniform", 2, 1)
-    assert CollectiveModel(topo, "gloo", "auto", calibration()).in_flight == 1
+    assert CollectiveModel(topo, "gloo", "auto", calibration()).in_flight == 2
     assert CollectiveModel(topo, "gloo", "auto").in_flight == 2
+    assert CollectiveModel(topo, "nccl", "auto", calibration()).in_flight == 1
+
+
+def test_two_large_calibrated_calls_in_flight_together_take_as_long_as_one_after_the_other():
+    # 50 MB/s of busbw on a 1 Gbit/s link: the measured rate, not the wire, limits a call.  A
+    # second gloo thread overlaps the calls but adds no throughput: they split the measured rate.
+    from zero_sim.engine import Engine, EngineConfig
+    from zero_sim.program import ProgramBuilder
+
+    cal = calibration(latency_s=1e-3, busbw=50e6)
+    topo = build_topology("emu-uniform", 2, 1).with_bandwidth(1.0)
+    model = CollectiveModel(topo, "gloo", "auto", cal)
+    b = ProgramBuilder()
+    for k in range(2):
+        b.collective("all_reduce", f"all_reduce B{k}", 8e6, "backward", deps=())
+    out = Engine(b.build(), topo, model, EngineConfig(steps=1, host_overhead_s=0.0)).run()
+    last = max(r.end_s for r in out.records)
+    alone = cal.collectives["all_reduce"].time(8e6)
+    assert last == pytest.approx(2 * alone, rel=0.01)
 
 
 def test_a_calibrated_gloo_reduce_scatter_loads_the_link_with_an_all_reduces_bytes():
@@ -113,30 +132,42 @@ def test_a_calibrated_gloo_reduce_scatter_loads_the_link_with_an_all_reduces_byt
     assert plan.isolated_time(topo) == pytest.approx(cal.collectives["reduce_scatter"].time(8e6))
 
 
-def loaded_rows(cpu_per_call_s, slowdown_large):
-    """A loaded sweep: small calls cost ``cpu_per_call_s`` of compute each; large ones slow it by ``slowdown_large``."""
+def cpu_rows(call_cpu_s, streaming_cores):
+    """An idle sweep whose calls use ``call_cpu_s`` of CPU each, plus, beyond 64 KB,
+    ``streaming_cores`` of a core for as long as they are in flight."""
     rows = []
-    for size in [4096 << i for i in range(14)]:
+    for size in [1024 << i for i in range(14)]:
         t = 1e-3 + size / 100e6
-        if size <= 64 * 1024:
-            stolen = cpu_per_call_s / t  # fraction of the CPU taken
-            slowdown = stolen / (1 - stolen)
-        elif size >= 1 << 20:
-            slowdown = slowdown_large
-        else:
-            slowdown = 5.0  # the middle sizes are read by neither figure
-        rows.append({"collective": "all_reduce", "size_bytes": size, "time_us": t * 1e6,
-                     "compute_slowdown": slowdown})
+        cpu = call_cpu_s + (streaming_cores * t if size > 64 << 10 else 0.0)
+        rows.append({"collective": "all_reduce", "size_bytes": size, "time_us": t * 1e6, "cpu_us": cpu * 1e6})
     return rows
 
 
-def test_the_loaded_sweep_says_what_a_collective_costs_compute():
-    cpu = cpu_from_loaded_sweep(loaded_rows(200e-6, 0.12), 4)
-    assert cpu.collective_cpu_s == pytest.approx(200e-6)
-    assert cpu.overlap_slowdown == pytest.approx(0.12)
-    assert cpu.ranks == 4
-    with pytest.raises(CalibrationError, match="--under-load"):
-        cpu_from_loaded_sweep([r for r in loaded_rows(2e-4, 0.1) if r["size_bytes"] < 1 << 20], 4)
+def test_what_a_collective_costs_compute_comes_from_the_cpu_time_its_calls_used():
+    # Two ranks on two cores: each rank's compute owns a core, so what gloo's threads use comes
+    # out of it whole.  A call's 200 us is lost once; a tenth of a core while streaming leaves
+    # 2 - 2 * 0.1 = 1.8 cores to the two ranks' compute: 11% slower.
+    two = cpu_from_sweep(cpu_rows(200e-6, 0.1), 2, cores=2)
+    assert two.collective_cpu_s == pytest.approx(200e-6)
+    assert two.overlap_slowdown == pytest.approx(2 / 1.8 - 1)
+    assert (two.call_cpu_s, two.ranks, two.cores) == (pytest.approx(200e-6), 2, 2)
+    assert two.streaming_cores == pytest.approx(0.1, rel=1e-6)
+    # Four ranks on two cores: the four ranks' threads take twice a call's CPU from each rank's share.
+    four = cpu_from_sweep(cpu_rows(200e-6, 0.1), 4, cores=2)
+    assert four.collective_cpu_s == pytest.approx(400e-6)
+    assert four.overlap_slowdown == pytest.approx(2 / 1.6 - 1)
+    # Two ranks on eight cores: idle cores absorb all of it.
+    roomy = cpu_from_sweep(cpu_rows(200e-6, 0.1), 2, cores=8)
+    assert roomy.collective_cpu_s == 0 and roomy.overlap_slowdown == 0
+    # Communication that would need every core leaves compute a tenth, not nothing.
+    assert cpu_from_sweep(cpu_rows(200e-6, 5.0), 2, cores=2).overlap_slowdown == pytest.approx(9)
+
+
+def test_a_sweep_without_cpu_times_at_both_ends_cannot_say_what_communication_costs():
+    with pytest.raises(CalibrationError, match="from 1K to at least 1M"):
+        cpu_from_sweep([r for r in cpu_rows(2e-4, 0.1) if r["size_bytes"] < 1 << 20], 2, cores=2)
+    with pytest.raises(CalibrationError, match="CPU time per call"):
+        cpu_from_sweep([{k: v for k, v in r.items() if k != "cpu_us"} for r in cpu_rows(2e-4, 0.1)], 2, 2)
 
 
 def test_the_cpu_figures_reach_the_engine_for_as_many_ranks_as_were_measured():

@@ -134,3 +134,31 @@ def test_gloo_runs_two_collectives_of_one_stream_at_once_where_nccl_runs_one():
     """gloo's process group hands async collectives to two worker threads; a CUDA stream is one queue."""
     assert overlapping_collectives("gloo") > 0
     assert overlapping_collectives("nccl") == 0
+
+
+def gloo_pair(first_bytes, second_bytes):
+    """Two world all_reduces queued back to back on gloo over a 1 Gbit/s two-rank link."""
+    topo = build_topology("emu-uniform", 2, 1).with_bandwidth(1.0)
+    b = ProgramBuilder()
+    b.collective("all_reduce", "all_reduce B0", first_bytes, "backward", deps=())
+    b.collective("all_reduce", "all_reduce B1", second_bytes, "backward", deps=())
+    model = CollectiveModel(topo, "gloo")
+    out = Engine(b.build(), topo, model, EngineConfig(steps=1, host_overhead_s=0.0)).run()
+    ops = {r.name: r for r in out.records}
+    alone = {nbytes: model.plan("all_reduce", nbytes, ((0, 1),)).isolated_time(topo)
+             for nbytes in (first_bytes, second_bytes)}
+    return ops["all_reduce B0"], ops["all_reduce B1"], alone
+
+
+def test_a_small_gloo_call_behind_a_large_one_pays_its_latency_while_the_large_one_streams():
+    big, small, alone = gloo_pair(50e6, 1e3)
+    assert small.start_s == big.start_s  # gloo's second worker thread takes it at once
+    assert small.end_s < big.end_s  # its latency overlapped the large one's bytes
+    assert big.end_s == pytest.approx(alone[50e6], rel=0.01)
+
+
+def test_two_small_gloo_calls_pay_their_latencies_one_after_the_other():
+    # Two worker threads do not halve a call's per-call work: the second waits for the first's.
+    first, second, alone = gloo_pair(1e3, 1e3)
+    assert second.end_s == pytest.approx(2 * alone[1e3], rel=0.05)
+    assert first.end_s == pytest.approx(alone[1e3], rel=0.05)

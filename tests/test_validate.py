@@ -33,6 +33,8 @@ def test_the_collective_sweep_prints_an_nccl_tests_table_and_writes_its_rows(tmp
         factor = 1.0 if r["collective"] == "all_reduce" else 0.5
         assert r["busbw_gbps"] == pytest.approx(r["algbw_gbps"] * factor)
     assert any("# all_reduce_perf  nranks 2" in line for line in lines)
+    # Up to 64 KB every call is timed alone, and each row says what CPU its calls used.
+    assert all(r["queue"] == 1 and r["iters"] == 15 and r["cpu_us"] > 0 for r in sweep["rows"])
 
 
 def test_layer_timings_cover_every_layer_kind_of_the_real_model(tmp_path):

@@ -6,24 +6,31 @@ saved together in one JSON file that ``zero-sim simulate --calibration FILE`` lo
 * **collectives**: for each of all_reduce, reduce_scatter and all_gather, a latency and a
   bus bandwidth fitted to a sweep of sizes (``real_runs.microbench collectives``, or an
   nccl-tests table).  The model is ``t(S) = latency + factor(n) * S / busbw`` with
-  nccl-tests' bus factors; :func:`fit_sweep` says how each parameter is read.  The swept
-  times are kept beside the fit: from 1 MB up, where they are reliable, a collective alone
-  takes the measured time (interpolated between sizes), not the line's.  A fit holds for the group size and the
-  links it was measured on; the simulator uses it for collectives over groups of exactly
-  that size and plans any other with its topology model.
+  nccl-tests' bus factors; :func:`fit_sweep` says how each parameter is read.  The
+  latency is that of a small call made alone (the sweep times those one at a time), the
+  per-call work the engine makes a process group pay one call at a time.  The swept
+  times are kept beside the fit: from 1 MB up, where they are reliable, a collective
+  alone takes the measured time (interpolated between sizes), not the line's.  A fit
+  holds for the group size and the links it was measured on; the simulator uses it for
+  collectives over groups of exactly that size and plans any other with its topology model.
 * **compute**: seconds of forward and backward per layer kind (embedding, block, head) at
   a given number of tokens, and optimizer seconds per parameter
   (``real_runs.microbench layers``).  Times scale linearly with tokens.
 
 * **cpu** (a CPU machine, where ranks compute on the cores that also move their bytes):
-  what communication takes from compute, read from a second sweep taken while every rank
-  computes (``microbench collectives --under-load``).  ``collective_cpu_s`` is the compute
-  time a rank loses per collective (the median over small sizes, where a collective is
-  nearly all per-call work: thread wake-ups, the kernel's TCP path); ``overlap_slowdown``
-  is how much slower compute runs while large collectives stream (the median over sizes
-  from 1 MB).  The simulator takes the first, once per collective, from the first compute
-  op that runs while that collective is in flight (nothing if none does), and stretches
-  compute by the second while a collective is in flight.
+  what communication takes from compute, read from the CPU time the sweep's calls used
+  (``cpu_us``: gloo's threads and the kernel's TCP path, measured per call, not inferred
+  from how long anything took).  Two figures come out of it, for ``N`` ranks of one
+  compute thread each on ``C`` cores (:func:`cpu_from_sweep`):
+
+  - ``collective_cpu_s``: the per-call CPU of a small call times ``N / C`` (every rank's
+    threads take it from the same ``C`` cores the ``N`` ranks compute on); none when
+    ``N < C``, where idle cores absorb it.  The engine takes it once per collective from
+    the first compute op that runs while the collective is in flight (nothing if none does);
+  - ``overlap_slowdown``: a large call's CPU beyond that per-call part, as the fraction
+    ``f`` of a core a rank's threads keep busy while its bytes stream; what ``N`` ranks
+    need beyond the idle cores comes out of compute, which the engine stretches by that
+    ratio while a collective is in flight.
 
 What the measurement includes is what the simulator then assumes.  On a CPU machine
 the layer timings are taken with all N ranks computing at once, as they do in a
@@ -116,6 +123,9 @@ class CpuCalibration:
     collective_cpu_s: float  # compute seconds a rank loses per collective
     overlap_slowdown: float  # compute runs 1 + this times longer while a large collective streams
     ranks: int
+    cores: int | None = None
+    call_cpu_s: float | None = None  # measured: CPU seconds of one small call, per rank
+    streaming_cores: float | None = None  # measured: cores a rank's threads keep busy while bytes stream
 
 
 @dataclass(frozen=True)
@@ -144,6 +154,10 @@ class Calibration:
         if self.cpu:
             parts.append(f"cpu: {self.cpu.collective_cpu_s * 1e6:.0f} us of compute lost per collective, compute "
                          f"{self.cpu.overlap_slowdown:.0%} slower while a large collective streams")
+            u = self.cpu
+            if u.call_cpu_s is not None and u.streaming_cores is not None:
+                parts[-1] += (f" (measured: {u.call_cpu_s * 1e6:.0f} us of CPU per small call, {u.streaming_cores:.2f} "
+                              f"of a core while streaming; {u.ranks} ranks on {u.cores} cores)")
         where = self.measured_on
         src = ", ".join(f"{k} {v}" for k, v in where.items() if v not in (None, "", {}))
         return "; ".join(parts) + (f" [measured on: {src}]" if src else "")
@@ -189,8 +203,9 @@ class Calibration:
                 else float(c["optimizer_seconds_per_param"]), int(c.get("ranks", 1)), c.get("cores"),
                 c.get("sharing_factor"), c.get("model"))
             u = d.get("cpu")
-            cpu = None if u is None else CpuCalibration(float(u["collective_cpu_s"]), float(u["overlap_slowdown"]),
-                                                        int(u.get("ranks", 1)))
+            cpu = None if u is None else CpuCalibration(
+                float(u["collective_cpu_s"]), float(u["overlap_slowdown"]), int(u.get("ranks", 1)), u.get("cores"),
+                u.get("call_cpu_s"), u.get("streaming_cores"))
         except (KeyError, TypeError, ValueError) as exc:
             raise CalibrationError(f"{source} is missing or garbles the field {exc}; regenerate it with "
                                    f"`zero-sim calibrate`") from None
@@ -292,24 +307,35 @@ def _from_lbfit(kind: str, n: int, fit: LatencyBandwidthFit, table: NcclTestsTab
                          tuple(r.size_bytes for r in table.rows), tuple(r.time_us * 1e-6 for r in table.rows))
 
 
-def cpu_from_loaded_sweep(rows: list[dict], world_size: int) -> CpuCalibration:
-    """What communication takes from compute, from a sweep timed ``--under-load``.
+def cpu_from_sweep(rows: list[dict], world_size: int, cores: int) -> CpuCalibration:
+    """What communication takes from compute, from the CPU time per call of an idle sweep
+    (rows with ``cpu_us``) on ``world_size`` ranks sharing ``cores`` cores.
 
-    A row whose background compute ran ``1 + s`` times slower lost ``s / (1 + s)`` of its
-    CPU time to the collective, i.e. ``s / (1 + s) * t`` seconds per call.  Small calls
-    (up to 64 KB) are almost all per-call work, so their median is the cost of one
-    collective; calls from 1 MB up stream bytes for long enough that the median ``s`` is
-    the slowdown while one runs.  Medians, because on a shared machine single rows jump."""
+    ``c``: the median CPU per call up to 64 KB, where a call is nearly all per-call work.
+    ``f``: from 1 MB up, the median of (CPU per call - ``c``) / its time, the fraction of a
+    core a rank's threads keep busy while bytes stream.  Every rank computes on one thread,
+    so ``min(N, C)`` cores compute; communication first takes the ``C - N`` idle ones, and
+    what it needs beyond them comes out of compute, shared by all ``N`` ranks:
+
+    * per call: each rank's compute loses ``c * N / C`` (nothing when ``N < C``);
+    * while streaming: compute gets ``min(N, C) - max(0, N f - max(0, C - N))`` cores
+      instead of ``min(N, C)``; ``overlap_slowdown`` is the ratio less one (at most 9,
+      where communication would leave compute a tenth of its cores)."""
     import statistics
 
-    loaded = [r for r in rows if r.get("compute_slowdown") is not None]
-    small = [r["compute_slowdown"] / (1 + r["compute_slowdown"]) * r["time_us"] * 1e-6
-             for r in loaded if r["size_bytes"] <= SMALL_CALL_MAX_BYTES]
-    large = [r["compute_slowdown"] for r in loaded if r["size_bytes"] >= BANDWIDTH_MIN_BYTES]
-    if not small or not large:
-        raise CalibrationError("the loaded sweep needs sizes up to 64 KB and from 1 MB; sweep from 1K to at least 1M "
-                               "with --under-load")
-    return CpuCalibration(statistics.median(small), statistics.median(large), world_size)
+    timed = [r for r in rows if r.get("cpu_us") is not None and r["time_us"] > 0]
+    small = [r["cpu_us"] * 1e-6 for r in timed if r["size_bytes"] <= SMALL_CALL_MAX_BYTES]
+    if not small or not any(r["size_bytes"] >= BANDWIDTH_MIN_BYTES for r in timed):
+        raise CalibrationError("the sweep has no CPU time per call at sizes up to 64 KB and from 1 MB; rerun "
+                               "`real_runs.microbench collectives` from 1K to at least 1M")
+    n, c_cores = world_size, max(1, int(cores))
+    per_call = statistics.median(small)
+    streaming = statistics.median(max(0.0, r["cpu_us"] * 1e-6 - per_call) / (r["time_us"] * 1e-6)
+                                  for r in timed if r["size_bytes"] >= BANDWIDTH_MIN_BYTES)
+    computing = min(n, c_cores)
+    left = max(computing / 10, computing - max(0.0, n * streaming - max(0, c_cores - n)))
+    return CpuCalibration(per_call * n / c_cores if n >= c_cores else 0.0, computing / left - 1.0, n,
+                          c_cores, per_call, streaming)
 
 
 def fit_nccl_tests_text(text: str, collective: str = ALL_REDUCE) -> CollectiveFit:
@@ -398,19 +424,17 @@ def measure_compute(nproc: int, model: str, micro_batch: int, seq_len: int | Non
 def measure_network(runner, nproc: int, workdir: Path, max_bytes: str = "32M", budget_s: float = 0.15,
                     timeout_s: float = 300.0, on_line=None, label: str = ""
                     ) -> tuple[dict[str, CollectiveFit], CpuCalibration, dict]:
-    """Sweep collectives on ``runner`` (an EmulatedCluster, or anything with its ``run_module``)
-    twice, idle and with every rank computing; returns the fits of the idle sweep, what the
-    loaded one says communication costs compute, and the raw sweeps (kept in ``workdir``,
-    named by ``label``).  From 1 KB: six sizes up to 32 KB give the latency's median."""
-    sweeps = {}
-    # The loaded sweep's figures come from sizes up to 64 KB and from 1 MB: it stops at 8 MB.
-    for mode, top, extra in (("idle", max_bytes, []), ("loaded", "8M", ["--under-load"])):
-        path = Path(workdir) / f"sweep_n{nproc}{label and '_' + label}_{mode}_{os.getpid()}.json"
-        runner.run_module("real_runs.microbench", ["collectives", "--min-bytes", "1K", "--max-bytes", top,
-                                                   "--budget-s", str(budget_s), "--out", str(path), *extra],
-                          on_line=on_line, timeout_s=timeout_s)
-        sweeps[mode] = json.loads(path.read_text())
-    return fit_sweep(sweeps["idle"]["rows"], nproc), cpu_from_loaded_sweep(sweeps["loaded"]["rows"], nproc), sweeps
+    """Sweep collectives on ``runner`` (an EmulatedCluster, or anything with its ``run_module``);
+    returns the fits, what the calls' CPU time says communication costs compute, and the raw
+    sweep (kept in ``workdir``, named by ``label``).  From 1 KB: six sizes up to 32 KB give
+    the latency's median."""
+    path = Path(workdir) / f"sweep_n{nproc}{label and '_' + label}_{os.getpid()}.json"
+    runner.run_module("real_runs.microbench", ["collectives", "--min-bytes", "1K", "--max-bytes", max_bytes,
+                                               "--budget-s", str(budget_s), "--out", str(path)],
+                      on_line=on_line, timeout_s=timeout_s)
+    sweep = json.loads(path.read_text())
+    cores = sweep.get("cores") or os.cpu_count() or 1
+    return fit_sweep(sweep["rows"], nproc), cpu_from_sweep(sweep["rows"], nproc, cores), sweep
 
 
 class Loopback:

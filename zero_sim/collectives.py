@@ -165,11 +165,8 @@ class CollectiveModel:
 
     @property
     def in_flight(self) -> int:
-        """Collectives of one stream that run at once.  A calibration times collectives queued
-        back to back, as training issues them, so whatever overlap the backend's threads
-        achieve is already in its figures: calibrated collectives then run one at a time."""
-        if self.calibration is not None and getattr(self.calibration, "collectives", None):
-            return 1
+        """Collectives of one stream that run at once: the backend's worker threads (the engine
+        still serialises their per-call latency, which is how a calibration's queued sweep timed them)."""
         return BACKENDS[self.backend].in_flight
 
     def plan(self, kind: str, nbytes: float, instances: tuple[tuple[int, ...], ...]) -> CollectivePlan:

@@ -8,7 +8,10 @@ What is simulated, per rank:
   each a FIFO queue: an op starts when it reaches the head of its stream *and* the ops it
   waits on (CUDA-event semantics) have finished.  Two ops on one stream never overlap,
   even when the second one's data is ready (seed 000), except where the backend runs
-  collectives on several threads (gloo: two in flight, started in stream order);
+  collectives on several threads (gloo: two in flight, started in stream order).  Their
+  per-call work (the latency part of a collective) is still paid one call at a time per
+  process group: two gloo threads do not make two small calls cost one, but a small call
+  behind a large one runs while the large one's bytes stream;
 * **collectives** start on every member rank at the same instant: when the last member's
   stream reaches it.  A slow rank delays everyone (seed 004's allocator flushes are
   injected as per-rank, per-collective stalls);
@@ -121,10 +124,11 @@ def group_index(topo: Topology, kind: str, rank: int) -> int:
 
 
 class _Flow:
-    __slots__ = ("loads", "remaining", "rate", "last", "version", "done", "alone_rate", "cap")
+    __slots__ = ("loads", "remaining", "rate", "last", "version", "done", "alone_rate", "cap", "caller")
 
-    def __init__(self, loads, remaining, done, alone_rate, cap):
+    def __init__(self, loads, remaining, done, alone_rate, cap, caller):
         self.loads, self.remaining, self.done, self.alone_rate, self.cap = loads, remaining, done, alone_rate, cap
+        self.caller = caller
         self.rate, self.last, self.version = 0.0, 0.0, 0
 
 
@@ -148,11 +152,14 @@ class FluidNetwork:
             rate = self._alone[loads] = min(links[name].capacity / load for name, load in loads)
         return rate
 
-    def transfer(self, loads: tuple[tuple[str, int], ...], edge_bytes: float, cap: float = math.inf) -> simpy.Event:
+    def transfer(self, loads: tuple[tuple[str, int], ...], edge_bytes: float, cap: float = math.inf,
+                 caller=None) -> simpy.Event:
         """``cap``: the most this transfer can move per second whatever the links allow (a
-        calibrated collective's measured rate: software, not wires, may be what limits it)."""
+        calibrated collective's measured rate: software, not wires, may be what limits it).
+        Transfers of one ``caller`` (a process group's stream) split their caps among them:
+        a second worker thread adds no software throughput, only overlap."""
         done = self.env.event()
-        flow = _Flow(loads, edge_bytes, done, min(self._alone_rate(loads), cap), cap)
+        flow = _Flow(loads, edge_bytes, done, min(self._alone_rate(loads), cap), cap, caller)
         self.active.append(flow)
         self._reshare()
         return done
@@ -161,11 +168,14 @@ class FluidNetwork:
         if len(self.active) == 1:
             return {id(self.active[0]): self.active[0].alone_rate}
         link_load: dict[str, int] = {}
+        callers: dict[object, int] = {}
         for flow in self.active:
+            callers[flow.caller] = callers.get(flow.caller, 0) + 1
             for name, load in flow.loads:
                 link_load[name] = link_load.get(name, 0) + load
         links = self.topo.links
-        return {id(f): min(f.cap, *(links[name].capacity / link_load[name] for name, _ in f.loads))
+        return {id(f): min(f.cap / (callers[f.caller] if f.caller is not None else 1),
+                           *(links[name].capacity / link_load[name] for name, _ in f.loads))
                 for f in self.active}
 
     def _reshare(self) -> None:
@@ -235,6 +245,8 @@ class Engine:
         self.step_ends: dict[int, list[float | None]] = {r: [None] * config.steps for r in self.ranks}
         self.rank_set = set(self.ranks)
         self.in_flight = collectives.in_flight
+        # One lock per process group and stream: the per-call part of a collective (see the module docstring).
+        self.call_locks: dict[tuple, simpy.Resource] = {}
         self._remaining: dict[tuple[int, int], int] = {}
         self._plan_groups()
 
@@ -397,7 +409,7 @@ class Engine:
         if rv.arrived == rv.expected:
             del self.rendezvous[key]
             rv.start = env.now
-            env.process(self._run_plan(plan, rv.done))
+            env.process(self._run_plan(plan, rv.done, (op.stream, op.group, gi)))
         self._apply(rank, op.alloc, +1)
         self.comm_busy[rank] += 1
         if self.config.collective_cpu_s:
@@ -410,12 +422,20 @@ class Engine:
         self.comm_busy[rank] -= 1
         self._finish(rank, step, op, rv.start, env.now, plan)
 
-    def _run_plan(self, plan: CollectivePlan, done: simpy.Event):
+    def _run_plan(self, plan: CollectivePlan, done: simpy.Event, caller: tuple):
+        env = self.env
         for stage in plan.stages:
-            if stage.latency_s > 0:
-                yield self.env.timeout(stage.latency_s)
+            if stage.latency_s > 0 and self.in_flight > 1:
+                lock = self.call_locks.get(caller)
+                if lock is None:
+                    lock = self.call_locks[caller] = simpy.Resource(env, 1)
+                with lock.request() as turn:
+                    yield turn
+                    yield env.timeout(stage.latency_s)
+            elif stage.latency_s > 0:
+                yield env.timeout(stage.latency_s)
             if stage.edge_bytes > 0 and stage.loads:
-                yield self.net.transfer(stage.loads, stage.edge_bytes, stage.rate_cap)
+                yield self.net.transfer(stage.loads, stage.edge_bytes, stage.rate_cap, caller)
         done.succeed()
 
     # ------------------------------------------------------------------ bookkeeping

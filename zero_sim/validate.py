@@ -207,7 +207,7 @@ def run_validation(cases, opts: Options = Options(), workdir: str | os.PathLike 
             "ranks computing at once on this machine (real_runs.microbench layers); network: latency and bus "
             "bandwidth of all_reduce, reduce_scatter, all_gather fitted to a size sweep in the same emulated "
             "cluster (real_runs.microbench collectives); cpu: compute time lost per collective and compute "
-            "slowdown while collectives stream, from a second sweep with every rank computing (--under-load). "
+            "slowdown while collectives stream, from the CPU time the same sweep's calls used. "
             "Nothing else was fitted; no case's measurement was used."),
     }
     if report_dir is not None:
