@@ -412,7 +412,9 @@ class EmulatedCluster:
                 "latency_ms": self.shape.latency_ms, "nproc": self.nproc}
 
 
-def _stamp_run_json(out: str | os.PathLike, cluster: EmulatedCluster) -> dict:
+def stamp_run_json(out: str | os.PathLike, cluster: EmulatedCluster) -> dict:
+    """Add the cluster's shape to a run's ``run.json`` (atomically), so a replay of the run
+    predicts it on the links it ran on; returns the run."""
     path = Path(out) / "run.json"
     with open(path) as f:
         run = json.load(f)
@@ -436,7 +438,7 @@ def launch_in_cluster(strategy: str, nproc: int, out: str | os.PathLike, shape: 
     argv = train_argv(strategy, nproc, out, flags)
     with cluster:
         cluster.run_module("real_runs.train", argv, on_line=on_line, timeout_s=timeout_s)
-    return _stamp_run_json(out, cluster)
+    return stamp_run_json(out, cluster)
 
 
 # -- command line ---------------------------------------------------------------------
@@ -497,7 +499,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     if args.module == "real_runs.train":
         out = rest[rest.index("--out") + 1] if "--out" in rest else "out/real_run"
-        _stamp_run_json(out, cluster)
+        stamp_run_json(out, cluster)
     return 0
 
 

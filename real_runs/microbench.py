@@ -30,9 +30,9 @@ and each row says how much slower the background compute ran meanwhile.
 
 **Layers.**  Every rank runs forward and backward of each layer of the real model
 (``real_runs.model``) on its micro-batch, all ranks at once, as they do in training;
-the table keeps the median over iterations of rank 0's times.  The AdamW step is timed
-on the whole model and reported per parameter.  ``cores`` and ``threads`` are recorded
-with the figures, because on a CPU they decide how much each rank gets.
+the table keeps each rank's median over iterations, averaged over the ranks.  The AdamW
+step is timed on the whole model and reported per parameter.  ``cores`` and ``threads``
+are recorded with the figures, because on a CPU they decide how much each rank gets.
 """
 
 from __future__ import annotations
@@ -259,16 +259,21 @@ def layer_timings(model_name: str, micro_batch: int, seq_len: int, iters: int) -
         opt_times.append(time.perf_counter() - t0)
     n_params = sum(p.numel() for p in params)
     kinds = ["embedding", *["block"] * cfg.n_layer, "head"]
-    per_layer = [{"layer": i, "kind": kinds[i],
-                  "fwd_s": statistics.median(t["fwd"]), "bwd_s": statistics.median(t["bwd"])}
-                 for i, t in times.items()]
+    # Each rank's median, averaged over the ranks: ranks that share cores do not share them
+    # evenly over one short measurement, and a step waits on all of them, not on rank 0.
+    mine = torch.tensor([statistics.median(t[d]) for t in times.values() for d in ("fwd", "bwd")]
+                        + [statistics.median(opt_times)], dtype=torch.float64)
+    dist.all_reduce(mine)
+    mean = (mine / world).tolist()
+    per_layer = [{"layer": i, "kind": kinds[i], "fwd_s": mean[2 * i], "bwd_s": mean[2 * i + 1]}
+                 for i in range(len(layers))]
     by_kind = {}
     for kind in LAYER_KINDS:
         rows = [r for r in per_layer if r["kind"] == kind]
         by_kind[kind] = {d: statistics.median(r[f"{d}_s"] for r in rows) for d in ("fwd", "bwd")}
     return {"model": model_name, "model_config": cfg.to_dict(), "micro_batch": micro_batch, "seq_len": seq_len,
             "tokens": micro_batch * seq_len, "world_size": world, "layers": per_layer, "by_kind": by_kind,
-            "optimizer_s_per_param": statistics.median(opt_times) / n_params, "params": n_params}
+            "optimizer_s_per_param": mean[-1] / n_params, "params": n_params}
 
 
 def make_parser() -> argparse.ArgumentParser:

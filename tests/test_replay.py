@@ -54,6 +54,22 @@ def test_the_simulated_gradient_buckets_are_the_real_ones(strategy, collective, 
     assert sim == real
 
 
+@pytest.mark.parametrize("strategy", ["zero1", "zero2"])
+def test_the_simulated_sharded_step_updates_and_gathers_bucket_by_bucket_as_the_real_one(strategy):
+    """real_runs' ZeRO-1 and ZeRO-2 walk the buckets in the order they were reduced: update this
+    rank's slice once its reduction lands, launch ``all_gather B<k>``, go on to the next."""
+    run = planned(strategy, 2, model="small", bucket_mb=25.0)
+    real = [sum(p.numel() * 4 for p in group) for group in
+            bucketize(list(build_model(PRESETS["small"], seed=0).parameters()), 25 * 2**20, 2**20)]
+    ops = sorted((op for op in predict_run(run).step_ops() if op["rank"] == 0), key=lambda op: op["start_s"])
+    gathers = [op for op in ops if op["name"].startswith("all_gather")]
+    assert [op["name"] for op in gathers] == [f"all_gather B{k}" for k in range(len(real))]
+    assert [int(op["bytes"]) for op in gathers] == real
+    # The first bucket's gather is under way before the last bucket's update has run.
+    last_update = next(op for op in ops if op["name"] == f"opt B{len(real) - 1}")
+    assert gathers[0]["start_s"] < last_update["start_s"]
+
+
 def test_an_emulated_cluster_selects_its_topology_and_bandwidth():
     kw, _ = scenario_for_run(planned("ddp", 4, cluster={"kind": "two-nodes", "bandwidth_gbps": 0.5, "nproc": 4}))
     assert (kw["topology"], kw["bandwidth_gbps"], kw["gpus_per_node"]) == ("emu-two-nodes", 0.5, 2)

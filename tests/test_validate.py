@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -85,6 +86,9 @@ def test_quick_validation_predicts_every_case_before_running_it_and_reports_the_
         # The log shows each prediction written down before its run's measurement.
         tag = f"{c['strategy']} N={c['gpus']} bw={c['bandwidth_gbps']} bucket={c['bucket_mb']}"
         assert log.index(f"predicted {tag}") < log.index(f"measured  {tag}")
+        if result["emulated"]:  # the run directory replays on the links it ran on
+            run = json.loads((Path(c["run_dir"]) / "run.json").read_text())
+            assert run["cluster"]["bandwidth_gbps"] == c["bandwidth_gbps"]
     errors = sorted(abs(c["error"]) for c in cases)
     assert result["median_abs_error"] == pytest.approx((errors[1] + errors[2]) / 2)
     report = (tmp_path / "report.md").read_text()

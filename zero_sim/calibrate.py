@@ -406,13 +406,14 @@ def machine_facts(**extra) -> dict:
 
 
 def measure_compute(nproc: int, model: str, micro_batch: int, seq_len: int | None, workdir: Path,
-                    timeout_s: float = 300.0, on_line=None) -> ComputeCalibration:
-    """Per-layer times of the real model with ``nproc`` ranks computing at once, and one alone."""
+                    timeout_s: float = 300.0, on_line=None, label: str = "") -> ComputeCalibration:
+    """Per-layer times of the real model with ``nproc`` ranks computing at once, and one alone
+    (files kept in ``workdir``, named by ``label``)."""
     from real_runs.launch import run_module
 
     found = {}
     for ranks in sorted({1, nproc}):
-        path = Path(workdir) / f"layers_{model}_mb{micro_batch}_r{ranks}.json"
+        path = Path(workdir) / f"layers_{model}_mb{micro_batch}_r{ranks}{label and '_' + label}.json"
         argv = ["layers", "--model", model, "--micro-batch", str(micro_batch), "--out", str(path)]
         if seq_len:
             argv += ["--seq-len", str(seq_len)]

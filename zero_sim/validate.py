@@ -3,12 +3,14 @@
 ``zero-sim validate`` answers with numbers.  For a grid of cases (strategy x ranks N x
 emulated link bandwidth x bucket size) on this machine it:
 
-1. **calibrates compute**, once per N: ``real_runs.microbench layers`` with all N ranks
-   computing at once (they share this machine's cores exactly as in training), and once
-   on one rank alone to report how much of the time is that sharing;
+1. **calibrates compute**, once per (N, bandwidth), just before that group's runs:
+   ``real_runs.microbench layers`` with all N ranks computing at once (they share this
+   machine's cores exactly as in training), and once on one rank alone to report how
+   much of the time is that sharing;
 2. **calibrates the network**, once per (N, bandwidth): builds the emulated cluster
    (``real_runs.cluster``: namespaces, veth links shaped by tc) and sweeps all_reduce,
-   reduce_scatter and all_gather over sizes in it, then fits latency and bus bandwidth;
+   reduce_scatter and all_gather over sizes in it, then fits latency and bus bandwidth
+   and reads what the calls' CPU time takes from compute;
 3. **predicts every case of that (N, bandwidth)** from the calibration and the case's
    configuration alone (:func:`zero_sim.replay.predict_run` on the run's *planned*
    ``run.json`` fields), and writes the predictions down;
@@ -145,11 +147,6 @@ def run_validation(cases, opts: Options = Options(), workdir: str | os.PathLike 
     from real_runs.model import PRESETS
 
     seq_len = PRESETS[opts.model].max_seq
-    computes = {n: measure_compute(n, opts.model, micro_of[n], seq_len, workdir, opts.timeout_s)
-                for n in sorted(micro_of)}
-    for n, comp in computes.items():
-        say(f"calibrated compute for N={n}: block fwd {comp.layer_seconds['block']['fwd'] * 1e3:.2f} ms, "
-            f"{comp.sharing_factor or 1:.2f}x one rank alone")
 
     groups: dict[tuple[int, float | None], list[Case]] = {}
     for c in cases:
@@ -157,12 +154,17 @@ def run_validation(cases, opts: Options = Options(), workdir: str | os.PathLike 
     for (n, bw), group in groups.items():
         shape = emu.ClusterShape(opts.shape, bw) if bw is not None else None
         ctx = emu.EmulatedCluster(n, shape) if shape is not None else Loopback(n)
+        # Compute is measured again for every group, just before its runs: on a shared machine
+        # how fast N ranks compute together drifts over minutes (10-30% here).
+        compute = measure_compute(n, opts.model, micro_of[n], seq_len, workdir, opts.timeout_s, label=f"bw{bw}")
+        say(f"calibrated compute for N={n}: block fwd {compute.layer_seconds['block']['fwd'] * 1e3:.2f} ms, "
+            f"{compute.sharing_factor or 1:.2f}x one rank alone")
         with ctx as cluster:
             where = cluster.describe()
             say(f"calibrating the network: {where}")
             fits, cpu, _ = measure_network(cluster, n, workdir, opts.sweep_max_bytes, opts.sweep_budget_s,
                                            opts.timeout_s, label=f"bw{bw}")
-            cal = Calibration(fits, computes[n], "gloo", machine_facts(ranks=n, network=where, emulated=emulated),
+            cal = Calibration(fits, compute, "gloo", machine_facts(ranks=n, network=where, emulated=emulated),
                               cpu=cpu)
             cal.save(workdir / f"calibration_n{n}_bw{bw}.json")
             calibrations[f"n{n}_bw{bw}"] = cal.to_dict() | {"summary": cal.describe()}
@@ -173,7 +175,11 @@ def run_validation(cases, opts: Options = Options(), workdir: str | os.PathLike 
             for c in group:
                 out = workdir / f"{c.strategy}_n{n}_bw{bw}_b{c.bucket_mb}"
                 cluster.run_module("real_runs.train", _train_argv(c, opts, out), timeout_s=opts.timeout_s)
-                run = json.loads((out / "run.json").read_text())
+                # Stamped with the cluster, the run directory replays on its own links (overlay, notebook 06).
+                if shape is not None:
+                    run = emu.stamp_run_json(out, cluster)
+                else:
+                    run = json.loads((out / "run.json").read_text())
                 sim = predictions[c]
                 if run["params"] != sim.scenario["params"]:
                     raise ValidationError(f"the run trained {run['params']} parameters but the prediction assumed "

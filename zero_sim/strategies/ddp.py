@@ -100,7 +100,7 @@ class DDP(Strategy):
             resident[BUFFERS] = p.grad_bytes * psi
         b = ProgramBuilder(resident)
         plan = gradient_buckets(ctx)
-        all_reduces = tuple(steps_with_bucketed_reduction(b, ctx, plan, ALL_REDUCE, transient_buffers=False))
+        all_reduces = tuple(steps_with_bucketed_reduction(b, ctx, plan, ALL_REDUCE, transient_buffers=False).values())
         # torch's optimizer step follows backward(), whose finalisation makes the compute
         # stream wait for every bucket: each layer's update waits for all of them.
         optimizer_ops(b, ctx, lambda layer: all_reduces)
@@ -112,8 +112,9 @@ class DDP(Strategy):
 
 
 def steps_with_bucketed_reduction(b: ProgramBuilder, ctx: Context, plan, kind: str,
-                                  transient_buffers: bool) -> list[int]:
+                                  transient_buffers: bool) -> dict[int, int]:
     """Forward and backward of every micro-step; on the last, reduce each bucket as it fills.
+    Returns each bucket's reduction op by bucket index, in the order they are launched.
 
     ``transient_buffers``: the bucket is a scratch buffer allocated for its collective
     (DeepSpeed's reduce buckets) rather than a persistent copy of the gradients (torch DDP).
@@ -121,7 +122,7 @@ def steps_with_bucketed_reduction(b: ProgramBuilder, ctx: Context, plan, kind: s
     ready: dict[int, list] = {}
     for bucket in plan:
         ready.setdefault(bucket.ready_after_layer, []).append(bucket)
-    reductions: list[int] = []
+    reductions: dict[int, int] = {}
     for micro in range(ctx.grad_accum):
         last = micro == ctx.grad_accum - 1
         forward(b, ctx)
@@ -132,8 +133,8 @@ def steps_with_bucketed_reduction(b: ProgramBuilder, ctx: Context, plan, kind: s
             for bucket in ready.get(layer.index, []):
                 nbytes = bucket.numel * ctx.precision.grad_bytes
                 scratch = ((BUFFERS, nbytes),) if transient_buffers else ()
-                reductions.append(b.collective(kind, bucket_collective(kind, bucket.index), nbytes, BACKWARD,
-                                               layer=layer.index, deps=(bwd_op,), alloc=scratch, free=scratch))
+                reductions[bucket.index] = b.collective(kind, bucket_collective(kind, bucket.index), nbytes, BACKWARD,
+                                                        layer=layer.index, deps=(bwd_op,), alloc=scratch, free=scratch)
 
         backward(b, ctx, after=after)
     return reductions

@@ -10,9 +10,12 @@ changes is who owns which slice of the optimizer: rank ``r`` updates only the ``
    sum of its own slice (``zero1_reduce=reduce_scatter``, the ZeRO paper's ``Psi`` on
    the wire), or all-reduced as in DDP (``all_reduce``, ``2 Psi``: simpler, and what
    torch's ZeroRedundancyOptimizer does under DDP);
-2. optimizer: each rank updates its ``1/N`` (a ``1/N`` of DDP's optimizer time);
-3. ``all_gather L<i>`` of the updated weights, layer by layer; ``step()`` returns when
-   all have landed (DeepSpeed and torch's ZeroRedundancyOptimizer both block here).
+2. optimizer, bucket by bucket in the order they were reduced: once a bucket's reduction
+   has landed, each rank updates its ``1/N`` of it (a ``1/N`` of DDP's optimizer time)
+   and launches ``all_gather B<k>`` of the updated slice, so the gathers of early
+   buckets overlap the reductions and updates of later ones (as ``real_runs``' ZeRO-1);
+3. ``step()`` returns when every gather has landed (DeepSpeed and torch's
+   ZeroRedundancyOptimizer both block here).
 
 Memory: ``2 Psi`` weights + ``2 Psi`` gradients + ``K Psi / N`` optimizer.
 
@@ -56,7 +59,6 @@ from zero_sim.strategies.base import (
 from zero_sim.strategies.ddp import (
     DEFAULT_BUCKET_MB,
     gradient_buckets,
-    optimizer_ops,
     steps_with_bucketed_reduction,
 )
 from zero_sim.vocabulary import (
@@ -69,7 +71,6 @@ from zero_sim.vocabulary import (
     OPTIMIZER_STATE,
     PARAMS,
     REDUCE_SCATTER,
-    layer_collective,
     opt,
     wait,
 )
@@ -80,16 +81,19 @@ def sharded_bytes(ctx: Context, bytes_per_elem: int) -> int:
     return bytes_per_elem * shard(ctx.workload.params, ctx.world_size)
 
 
-def _layer_gathers(b: ProgramBuilder, ctx: Context, opt_of_layer: dict[int, int]) -> dict[int, int]:
-    """``all_gather L<i>`` of each layer's updated weights once its slice is updated."""
-    gathers = {}
-    for layer in ctx.workload.layers:
-        if layer.numel == 0:
-            continue
-        gathers[layer.index] = b.collective(
-            ALL_GATHER, layer_collective(ALL_GATHER, layer.index), layer.numel * ctx.precision.param_bytes,
-            OPTIMIZER, layer=layer.index, deps=(opt_of_layer[layer.index],))
-    return gathers
+def update_and_gather(b: ProgramBuilder, ctx: Context, units, reduction_of: dict[int, int],
+                      name_of: dict[int, str]) -> None:
+    """The sharded step: per unit (a bucket, or a tensor), in the order given, update this
+    rank's ``1/N`` once the unit's reduction lands, then all-gather the updated slice;
+    ``step()`` returns only when every updated slice is back on every rank."""
+    gathers = []
+    for unit in units:
+        o = b.compute(opt(name_of[unit.index]), OPTIMIZER, ctx.compute.optimizer_time(unit.numel // ctx.world_size),
+                      layer=unit.ready_after_layer, deps=(reduction_of[unit.index],))
+        gathers.append(b.collective(
+            ALL_GATHER, f"{ALL_GATHER} {name_of[unit.index]}", unit.numel * ctx.precision.param_bytes, OPTIMIZER,
+            layer=unit.ready_after_layer, deps=(o,)))
+    b.sync(wait(ALL_GATHER), OPTIMIZER, tuple(gathers))
 
 
 def _check_bucket(ctx: Context, name: str, allow_zero: bool) -> None:
@@ -117,13 +121,13 @@ class ZeRO1(Strategy):
         kind = ALL_REDUCE if ctx.knob("zero1_reduce") == "all_reduce" else REDUCE_SCATTER
         plan = gradient_buckets(ctx)
         reductions = steps_with_bucketed_reduction(b, ctx, plan, kind, transient_buffers=True)
-        opts = optimizer_ops(b, ctx, lambda layer: tuple(reductions), share=1.0 / ctx.world_size)
-        opt_of_layer = {layer.index: op for layer, op in zip(w.layers, opts, strict=True)}
-        # step() returns once every updated layer is back on every rank.
-        b.sync(wait(ALL_GATHER), OPTIMIZER, tuple(_layer_gathers(b, ctx, opt_of_layer).values()))
+        by_index = {bucket.index: bucket for bucket in plan}
+        update_and_gather(b, ctx, [by_index[k] for k in reductions], reductions,
+                          {k: f"B{k}" for k in reductions})
         prog = b.build()
         prog.model_flops = w.model_flops() * ctx.grad_accum
-        prog.notes.append(f"{len(plan)} gradient buckets reduced by {kind}; weights all-gathered per layer")
+        prog.notes.append(f"{len(plan)} gradient buckets reduced by {kind}; each bucket's slice updated and "
+                          f"all-gathered as soon as its reduction lands")
         return prog
 
 
@@ -178,17 +182,7 @@ class ZeRO2(Strategy):
         if not hook:
             for unit in reversed(units):  # step(): parameter order
                 reduce(unit, ())
-        order = units if hook else list(reversed(units))
-        gathers = []
-        for unit in order:
-            o = b.compute(opt(label[unit.index]), OPTIMIZER,
-                          ctx.compute.optimizer_time(unit.numel // ctx.world_size),
-                          layer=unit.ready_after_layer, deps=(reduce_ops[unit.index],))
-            gathers.append(b.collective(
-                ALL_GATHER, f"{ALL_GATHER} {label[unit.index]}", unit.numel * p.param_bytes, OPTIMIZER,
-                layer=unit.ready_after_layer, deps=(o,)))
-        # step() returns only when every updated slice is back on every rank.
-        b.sync(wait(ALL_GATHER), OPTIMIZER, gathers)
+        update_and_gather(b, ctx, units if hook else list(reversed(units)), reduce_ops, label)
         prog = b.build()
         prog.model_flops = w.model_flops() * ctx.grad_accum
         prog.notes.append(f"{len(units)} reduce-scatter units ({'per tensor' if per_tensor else 'buckets'}), "
