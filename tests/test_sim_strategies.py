@@ -43,6 +43,23 @@ def test_fsdp_keeps_its_root_gathered_through_backward():
     assert layer_numel
 
 
+@pytest.mark.parametrize("phase", ["forward", "backward"])
+def test_fsdp_prefetches_one_unit_ahead_from_the_root_on_even_where_gloo_could_run_two(phase):
+    # Forward prefetch from the root's forward fetches the first block; 'pre' from the head's
+    # backward fetches the last block.  Each prefetch starts once the unit about to compute
+    # has its own weights, so gathers never split the link even with gloo's two threads.
+    r = simulate(model="gpt2-124m", micro_batch=1, seq_len=256, strategy="fsdp", forward_prefetch=True,
+                 gpus=2, topology="cpu-gloo", gpu="CPU", precision="fp32", backend="gloo")
+    ops = [op for op in r.step_ops() if op["rank"] == 0 and op["phase"] == phase]
+    gathers = sorted((op for op in ops if op["name"].startswith("all_gather")), key=lambda op: op["start_s"])
+    assert all(b["start_s"] >= a["end_s"] - 1e-12 for a, b in zip(gathers, gathers[1:], strict=False))
+    compute = {op["name"]: op for op in ops if op["stream"] == "compute"}
+    first_block = "fwd L1" if phase == "forward" else "bwd L12"
+    block_gather = next(op for op in gathers if op["layer"] == int(first_block.split("L")[1]))
+    root_compute = compute["fwd L0"] if phase == "forward" else compute["bwd L13"]
+    assert block_gather["start_s"] <= root_compute["start_s"]  # issued from the root, not after it
+
+
 def test_hybrid_sharding_sends_only_a_shard_across_nodes(figures):
     r = simulate(params=200_000_000, gpus=16, topology="p4d-efa", micro_batch=1, strategy="fsdp", hybrid=True)
     inter = [op for op in r.step_ops() if op["stream"] == "comm:inter"]

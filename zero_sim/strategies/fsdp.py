@@ -154,19 +154,24 @@ class FSDP(Strategy):
             gathers[key] = b.collective(ALL_GATHER, layer_collective(ALL_GATHER, u.label), nbytes(u), phase,
                                         group=group, layer=u.label, deps=deps, alloc=((BUFFERS, nbytes(u)),))
 
+        def landed(phase: str, u: Unit) -> tuple[int, ...]:
+            """A prefetch starts once the unit about to compute has its own weights: on one NCCL
+            stream that is the FIFO order anyway; gloo, with two calls in flight, would otherwise
+            split the link between the two gathers (real_runs' ZeRO-3 waits, then prefetches)."""
+            own = gathers.get((phase, u.index))
+            return (own,) if own is not None else ()
+
         last_fwd_layer = {u.index: u.layers[-1] for u in units}
         first_bwd_layer = {u.index: u.layers[0] for u in units}
 
         def fwd_before(layer):
             u = unit_of[layer.index]
-            if u.is_root:
+            if layer.index == u.layers[0]:
                 gather(u, FORWARD)
-            elif layer.index == u.layers[0]:
-                gather(u, FORWARD)
-                if ctx.knob("forward_prefetch"):
-                    k = blocks.index(u)
-                    if k + 1 < len(blocks):
-                        gather(blocks[k + 1], FORWARD)
+                if ctx.knob("forward_prefetch"):  # the next unit to run forward: the first block after the root
+                    k = blocks.index(u) + 1 if u in blocks else 0
+                    if k < len(blocks):
+                        gather(blocks[k], FORWARD, deps=landed(FORWARD, u))
             return (gathers[(FORWARD, u.index)],) if (FORWARD, u.index) in gathers else ()
 
         def fwd_frees(layer):
@@ -188,12 +193,14 @@ class FSDP(Strategy):
         def bwd_before(layer):
             u = unit_of[layer.index]
             deps = []
-            if needs_bwd_gather(u) and layer.index == u.layers[-1]:
-                gather(u, BACKWARD)  # no-op when prefetched
-                k = bwd_blocks.index(u)
-                nxt = bwd_blocks[k + 1] if k + 1 < len(bwd_blocks) else None
+            if layer.index == u.layers[-1]:
+                if needs_bwd_gather(u):
+                    gather(u, BACKWARD)  # no-op when prefetched
+                # 'pre': the next unit to run backward (after the root's head, the last block) is gathered now.
+                k = bwd_blocks.index(u) + 1 if u in bwd_blocks else 0
+                nxt = bwd_blocks[k] if k < len(bwd_blocks) else None
                 if nxt is not None and ctx.knob("backward_prefetch") == "pre" and needs_bwd_gather(nxt):
-                    gather(nxt, BACKWARD)
+                    gather(nxt, BACKWARD, deps=landed(BACKWARD, u))
             if (BACKWARD, u.index) in gathers:
                 deps.append(gathers[(BACKWARD, u.index)])
             elif (FORWARD, u.index) in gathers:
