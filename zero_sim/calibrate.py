@@ -414,7 +414,9 @@ def measure_compute(nproc: int, model: str, micro_batch: int, seq_len: int | Non
     found = {}
     for ranks in sorted({1, nproc}):
         path = Path(workdir) / f"layers_{model}_mb{micro_batch}_r{ranks}{label and '_' + label}.json"
-        argv = ["layers", "--model", model, "--micro-batch", str(micro_batch), "--out", str(path)]
+        # Ten iterations, each rank's median, then the mean over ranks: ranks sharing cores get
+        # them unevenly over any one pass (10-15% apart with 4 ranks on 2 cores).
+        argv = ["layers", "--model", model, "--micro-batch", str(micro_batch), "--iters", "10", "--out", str(path)]
         if seq_len:
             argv += ["--seq-len", str(seq_len)]
         run_module("real_runs.microbench", argv, ranks, on_line=on_line, timeout_s=timeout_s)

@@ -92,7 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
     val.add_argument("--report", type=Path, default=None, help="write report.md, validation.json and figures here")
     val.add_argument("--json", action="store_true", help="print the result as one JSON object")
     val.add_argument("--model", default="small")
-    val.add_argument("--steps", type=int, default=5)
+    val.add_argument("--steps", type=int, default=8,
+                     help="steps per run; the first is dropped and the median of the rest is the measured step")
     val.add_argument("--shape", choices=["uniform", "two-nodes", "shared-bus"], default="uniform")
     return parser
 
