@@ -29,7 +29,8 @@ threads then wait for a core at every step of the ring; the loaded sweep measure
 and each row says how much slower the background compute ran meanwhile.
 
 **Layers.**  Every rank runs forward and backward of each layer of the real model
-(``real_runs.model``) on its micro-batch, all ranks at once, as they do in training;
+(``real_runs.model``) on its micro-batch, all ranks at once and pass after pass with no
+barrier between passes, so that every rank stays busy as in training;
 the table keeps each rank's median over iterations, averaged over the ranks.  The AdamW
 step is timed on the whole model and reported per parameter.  ``cores`` and ``threads``
 are recorded with the figures, because on a CPU they decide how much each rank gets.
@@ -229,8 +230,10 @@ def layer_timings(model_name: str, micro_batch: int, seq_len: int, iters: int) -
     x, y = rank_shard(x, rank, world), rank_shard(y, rank, world)
     layers = list(model.layers)
     times: dict[int, dict[str, list[float]]] = {i: {"fwd": [], "bwd": []} for i in range(len(layers))}
+    # One barrier, then back-to-back passes: every rank stays busy, as in a training step,
+    # instead of the fastest ones idling at a per-pass barrier and leaving the others more cores.
+    dist.barrier()
     for it in range(iters + 1):  # the first pass warms up allocations and is dropped
-        dist.barrier()
         inputs, outputs = [], []
         h = x
         for i, layer in enumerate(layers):
