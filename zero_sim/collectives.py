@@ -165,8 +165,8 @@ class CollectiveModel:
 
     @property
     def in_flight(self) -> int:
-        """Collectives of one stream that run at once: the backend's worker threads (the engine
-        still serialises their per-call latency, which is how a calibration's queued sweep timed them)."""
+        """Collectives of one stream that run at once: the backend's worker threads.  The engine
+        still makes a process group pay its calls' latencies one at a time (see ``zero_sim.engine``)."""
         return BACKENDS[self.backend].in_flight
 
     def plan(self, kind: str, nbytes: float, instances: tuple[tuple[int, ...], ...]) -> CollectivePlan:
