@@ -83,6 +83,8 @@ def test_quick_validation_predicts_every_case_before_running_it_and_reports_the_
                           "error"}
         assert c["error"] == pytest.approx((c["predicted_step_s"] - c["measured_step_s"]) / c["measured_step_s"])
         assert c["model_states_exact"], c
+        # Compute was calibrated for this very case, just before it: all its ranks at once.
+        assert c["compute"]["ranks"] == c["gpus"] and c["compute"]["layer_seconds"]["block"]["fwd"] > 0
         # The log shows each prediction written down before its run's measurement.
         tag = f"{c['strategy']} N={c['gpus']} bw={c['bandwidth_gbps']} bucket={c['bucket_mb']}"
         assert log.index(f"predicted {tag}") < log.index(f"measured  {tag}")

@@ -406,13 +406,17 @@ def machine_facts(**extra) -> dict:
 
 
 def measure_compute(nproc: int, model: str, micro_batch: int, seq_len: int | None, workdir: Path,
-                    timeout_s: float = 300.0, on_line=None, label: str = "") -> ComputeCalibration:
+                    timeout_s: float = 300.0, on_line=None, label: str = "",
+                    alone: ComputeCalibration | None = None) -> ComputeCalibration:
     """Per-layer times of the real model with ``nproc`` ranks computing at once, and one alone
-    (files kept in ``workdir``, named by ``label``)."""
+    (files kept in ``workdir``, named by ``label``).  Given ``alone`` (an earlier measurement of
+    one rank alone), only the ``nproc`` ranks are measured and the sharing factor is read against it."""
     from real_runs.launch import run_module
 
     found = {}
-    for ranks in sorted({1, nproc}):
+    if alone is not None and nproc > 1:
+        found[1] = {"by_kind": alone.layer_seconds}
+    for ranks in sorted({1, nproc} - set(found)):
         path = Path(workdir) / f"layers_{model}_mb{micro_batch}_r{ranks}{label and '_' + label}.json"
         # Ten iterations, each rank's median, then the mean over ranks: ranks sharing cores get
         # them unevenly over any one pass (10-15% apart with 4 ranks on 2 cores).

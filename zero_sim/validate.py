@@ -3,18 +3,19 @@
 ``zero-sim validate`` answers with numbers.  For a grid of cases (strategy x ranks N x
 emulated link bandwidth x bucket size) on this machine it:
 
-1. **calibrates compute**, once per (N, bandwidth), just before that group's runs:
-   ``real_runs.microbench layers`` with all N ranks computing at once (they share this
-   machine's cores exactly as in training), and once on one rank alone to report how
-   much of the time is that sharing;
-2. **calibrates the network**, once per (N, bandwidth): builds the emulated cluster
+1. **calibrates the network**, once per (N, bandwidth): builds the emulated cluster
    (``real_runs.cluster``: namespaces, veth links shaped by tc) and sweeps all_reduce,
    reduce_scatter and all_gather over sizes in it, then fits latency and bus bandwidth
    and reads what the calls' CPU time takes from compute;
-3. **predicts every case of that (N, bandwidth)** from the calibration and the case's
-   configuration alone (:func:`zero_sim.replay.predict_run` on the run's *planned*
-   ``run.json`` fields), and writes the predictions down;
-4. only then **runs** each case in the same cluster (``real_runs.train``) and reads its
+2. **calibrates compute just before every case**: ``real_runs.microbench layers`` with
+   all N ranks computing at once (they share this machine's cores exactly as in
+   training).  Once per group the same is measured on one rank alone, only to report
+   how much of the time is that sharing.  Per case, because on a shared machine the
+   speed of compute drifts by 10-30% within a minute;
+3. **predicts the case** from that calibration and the case's configuration alone
+   (:func:`zero_sim.replay.predict_run` on the run's *planned* ``run.json`` fields), and
+   writes the prediction down;
+4. only then **runs** the case in the same cluster (``real_runs.train``) and reads its
    measured step time (median over the steps after the first, slowest rank per step).
 
 No case's measurement feeds any prediction: the inputs are the two microbenchmarks,
@@ -34,7 +35,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from zero_sim.calibrate import Calibration, Loopback, machine_facts, measure_compute, measure_network
@@ -154,33 +155,38 @@ def run_validation(cases, opts: Options = Options(), workdir: str | os.PathLike 
     for (n, bw), group in groups.items():
         shape = emu.ClusterShape(opts.shape, bw) if bw is not None else None
         ctx = emu.EmulatedCluster(n, shape) if shape is not None else Loopback(n)
-        # Compute is measured again for every group, just before its runs: on a shared machine
-        # how fast N ranks compute together drifts over minutes (10-30% here).
-        compute = measure_compute(n, opts.model, micro_of[n], seq_len, workdir, opts.timeout_s, label=f"bw{bw}")
-        say(f"calibrated compute for N={n}: block fwd {compute.layer_seconds['block']['fwd'] * 1e3:.2f} ms, "
-            f"{compute.sharing_factor or 1:.2f}x one rank alone")
+        # One rank alone, once per group: only to report how much of each case's compute time
+        # is ranks sharing cores.
+        alone = measure_compute(1, opts.model, micro_of[n], seq_len, workdir, opts.timeout_s, label=f"n{n}_bw{bw}")
         with ctx as cluster:
             where = cluster.describe()
             say(f"calibrating the network: {where}")
             fits, cpu, _ = measure_network(cluster, n, workdir, opts.sweep_max_bytes, opts.sweep_budget_s,
                                            opts.timeout_s, label=f"bw{bw}")
-            cal = Calibration(fits, compute, "gloo", machine_facts(ranks=n, network=where, emulated=emulated),
-                              cpu=cpu)
-            cal.save(workdir / f"calibration_n{n}_bw{bw}.json")
-            calibrations[f"n{n}_bw{bw}"] = cal.to_dict() | {"summary": cal.describe()}
+            network = Calibration(fits, None, "gloo", machine_facts(ranks=n, network=where, emulated=emulated),
+                                  cpu=cpu)
+            calibrations[f"n{n}_bw{bw}"] = network.to_dict() | {"summary": network.describe()}
             record = cluster.cluster_record() if shape is not None else None
-            predictions = {c: predict_run(planned_run(c, opts, record), cal) for c in group}
-            for c, sim in predictions.items():
-                say(f"predicted {c.strategy} N={n} bw={bw} bucket={c.bucket_mb}: {sim.metrics['step_time_s']:.4f} s")
             for c in group:
-                out = workdir / f"{c.strategy}_n{n}_bw{bw}_b{c.bucket_mb}"
+                tag = f"{c.strategy}_n{n}_bw{bw}_b{c.bucket_mb}"
+                # Compute is measured again just before every case: on a shared machine how fast N
+                # ranks compute together drifts by 10-30% within a minute, and neighbouring
+                # minutes agree far better than the start and end of a group.
+                compute = measure_compute(n, opts.model, micro_of[n], seq_len, workdir, opts.timeout_s,
+                                          label=tag, alone=alone)
+                cal = replace(network, compute=compute)
+                cal.save(workdir / f"calibration_{tag}.json")
+                sim = predict_run(planned_run(c, opts, record), cal)
+                say(f"calibrated compute: block fwd {compute.layer_seconds['block']['fwd'] * 1e3:.2f} ms, "
+                    f"{compute.sharing_factor or 1:.2f}x one rank alone")
+                say(f"predicted {c.strategy} N={n} bw={bw} bucket={c.bucket_mb}: {sim.metrics['step_time_s']:.4f} s")
+                out = workdir / tag
                 cluster.run_module("real_runs.train", _train_argv(c, opts, out), timeout_s=opts.timeout_s)
                 # Stamped with the cluster, the run directory replays on its own links (overlay, notebook 06).
                 if shape is not None:
                     run = emu.stamp_run_json(out, cluster)
                 else:
                     run = json.loads((out / "run.json").read_text())
-                sim = predictions[c]
                 if run["params"] != sim.scenario["params"]:
                     raise ValidationError(f"the run trained {run['params']} parameters but the prediction assumed "
                                           f"{sim.scenario['params']}; the replay's model does not match real_runs")
@@ -191,6 +197,7 @@ def run_validation(cases, opts: Options = Options(), workdir: str | os.PathLike 
                     "error": (predicted - measured) / measured, "run_dir": str(out),
                     "predicted_exposed_comm_s": sim.metrics["exposed_comm_s"],
                     "model_states_exact": _model_states_exact(run, sim),
+                    "calibration": f"n{n}_bw{bw}", "compute": cal.to_dict()["compute"],
                 }
                 row.update(_exposed_comm(out, sim))
                 results.append(row)
@@ -210,7 +217,8 @@ def run_validation(cases, opts: Options = Options(), workdir: str | os.PathLike 
         "calibrations": calibrations, "machine": machine_facts(), "wall_s": time.monotonic() - t_start,
         "calibrated_inputs": (
             "compute: per-layer forward/backward and optimizer times of the real model, measured with all N "
-            "ranks computing at once on this machine (real_runs.microbench layers); network: latency and bus "
+            "ranks computing at once on this machine (real_runs.microbench layers), just before each case "
+            "(each case's row has its own under 'compute'); network: latency and bus "
             "bandwidth of all_reduce, reduce_scatter, all_gather fitted to a size sweep in the same emulated "
             "cluster (real_runs.microbench collectives); cpu: compute time lost per collective and compute "
             "slowdown while collectives stream, from the CPU time the same sweep's calls used. "
@@ -266,13 +274,14 @@ def write_report(summary: dict, report_dir: Path) -> Path:
     for key, cal in summary["calibrations"].items():
         lines.append(f"- `{key}`: {cal['summary']}")
     lines += ["", "## Cases (each predicted before it ran)", "",
-              "| strategy | N | Gbit/s | bucket MB | predicted s | measured s | error | exposed comm pred / meas s "
-              "| model states exact |",
-              "|---|---|---|---|---|---|---|---|---|"]
+              "| strategy | N | Gbit/s | bucket MB | block fwd ms (calibrated) | predicted s | measured s | error "
+              "| exposed comm pred / meas s | model states exact |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
     for r in summary["cases"]:
         meas_comm = r.get("measured_exposed_comm_s")
+        block = ((r.get("compute") or {}).get("layer_seconds") or {}).get("block", {}).get("fwd")
         lines.append(f"| {r['strategy']} | {r['gpus']} | {r['bandwidth_gbps'] or '-'} | {r['bucket_mb'] or '-'} | "
-                     f"{r['predicted_step_s']:.4f} | {r['measured_step_s']:.4f} | {r['error']:+.1%} | "
+                     f"{'-' if block is None else f'{block * 1e3:.2f}'} | {r['predicted_step_s']:.4f} | {r['measured_step_s']:.4f} | {r['error']:+.1%} | "
                      f"{r['predicted_exposed_comm_s']:.4f} / {'-' if meas_comm is None else f'{meas_comm:.4f}'} | "
                      f"{'yes' if r['model_states_exact'] else 'NO'} |")
     figures = [r for r in summary["cases"] if r.get("figure")]
