@@ -23,6 +23,11 @@ on a CPU machine that is what communication takes from compute.
 ``size`` is the whole buffer S (the gathered output for all_gather, the input for
 reduce_scatter), so ``algbw = S / t`` and ``busbw = algbw * factor`` use nccl-tests' factors.
 
+Last, for each collective, a queue of 1 MB and 4 KB calls alternating (``under_compute``)
+is timed with every rank idle and while every rank's main thread computes: how fast
+collectives progress while the cores compute, and how much slower that compute runs.  With
+more ranks than cores, gloo's threads barely get a core while the ranks compute.
+
 ``--under-load`` keeps every rank computing in a background thread during the sweep.
 On a CPU machine the collectives of backward run while the ranks compute, and gloo's
 threads then wait for a core at every step of the ring; the loaded sweep measures that,
@@ -41,6 +46,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import os
 import statistics
 import sys
@@ -203,6 +209,74 @@ def collective_sweep(kinds, lo: int, hi: int, budget_s: float, load: bool = Fals
     return {"world_size": world, "backend": dist.get_backend(), "rows": rows, "under_load": load}
 
 
+# The queue timed with and without every rank computing: large and small calls alternating,
+# as a training step mixes bucket-sized and parameter-sized ones.
+MIXED_QUEUE = (1 << 20, 4 << 10) * 8
+
+
+def queue_under_compute(kinds, repeats: int = 3) -> list[dict]:
+    """Per collective: the mixed queue's time with every rank idle, and while every rank's main
+    thread computes (matrix products the size of a small model's, as forward and backward run
+    them), plus how much slower that compute ran.  One row per collective, medians of ``repeats``.
+
+    The two sides of ranks sharing cores with their communication: how fast collectives
+    progress while the cores compute (``idle_s / loaded_s``), and how much compute they take."""
+    import threading
+
+    world = dist.get_world_size()
+    a, b = torch.randn(512, 256), torch.randn(256, 1024)
+    out = torch.empty(512, 1024)
+
+    def product_rate(seconds: float) -> float:
+        n, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            torch.mm(a, b, out=out)
+            n += 1
+        return n / (time.perf_counter() - t0)
+
+    def one_queue(calls, loaded: bool) -> tuple[float, float]:
+        dist.barrier()
+        finished = []
+        t0 = time.perf_counter()
+        works = [call() for call in calls]
+
+        def watch():  # waits in launch order, as a training step does, off the computing thread
+            for w in works:
+                w.wait()
+            finished.append(time.perf_counter())
+
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        products, c0 = 0, time.perf_counter()  # the compute's own window: launching is not computing
+        while loaded and not finished:
+            torch.mm(a, b, out=out)
+            products += 1
+        c1 = time.perf_counter()
+        watcher.join()
+        return finished[0] - t0, products / max(c1 - c0, 1e-9)
+
+    rows = []
+    for kind in kinds:
+        calls = [_launcher(kind, size, world, 1) for size in MIXED_QUEUE]
+        one_queue(calls, False)  # warm-up: first touch of the buffers
+        # Long enough (0.15 s idle) that the compute rate under it is not a handful of products.
+        reps = torch.tensor([math.ceil(0.15 / max(one_queue(calls, False)[0], 1e-3))], dtype=torch.float64)
+        dist.all_reduce(reps, op=dist.ReduceOp.MAX)  # every rank must launch the same calls
+        calls = calls * int(min(8, reps.item()))
+        alone = product_rate(0.3)
+        idle = [one_queue(calls, False)[0] for _ in range(repeats)]
+        loaded = [one_queue(calls, True) for _ in range(repeats)]
+        times = torch.tensor([statistics.median(idle), statistics.median(t for t, _ in loaded)], dtype=torch.float64)
+        dist.all_reduce(times, op=dist.ReduceOp.MAX)  # every rank waits for the slowest
+        slowdown = torch.tensor([max(0.0, alone / max(statistics.median(r for _, r in loaded), 1e-9) - 1.0)],
+                                dtype=torch.float64)
+        dist.all_reduce(slowdown)
+        rows.append({"collective": kind, "calls": len(calls), "bytes": sum(MIXED_QUEUE) * len(calls) // len(MIXED_QUEUE),
+                     "idle_s": float(times[0]), "loaded_s": float(times[1]),
+                     "compute_slowdown": float(slowdown) / world})
+    return rows
+
+
 def format_table(sweep: dict) -> str:
     """The sweep as nccl-tests prints it (out-of-place columns only), one block per collective."""
     lines = []
@@ -219,6 +293,10 @@ def format_table(sweep: dict) -> str:
                 lines.append(f"  {r['size_bytes']:>12} {r['count']:>12} {r['type']:>6} {r['time_us']:>10.1f} "
                              f"{r['algbw_gbps']:>8.3f} {r['busbw_gbps']:>8.3f} {r.get('queue', 1):>6}"
                              + (f" {r['compute_slowdown']:>8.0%}" if loaded else ""))
+    for r in sweep.get("under_compute", ()):
+        lines.append(f"# {r['collective']}: {r['calls']} calls of 1 MB and 4 KB alternating, queued: {r['idle_s'] * 1e3:.1f} ms idle, "
+                     f"{r['loaded_s'] * 1e3:.1f} ms while every rank computes (which ran "
+                     f"{r['compute_slowdown']:.0%} slower)")
     return "\n".join(lines)
 
 
@@ -334,6 +412,8 @@ def run(args) -> dict:
         if args.what == "collectives":
             result = collective_sweep(args.collectives, args.min_bytes, args.max_bytes, args.budget_s,
                                       args.under_load)
+            if not args.under_load:
+                result["under_compute"] = queue_under_compute(args.collectives)
             text = format_table(result)
         else:
             result = layer_timings(args.model, args.micro_batch, args.seq_len, args.iters)

@@ -163,6 +163,21 @@ def test_what_a_collective_costs_compute_comes_from_the_cpu_time_its_calls_used(
     assert cpu_from_sweep(cpu_rows(200e-6, 5.0), 2, cores=2).overlap_slowdown == pytest.approx(9)
 
 
+def test_a_queue_timed_while_every_rank_computes_says_how_fast_collectives_progress_meanwhile():
+    # Four ranks on two cores: the queue took 4x as long while the ranks computed (gloo's
+    # threads barely got a core).
+    loaded = [{"collective": k, "idle_s": 0.2, "loaded_s": 0.2 * f, "compute_slowdown": s}
+              for k, f, s in (("all_reduce", 4.0, 0.10), ("reduce_scatter", 5.0, 3.4), ("all_gather", 2.0, 0.0))]
+    four = cpu_from_sweep(cpu_rows(200e-6, 0.1), 4, cores=2, under_compute=loaded)
+    assert four.comm_rate_while_computing == pytest.approx(0.25)  # the median of 1/4, 1/5, 1/2
+    # What compute loses is still read from the calls' CPU time over the whole sweep, not from
+    # the queue's short windows of compute (0% to 340% apart here).
+    assert four.overlap_slowdown == pytest.approx(2 / 1.6 - 1)
+    assert four.collective_cpu_s == pytest.approx(400e-6)
+    # Without that queue, collectives keep their pace whatever the ranks do.
+    assert cpu_from_sweep(cpu_rows(200e-6, 0.1), 4, cores=2).comm_rate_while_computing == 1.0
+
+
 def test_a_sweep_without_cpu_times_at_both_ends_cannot_say_what_communication_costs():
     with pytest.raises(CalibrationError, match="from 1K to at least 1M"):
         cpu_from_sweep([r for r in cpu_rows(2e-4, 0.1) if r["size_bytes"] < 1 << 20], 2, cores=2)

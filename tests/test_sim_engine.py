@@ -112,6 +112,31 @@ def test_a_collective_that_runs_while_nothing_computes_costs_no_compute():
     assert charged[(0, "fwd L0")].end_s == pytest.approx(plain[(0, "fwd L0")].end_s)
 
 
+@pytest.mark.parametrize("explicit", [True, False])
+def test_a_collective_crawls_while_its_ranks_compute_and_resumes_its_pace_when_they_stop(explicit):
+    # 4 ranks on 2 cores: while the ranks compute, gloo's threads barely get a core.
+    b = ProgramBuilder()
+    b.collective("all_reduce", "all_reduce B0", 1e9, "backward")
+    b.compute("bwd L0", "backward", 0.010)
+    plain, _ = run(b.build(), explicit_ranks=explicit)
+    throttled, _ = run(b.build(), explicit_ranks=explicit, comm_rate_while_computing=0.25)
+    alone = plain[(0, "all_reduce B0")].end_s
+    assert alone > 0.0025  # still in flight when the compute ends, even at a quarter of its pace
+    # During the 10 ms of compute it does 2.5 ms of its work; the rest at full pace after.
+    assert throttled[(0, "all_reduce B0")].end_s == pytest.approx(alone + 0.010 * (1 - 0.25))
+    assert throttled[(0, "bwd L0")].end_s == pytest.approx(0.010)  # compute is not slowed by this knob
+
+
+def test_a_latency_also_stretches_while_the_ranks_compute():
+    b = ProgramBuilder()
+    b.collective("all_reduce", "all_reduce B0", 1.0, "backward")  # 1 byte: nearly all latency
+    b.compute("bwd L0", "backward", 1.0)
+    plain, _ = run(b.build())
+    throttled, _ = run(b.build(), comm_rate_while_computing=0.5)
+    took = plain[(0, "all_reduce B0")].end_s
+    assert throttled[(0, "all_reduce B0")].end_s == pytest.approx(2 * took, rel=1e-6)
+
+
 def test_memory_is_allocated_at_start_and_freed_at_end():
     b = ProgramBuilder({"params": 100})
     b.compute("fwd L0", "forward", 0.001, alloc=(("activations", 50),))

@@ -32,6 +32,17 @@ saved together in one JSON file that ``zero-sim simulate --calibration FILE`` lo
     need beyond the idle cores comes out of compute, which the engine stretches by that
     ratio while a collective is in flight.
 
+  - ``comm_rate_while_computing``, where the sweep also timed a queue of collectives idle
+    and while every rank computes (``under_compute``): idle time / loaded time, the median
+    over the collectives.  The engine runs a collective, its latency included, at that
+    fraction of its pace while a member rank computes.  It is the other side of sharing
+    the cores: with more ranks than cores it is small (gloo's threads barely get a core),
+    and communication that the analytical picture overlaps with backward in fact waits
+    for it to end.  The queue also says how much slower the compute ran meanwhile; that
+    figure is kept for the reader but not used, because it comes from windows of a
+    fraction of a second and swings between collectives, where the CPU time above is
+    integrated over the whole sweep.
+
 What the measurement includes is what the simulator then assumes.  On a CPU machine
 the layer timings are taken with all N ranks computing at once, as they do in a
 data-parallel step, so the share of the cores each rank gets (``cores`` / N, plus
@@ -126,6 +137,7 @@ class CpuCalibration:
     cores: int | None = None
     call_cpu_s: float | None = None  # measured: CPU seconds of one small call, per rank
     streaming_cores: float | None = None  # measured: cores a rank's threads keep busy while bytes stream
+    comm_rate_while_computing: float = 1.0  # a queue of collectives' pace while every rank computes, vs idle
 
 
 @dataclass(frozen=True)
@@ -153,7 +165,8 @@ class Calibration:
                          f"at {c.tokens} tokens, {c.ranks} rank(s) on {c.cores} core(s)")
         if self.cpu:
             parts.append(f"cpu: {self.cpu.collective_cpu_s * 1e6:.0f} us of compute lost per collective, compute "
-                         f"{self.cpu.overlap_slowdown:.0%} slower while a large collective streams")
+                         f"{self.cpu.overlap_slowdown:.0%} slower while a large collective streams, collectives "
+                         f"at {self.cpu.comm_rate_while_computing:.0%} of their pace while the ranks compute")
             u = self.cpu
             if u.call_cpu_s is not None and u.streaming_cores is not None:
                 parts[-1] += (f" (measured: {u.call_cpu_s * 1e6:.0f} us of CPU per small call, {u.streaming_cores:.2f} "
@@ -205,7 +218,7 @@ class Calibration:
             u = d.get("cpu")
             cpu = None if u is None else CpuCalibration(
                 float(u["collective_cpu_s"]), float(u["overlap_slowdown"]), int(u.get("ranks", 1)), u.get("cores"),
-                u.get("call_cpu_s"), u.get("streaming_cores"))
+                u.get("call_cpu_s"), u.get("streaming_cores"), float(u.get("comm_rate_while_computing", 1.0)))
         except (KeyError, TypeError, ValueError) as exc:
             raise CalibrationError(f"{source} is missing or garbles the field {exc}; regenerate it with "
                                    f"`zero-sim calibrate`") from None
@@ -307,7 +320,8 @@ def _from_lbfit(kind: str, n: int, fit: LatencyBandwidthFit, table: NcclTestsTab
                          tuple(r.size_bytes for r in table.rows), tuple(r.time_us * 1e-6 for r in table.rows))
 
 
-def cpu_from_sweep(rows: list[dict], world_size: int, cores: int) -> CpuCalibration:
+def cpu_from_sweep(rows: list[dict], world_size: int, cores: int,
+                   under_compute: list[dict] | None = None) -> CpuCalibration:
     """What communication takes from compute, from the CPU time per call of an idle sweep
     (rows with ``cpu_us``) on ``world_size`` ranks sharing ``cores`` cores.
 
@@ -320,7 +334,11 @@ def cpu_from_sweep(rows: list[dict], world_size: int, cores: int) -> CpuCalibrat
     * per call: each rank's compute loses ``c * N / C`` (nothing when ``N < C``);
     * while streaming: compute gets ``min(N, C) - max(0, N f - max(0, C - N))`` cores
       instead of ``min(N, C)``; ``overlap_slowdown`` is the ratio less one (at most 9,
-      where communication would leave compute a tenth of its cores)."""
+      where communication would leave compute a tenth of its cores).
+
+    With ``under_compute`` rows (a queue timed idle and while every rank computes), the
+    queue's pace under compute becomes ``comm_rate_while_computing`` (the median over the
+    collectives of idle / loaded time; see the module docstring)."""
     import statistics
 
     timed = [r for r in rows if r.get("cpu_us") is not None and r["time_us"] > 0]
@@ -334,8 +352,11 @@ def cpu_from_sweep(rows: list[dict], world_size: int, cores: int) -> CpuCalibrat
                                   for r in timed if r["size_bytes"] >= BANDWIDTH_MIN_BYTES)
     computing = min(n, c_cores)
     left = max(computing / 10, computing - max(0.0, n * streaming - max(0, c_cores - n)))
+    pace = 1.0
+    if under_compute:
+        pace = min(1.0, max(0.02, statistics.median(r["idle_s"] / r["loaded_s"] for r in under_compute)))
     return CpuCalibration(per_call * n / c_cores if n >= c_cores else 0.0, computing / left - 1.0, n,
-                          c_cores, per_call, streaming)
+                          c_cores, per_call, streaming, pace)
 
 
 def fit_nccl_tests_text(text: str, collective: str = ALL_REDUCE) -> CollectiveFit:
@@ -441,7 +462,8 @@ def measure_network(runner, nproc: int, workdir: Path, max_bytes: str = "32M", b
                       on_line=on_line, timeout_s=timeout_s)
     sweep = json.loads(path.read_text())
     cores = sweep.get("cores") or os.cpu_count() or 1
-    return fit_sweep(sweep["rows"], nproc), cpu_from_sweep(sweep["rows"], nproc, cores), sweep
+    return (fit_sweep(sweep["rows"], nproc), cpu_from_sweep(sweep["rows"], nproc, cores, sweep.get("under_compute")),
+            sweep)
 
 
 class Loopback:

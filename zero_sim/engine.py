@@ -24,6 +24,10 @@ What is simulated, per rank:
   threads take cores); besides, every collective takes ``collective_cpu_s`` from the first
   compute op that runs while it is in flight (on a CPU, the per-call work of its threads;
   a collective that runs while its rank computes nothing costs nothing);
+* the other way round, a collective (its latency too) moves at ``comm_rate_while_computing``
+  of its pace while a member rank computes: on a CPU with more ranks than cores, gloo's
+  threads barely get a core until the compute pauses (calibrated from a queue timed idle
+  and under compute);
 * a collective waits for the compute op issued just before it (torch's NCCL process
   group makes its stream wait on the current stream), besides its explicit dependencies;
 * on a CPU (``host_runs_compute``) the host thread runs compute itself, so it cannot
@@ -73,6 +77,9 @@ class EngineConfig:
     # Compute time each collective takes from its rank's compute, once, if compute runs while
     # it is in flight: on a CPU, the cores gloo's threads and the kernel's TCP path use (calibrated).
     collective_cpu_s: float = 0.0
+    # A collective moves at this fraction of its rate, latency included, while a member rank
+    # computes: with more ranks than cores, gloo's threads wait for cores the compute holds (calibrated).
+    comm_rate_while_computing: float = 1.0
     explicit_ranks: bool = False  # simulate every rank (True) or rank 0 standing for all (False)
     host_runs_compute: bool = False  # CPU training: compute runs on the host thread, synchronously
     straggler: Straggler | None = None
@@ -124,11 +131,11 @@ def group_index(topo: Topology, kind: str, rank: int) -> int:
 
 
 class _Flow:
-    __slots__ = ("loads", "remaining", "rate", "last", "version", "done", "alone_rate", "cap", "caller")
+    __slots__ = ("loads", "remaining", "rate", "last", "version", "done", "alone_rate", "cap", "caller", "ranks")
 
-    def __init__(self, loads, remaining, done, alone_rate, cap, caller):
+    def __init__(self, loads, remaining, done, alone_rate, cap, caller, ranks):
         self.loads, self.remaining, self.done, self.alone_rate, self.cap = loads, remaining, done, alone_rate, cap
-        self.caller = caller
+        self.caller, self.ranks = caller, ranks
         self.rate, self.last, self.version = 0.0, 0.0, 0
 
 
@@ -138,14 +145,21 @@ class FluidNetwork:
     A transfer alone on the network runs at its isolated rate (computed once per plan), so the
     per-link bookkeeping, which costs one step per link of a 1000-rank ring, is only paid while
     two or more transfers are in flight together.
+
+    A transfer over no links is a latency: ``edge_bytes`` seconds of work at ``cap`` = 1 per
+    second.  ``throttle(ranks)``, when set, scales every transfer's rate (latencies too) by
+    what its ranks are doing now; call :meth:`reshare` when that changes.
     """
 
     def __init__(self, env: simpy.Environment, topo: Topology):
         self.env, self.topo = env, topo
         self.active: list[_Flow] = []
         self._alone: dict[tuple, float] = {}
+        self.throttle = None
 
     def _alone_rate(self, loads) -> float:
+        if not loads:
+            return math.inf
         rate = self._alone.get(loads)
         if rate is None:
             links = self.topo.links
@@ -153,30 +167,41 @@ class FluidNetwork:
         return rate
 
     def transfer(self, loads: tuple[tuple[str, int], ...], edge_bytes: float, cap: float = math.inf,
-                 caller=None) -> simpy.Event:
+                 caller=None, ranks: tuple[int, ...] = ()) -> simpy.Event:
         """``cap``: the most this transfer can move per second whatever the links allow (a
         calibrated collective's measured rate: software, not wires, may be what limits it).
         Transfers of one ``caller`` (a process group's stream) split their caps among them:
         a second worker thread adds no software throughput, only overlap."""
         done = self.env.event()
-        flow = _Flow(loads, edge_bytes, done, min(self._alone_rate(loads), cap), cap, caller)
+        flow = _Flow(loads, edge_bytes, done, min(self._alone_rate(loads), cap), cap, caller, ranks)
         self.active.append(flow)
         self._reshare()
         return done
 
     def _rates(self) -> dict[int, float]:
         if len(self.active) == 1:
-            return {id(self.active[0]): self.active[0].alone_rate}
-        link_load: dict[str, int] = {}
-        callers: dict[object, int] = {}
-        for flow in self.active:
-            callers[flow.caller] = callers.get(flow.caller, 0) + 1
-            for name, load in flow.loads:
-                link_load[name] = link_load.get(name, 0) + load
-        links = self.topo.links
-        return {id(f): min(f.cap / (callers[f.caller] if f.caller is not None else 1),
-                           *(links[name].capacity / link_load[name] for name, _ in f.loads))
-                for f in self.active}
+            rates = {id(self.active[0]): self.active[0].alone_rate}
+        else:
+            link_load: dict[str, int] = {}
+            callers: dict[object, int] = {}
+            for flow in self.active:
+                if flow.loads:
+                    callers[flow.caller] = callers.get(flow.caller, 0) + 1
+                for name, load in flow.loads:
+                    link_load[name] = link_load.get(name, 0) + load
+            links = self.topo.links
+            rates = {id(f): min((f.cap / (callers[f.caller] if f.caller is not None and f.loads else 1),
+                                 *(links[name].capacity / link_load[name] for name, _ in f.loads)))
+                     for f in self.active}
+        if self.throttle is not None:
+            for f in self.active:
+                rates[id(f)] *= self.throttle(f.ranks)
+        return rates
+
+    def reshare(self) -> None:
+        """Rates again, after what throttles them changed."""
+        if self.active:
+            self._reshare()
 
     def _reshare(self) -> None:
         now = self.env.now
@@ -212,10 +237,11 @@ class _Stream:
 
 
 class _Rendezvous:
-    __slots__ = ("expected", "arrived", "done", "start", "stall")
+    __slots__ = ("expected", "arrived", "done", "start", "stall", "ranks")
 
     def __init__(self, env, expected):
         self.expected, self.arrived = expected, 0
+        self.ranks: tuple[int, ...] = ()
         self.done = env.event()
         self.start = 0.0
         self.stall = 0.0
@@ -229,6 +255,11 @@ class Engine:
         self.ranks = list(range(n)) if self.explicit else [0]
         self.env = simpy.Environment()
         self.net = FluidNetwork(self.env, topo)
+        rho = config.comm_rate_while_computing
+        if not 0 < rho <= 1:
+            raise ValueError(f"comm_rate_while_computing must be in (0, 1], got {rho}")
+        if rho < 1:
+            self.net.throttle = lambda ranks: rho if any(self.computing[r] for r in ranks) else 1.0
         self.records: list[OpRecord] = []
         self.rendezvous: dict[tuple, _Rendezvous] = {}
         self.plans: dict[int, CollectivePlan] = {}
@@ -365,6 +396,8 @@ class Engine:
                     seconds *= 1.0 + slowdown
                 self._apply(rank, op.alloc, +1)
                 self.computing[rank] = True
+                if self.net.throttle is not None:
+                    self.net.reshare()
                 self.owed[rank] = len(self.uncharged[rank]) * self.config.collective_cpu_s
                 self.uncharged[rank].clear()
                 if seconds > 0:
@@ -373,6 +406,8 @@ class Engine:
                     owed, self.owed[rank] = self.owed[rank], 0.0
                     yield env.timeout(owed)
                 self.computing[rank] = False
+                if self.net.throttle is not None:
+                    self.net.reshare()
                 self._finish(rank, step, op, start, env.now)
 
     def _collective_in_slot(self, rank: int, step: int, op: Op, slots: simpy.Resource, slot):
@@ -405,11 +440,12 @@ class Engine:
             members = process_groups(self.topo, op.group)[gi]
             expected = sum(1 for r in members if r in self.rank_set) if self.explicit else 1
             rv = self.rendezvous[key] = _Rendezvous(env, expected)
+            rv.ranks = tuple(r for r in members if r in self.rank_set)
         rv.arrived += 1
         if rv.arrived == rv.expected:
             del self.rendezvous[key]
             rv.start = env.now
-            env.process(self._run_plan(plan, rv.done, (op.stream, op.group, gi)))
+            env.process(self._run_plan(plan, rv.done, (op.stream, op.group, gi), rv.ranks))
         self._apply(rank, op.alloc, +1)
         self.comm_busy[rank] += 1
         if self.config.collective_cpu_s:
@@ -422,7 +458,7 @@ class Engine:
         self.comm_busy[rank] -= 1
         self._finish(rank, step, op, rv.start, env.now, plan)
 
-    def _run_plan(self, plan: CollectivePlan, done: simpy.Event, caller: tuple):
+    def _run_plan(self, plan: CollectivePlan, done: simpy.Event, caller: tuple, ranks: tuple[int, ...]):
         env = self.env
         for stage in plan.stages:
             if stage.latency_s > 0 and self.in_flight > 1:
@@ -431,12 +467,18 @@ class Engine:
                     lock = self.call_locks[caller] = simpy.Resource(env, 1)
                 with lock.request() as turn:
                     yield turn
-                    yield env.timeout(stage.latency_s)
+                    yield self._latency(stage.latency_s, ranks)
             elif stage.latency_s > 0:
-                yield env.timeout(stage.latency_s)
+                yield self._latency(stage.latency_s, ranks)
             if stage.edge_bytes > 0 and stage.loads:
-                yield self.net.transfer(stage.loads, stage.edge_bytes, stage.rate_cap, caller)
+                yield self.net.transfer(stage.loads, stage.edge_bytes, stage.rate_cap, caller, ranks)
         done.succeed()
+
+    def _latency(self, seconds: float, ranks: tuple[int, ...]) -> simpy.Event:
+        # Throttled, a latency is work that slows while its ranks compute; otherwise a plain wait.
+        if self.net.throttle is None:
+            return self.env.timeout(seconds)
+        return self.net.transfer((), seconds, 1.0, None, ranks)
 
     # ------------------------------------------------------------------ bookkeeping
     def _apply(self, rank: int, changes, sign: int) -> None:

@@ -221,7 +221,9 @@ def run_validation(cases, opts: Options = Options(), workdir: str | os.PathLike 
             "(each case's row has its own under 'compute'); network: latency and bus "
             "bandwidth of all_reduce, reduce_scatter, all_gather fitted to a size sweep in the same emulated "
             "cluster (real_runs.microbench collectives); cpu: compute time lost per collective and compute "
-            "slowdown while collectives stream, from the CPU time the same sweep's calls used. "
+            "slowdown while collectives stream and how fast collectives progress while the ranks compute, from "
+            "the CPU time the same sweep's calls used and a queue of its collectives timed idle and while every "
+            "rank computed. "
             "Nothing else was fitted; no case's measurement was used."),
     }
     if report_dir is not None:
