@@ -170,10 +170,13 @@ def test_a_queue_timed_while_every_rank_computes_says_how_fast_collectives_progr
               for k, f, s in (("all_reduce", 4.0, 0.10), ("reduce_scatter", 5.0, 3.4), ("all_gather", 2.0, 0.0))]
     four = cpu_from_sweep(cpu_rows(200e-6, 0.1), 4, cores=2, under_compute=loaded)
     assert four.comm_rate_while_computing == pytest.approx(0.25)  # the median of 1/4, 1/5, 1/2
-    # What compute loses is still read from the calls' CPU time over the whole sweep, not from
-    # the queue's short windows of compute (0% to 340% apart here).
-    assert four.overlap_slowdown == pytest.approx(2 / 1.6 - 1)
-    assert four.collective_cpu_s == pytest.approx(400e-6)
+    # Moving at a quarter of its pace, communication takes a quarter of its idle CPU from the
+    # compute: per call 400 us / 4, and 4 ranks x 0.1 x 0.25 of a core while streaming.  That is
+    # read from the calls' CPU time over the whole sweep, not from the queue's short windows of
+    # compute (0% to 340% apart here).
+    assert four.collective_cpu_s == pytest.approx(100e-6)
+    assert four.overlap_slowdown == pytest.approx(2 / 1.9 - 1)
+    assert (four.call_cpu_s, four.streaming_cores) == (pytest.approx(200e-6), pytest.approx(0.1, rel=1e-6))
     # Without that queue, collectives keep their pace whatever the ranks do.
     assert cpu_from_sweep(cpu_rows(200e-6, 0.1), 4, cores=2).comm_rate_while_computing == 1.0
 

@@ -38,10 +38,12 @@ saved together in one JSON file that ``zero-sim simulate --calibration FILE`` lo
     fraction of its pace while a member rank computes.  It is the other side of sharing
     the cores: with more ranks than cores it is small (gloo's threads barely get a core),
     and communication that the analytical picture overlaps with backward in fact waits
-    for it to end.  The queue also says how much slower the compute ran meanwhile; that
-    figure is kept for the reader but not used, because it comes from windows of a
-    fraction of a second and swings between collectives, where the CPU time above is
-    integrated over the whole sweep.
+    for it to end.  Communication that moves at that fraction of its pace while the ranks
+    compute also uses that fraction of its CPU meanwhile, so both figures above are scaled
+    by it: compute loses what communication manages to take.  (The queue also says how much
+    slower the compute ran meanwhile; that figure is kept for the reader but not used,
+    because it comes from windows of a fraction of a second and swings between
+    collectives, where the CPU time is integrated over the whole sweep.)
 
 What the measurement includes is what the simulator then assumes.  On a CPU machine
 the layer timings are taken with all N ranks computing at once, as they do in a
@@ -337,8 +339,10 @@ def cpu_from_sweep(rows: list[dict], world_size: int, cores: int,
       where communication would leave compute a tenth of its cores).
 
     With ``under_compute`` rows (a queue timed idle and while every rank computes), the
-    queue's pace under compute becomes ``comm_rate_while_computing`` (the median over the
-    collectives of idle / loaded time; see the module docstring)."""
+    queue's pace under compute ``p`` (the median over the collectives of idle / loaded time)
+    becomes ``comm_rate_while_computing``, and the CPU communication takes while the ranks
+    compute is ``p`` times the idle figures: ``c p`` per call and ``f p`` while streaming
+    (see the module docstring)."""
     import statistics
 
     timed = [r for r in rows if r.get("cpu_us") is not None and r["time_us"] > 0]
@@ -350,12 +354,12 @@ def cpu_from_sweep(rows: list[dict], world_size: int, cores: int,
     per_call = statistics.median(small)
     streaming = statistics.median(max(0.0, r["cpu_us"] * 1e-6 - per_call) / (r["time_us"] * 1e-6)
                                   for r in timed if r["size_bytes"] >= BANDWIDTH_MIN_BYTES)
-    computing = min(n, c_cores)
-    left = max(computing / 10, computing - max(0.0, n * streaming - max(0, c_cores - n)))
     pace = 1.0
     if under_compute:
         pace = min(1.0, max(0.02, statistics.median(r["idle_s"] / r["loaded_s"] for r in under_compute)))
-    return CpuCalibration(per_call * n / c_cores if n >= c_cores else 0.0, computing / left - 1.0, n,
+    computing = min(n, c_cores)
+    left = max(computing / 10, computing - max(0.0, n * streaming * pace - max(0, c_cores - n)))
+    return CpuCalibration(per_call * pace * n / c_cores if n >= c_cores else 0.0, computing / left - 1.0, n,
                           c_cores, per_call, streaming, pace)
 
 
