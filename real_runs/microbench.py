@@ -257,12 +257,16 @@ def queue_under_compute(kinds, repeats: int = 3) -> list[dict]:
 
     rows = []
     for kind in kinds:
-        calls = [_launcher(kind, size, world, 1) for size in MIXED_QUEUE]
-        one_queue(calls, False)  # warm-up: first touch of the buffers
+        probe = [_launcher(kind, size, world, 1) for size in MIXED_QUEUE]
+        one_queue(probe, False)  # warm-up: connections
         # Long enough (0.15 s idle) that the compute rate under it is not a handful of products.
-        reps = torch.tensor([math.ceil(0.15 / max(one_queue(calls, False)[0], 1e-3))], dtype=torch.float64)
+        reps = torch.tensor([math.ceil(0.15 / max(one_queue(probe, False)[0], 1e-3))], dtype=torch.float64)
         dist.all_reduce(reps, op=dist.ReduceOp.MAX)  # every rank must launch the same calls
-        calls = calls * int(min(8, reps.item()))
+        reps = int(min(8, reps.item()))
+        # Each launcher cycles over ``reps`` buffers: no two calls in flight share one.
+        launchers = [_launcher(kind, size, world, reps) for size in MIXED_QUEUE]
+        calls = launchers * reps
+        one_queue(calls, False)  # warm-up: first touch of the buffers
         alone = product_rate(0.3)
         idle = [one_queue(calls, False)[0] for _ in range(repeats)]
         loaded = [one_queue(calls, True) for _ in range(repeats)]

@@ -229,7 +229,7 @@ def test_a_calibration_survives_a_round_trip_through_its_file(tmp_path):
     assert back.collectives == cal.collectives
     assert back.compute == cal.compute
     assert back.backend == "gloo"
-    with_cpu = replace(cal, cpu=CpuCalibration(2e-4, 0.1, 2))
+    with_cpu = replace(cal, cpu=CpuCalibration(2e-4, 0.1, 2, comm_rate_while_computing=0.25))
     with_cpu.save(tmp_path / "cpu.json")
     assert Calibration.load(tmp_path / "cpu.json").cpu == with_cpu.cpu
 
@@ -240,6 +240,8 @@ def test_a_calibration_survives_a_round_trip_through_its_file(tmp_path):
     ('{"format": "zero-sim-calibration/1", "collectives": {"all_reduce": {"world_size": 2}}}', "missing or garbles"),
     ('{"format": "zero-sim-calibration/1", "collectives": {"all_reduce": {"world_size": 2, "latency_s": 0, '
      '"busbw_gbps": -1}}}', "non-positive bus bandwidth"),
+    ('{"format": "zero-sim-calibration/1", "cpu": {"collective_cpu_s": 0, "overlap_slowdown": 0, '
+     '"comm_rate_while_computing": 0}}', "above 0 and at most 1"),
 ])
 def test_a_bad_calibration_file_gets_one_sentence(tmp_path, content, fragment):
     path = tmp_path / "bad.json"

@@ -245,6 +245,9 @@ class Calibration:
             raise CalibrationError(f"{source} has non-positive layer times or tokens")
         if cpu is not None and (cpu.collective_cpu_s < 0 or cpu.overlap_slowdown < 0):
             raise CalibrationError(f"{source} has a negative cpu figure")
+        if cpu is not None and not 0 < cpu.comm_rate_while_computing <= 1:
+            raise CalibrationError(f"{source} has comm_rate_while_computing {cpu.comm_rate_while_computing}; it is a "
+                                   f"fraction of the idle pace, above 0 and at most 1")
         return cls(fits, compute, d.get("backend"), d.get("measured_on") or {}, topology, cpu)
 
     @classmethod
