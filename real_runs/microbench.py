@@ -275,7 +275,7 @@ def queue_under_compute(kinds, repeats: int = 3) -> list[dict]:
         slowdown = torch.tensor([max(0.0, alone / max(statistics.median(r for _, r in loaded), 1e-9) - 1.0)],
                                 dtype=torch.float64)
         dist.all_reduce(slowdown)
-        rows.append({"collective": kind, "calls": len(calls), "bytes": sum(MIXED_QUEUE) * len(calls) // len(MIXED_QUEUE),
+        rows.append({"collective": kind, "calls": len(calls), "bytes": sum(MIXED_QUEUE) * reps,
                      "idle_s": float(times[0]), "loaded_s": float(times[1]),
                      "compute_slowdown": float(slowdown) / world})
     return rows
