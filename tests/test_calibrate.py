@@ -242,6 +242,8 @@ def test_a_calibration_survives_a_round_trip_through_its_file(tmp_path):
      '"busbw_gbps": -1}}}', "non-positive bus bandwidth"),
     ('{"format": "zero-sim-calibration/1", "cpu": {"collective_cpu_s": 0, "overlap_slowdown": 0, '
      '"comm_rate_while_computing": 0}}', "above 0 and at most 1"),
+    ('{"format": "zero-sim-calibration/1", "compute": {"layer_seconds": {"block": {"fwd": 0.01, "bwd": 0.02}}, '
+     '"tokens": 512, "slowest_rank_factor": 0.5}}', "at least 1"),
 ])
 def test_a_bad_calibration_file_gets_one_sentence(tmp_path, content, fragment):
     path = tmp_path / "bad.json"
@@ -266,6 +268,25 @@ def test_compute_calibration_reports_how_much_sharing_the_cores_costs():
     comp = compute_from_layers(layers(0.027, 4), alone=layers(0.010, 1))
     assert comp.ranks == 4 and comp.sharing_factor == pytest.approx(2.7)
     assert comp.layer_seconds["block"]["fwd"] == 0.027
+
+
+def test_the_slowest_rank_stretches_forward_and_backward_but_not_the_optimizer(tmp_path):
+    # A step waits on its slowest rank; the simulator runs its ranks alike, at that rank's pace.
+    def block_and_opt(factor):
+        cal = calibration()
+        cal = replace(cal, compute=replace(cal.compute, slowest_rank_factor=factor))
+        result = simulate(model="gpt2-124m", micro_batch=2, seq_len=1024, strategy="ddp", gpus=2,
+                          topology="emu-uniform", gpus_per_node=1, gpu="CPU", backend="gloo", precision="fp32",
+                          calibration=cal)
+        took = {op["name"]: op["end_s"] - op["start_s"] for op in result.step_ops(0)}
+        return took["fwd L1"], took["bwd L1"], sum(t for n, t in took.items() if n.startswith("opt"))
+
+    fwd, bwd, opt = block_and_opt(1.0)
+    slow_fwd, slow_bwd, slow_opt = block_and_opt(1.1)
+    assert slow_fwd == pytest.approx(1.1 * fwd) and slow_bwd == pytest.approx(1.1 * bwd)
+    assert slow_opt == pytest.approx(opt)
+    slow = replace(calibration(), compute=replace(calibration().compute, slowest_rank_factor=1.1))
+    assert "slowest rank 1.100x the mean" in slow.describe()
 
 
 NVSWITCH = """\tGPU0\tGPU1\tGPU2\tGPU3

@@ -50,6 +50,8 @@ def test_layer_timings_cover_every_layer_kind_of_the_real_model(tmp_path):
     assert [r["kind"] for r in layers["layers"]] == ["embedding", "block", "block", "head"]
     assert all(layers["by_kind"][k]["fwd"] > 0 and layers["by_kind"][k]["bwd"] > 0 for k in layers["by_kind"])
     assert layers["world_size"] == 2 and layers["tokens"] == 2 * 64
+    # The slowest rank's pass over the mean rank's: at least 1, as a maximum over a mean is.
+    assert 1.0 <= layers["slowest_rank_factor"] < 3
 
 
 @pytest.mark.parametrize("argv,fragment", [

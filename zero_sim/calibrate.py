@@ -15,7 +15,10 @@ saved together in one JSON file that ``zero-sim simulate --calibration FILE`` lo
   collectives over groups of exactly that size and plans any other with its topology model.
 * **compute**: seconds of forward and backward per layer kind (embedding, block, head) at
   a given number of tokens, and optimizer seconds per parameter
-  (``real_runs.microbench layers``).  Times scale linearly with tokens.
+  (``real_runs.microbench layers``).  Times scale linearly with tokens.  The table is a
+  rank's mean pace; ``slowest_rank_factor`` (passes started together from a barrier, the
+  median of slowest rank / mean rank) stretches forward and backward, because the
+  simulator runs its ranks alike and a step waits on the slowest one.
 
 * **cpu** (a CPU machine, where ranks compute on the cores that also move their bytes):
   what communication takes from compute, read from the CPU time the sweep's calls used
@@ -127,6 +130,8 @@ class ComputeCalibration:
     cores: int | None
     sharing_factor: float | None = None  # block time with ``ranks`` at once / one rank alone
     model: str | None = None
+    # the slowest rank's pass over the mean rank's, for passes started together (1: one rank)
+    slowest_rank_factor: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -164,7 +169,8 @@ class Calibration:
             c = self.compute
             block = c.layer_seconds.get("block", {})
             parts.append(f"compute: block fwd {block.get('fwd', 0) * 1e3:.2f} ms / bwd {block.get('bwd', 0) * 1e3:.2f} ms "
-                         f"at {c.tokens} tokens, {c.ranks} rank(s) on {c.cores} core(s)")
+                         f"at {c.tokens} tokens, {c.ranks} rank(s) on {c.cores} core(s), slowest rank "
+                         f"{c.slowest_rank_factor:.3f}x the mean")
         if self.cpu:
             parts.append(f"cpu: {self.cpu.collective_cpu_s * 1e6:.0f} us of compute lost per collective, compute "
                          f"{self.cpu.overlap_slowdown:.0%} slower while a large collective streams, collectives "
@@ -191,7 +197,8 @@ class Calibration:
                 "layer_seconds": self.compute.layer_seconds, "tokens": self.compute.tokens,
                 "optimizer_seconds_per_param": self.compute.optimizer_seconds_per_param,
                 "ranks": self.compute.ranks, "cores": self.compute.cores,
-                "sharing_factor": self.compute.sharing_factor, "model": self.compute.model},
+                "sharing_factor": self.compute.sharing_factor, "model": self.compute.model,
+                "slowest_rank_factor": self.compute.slowest_rank_factor},
             "topology": None if self.topology is None else asdict(self.topology),
             "cpu": None if self.cpu is None else asdict(self.cpu),
         }
@@ -216,7 +223,7 @@ class Calibration:
                 {k: {"fwd": float(v["fwd"]), "bwd": float(v["bwd"])} for k, v in c["layer_seconds"].items()},
                 int(c["tokens"]), None if c.get("optimizer_seconds_per_param") is None
                 else float(c["optimizer_seconds_per_param"]), int(c.get("ranks", 1)), c.get("cores"),
-                c.get("sharing_factor"), c.get("model"))
+                c.get("sharing_factor"), c.get("model"), float(c.get("slowest_rank_factor", 1.0)))
             u = d.get("cpu")
             cpu = None if u is None else CpuCalibration(
                 float(u["collective_cpu_s"]), float(u["overlap_slowdown"]), int(u.get("ranks", 1)), u.get("cores"),
@@ -243,6 +250,9 @@ class Calibration:
         if compute is not None and (compute.tokens <= 0 or any(
                 v <= 0 for t in compute.layer_seconds.values() for v in t.values())):
             raise CalibrationError(f"{source} has non-positive layer times or tokens")
+        if compute is not None and not 1 <= compute.slowest_rank_factor < 10:
+            raise CalibrationError(f"{source} has slowest_rank_factor {compute.slowest_rank_factor}; it is the slowest "
+                                   f"rank's pass over the mean rank's, at least 1 (and below 10)")
         if cpu is not None and (cpu.collective_cpu_s < 0 or cpu.overlap_slowdown < 0):
             raise CalibrationError(f"{source} has a negative cpu figure")
         if cpu is not None and not 0 < cpu.comm_rate_while_computing <= 1:
@@ -420,7 +430,8 @@ def compute_from_layers(layers: dict, alone: dict | None = None) -> ComputeCalib
         sharing = by_kind["block"]["fwd"] / alone["by_kind"]["block"]["fwd"]
     return ComputeCalibration({k: dict(by_kind[k]) for k in LAYER_KINDS}, int(layers["tokens"]),
                               layers.get("optimizer_s_per_param"), int(layers.get("world_size", 1)),
-                              layers.get("cores"), sharing, layers.get("model"))
+                              layers.get("cores"), sharing, layers.get("model"),
+                              float(layers.get("slowest_rank_factor", 1.0)))
 
 
 def machine_facts(**extra) -> dict:

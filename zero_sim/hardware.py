@@ -64,12 +64,15 @@ class ComputeModel:
     layer_seconds: dict[str, dict[str, float]] = field(default_factory=dict)
     calibrated_tokens: int = 0
     optimizer_seconds_per_param: float | None = None
+    # Ranks are simulated alike, and a step waits on its slowest: a measured table (a rank's
+    # mean pace) is stretched by how much later the slowest rank ends a pass.
+    slowest_rank_factor: float = 1.0
 
     def layer_time(self, kind: str, direction: str, flops: float, tokens: int) -> float:
         """Time of ``direction`` in {fwd, bwd} for a layer of ``kind`` on ``tokens`` tokens."""
         table = self.layer_seconds.get(kind)
         if table and direction in table and self.calibrated_tokens:
-            return table[direction] * tokens / self.calibrated_tokens
+            return table[direction] * tokens / self.calibrated_tokens * self.slowest_rank_factor
         return flops / (self.gpu.peak_flops * self.efficiency)
 
     def optimizer_time(self, params: int) -> float:

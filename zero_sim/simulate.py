@@ -174,7 +174,8 @@ def simulate(workload: Workload | None = None, **kwargs) -> SimResult:
         if calibration.compute is not None:
             c = calibration.compute
             compute = ComputeModel(gpu, efficiency=s["efficiency"], layer_seconds=c.layer_seconds,
-                                   calibrated_tokens=c.tokens, optimizer_seconds_per_param=c.optimizer_seconds_per_param)
+                                   calibrated_tokens=c.tokens, optimizer_seconds_per_param=c.optimizer_seconds_per_param,
+                                   slowest_rank_factor=c.slowest_rank_factor)
     precision = PRECISIONS[s["precision"]]
     if s["optimizer_k"] is not None:
         from dataclasses import replace

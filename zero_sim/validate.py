@@ -178,7 +178,7 @@ def run_validation(cases, opts: Options = Options(), workdir: str | os.PathLike 
                 cal.save(workdir / f"calibration_{tag}.json")
                 sim = predict_run(planned_run(c, opts, record), cal)
                 say(f"calibrated compute: block fwd {compute.layer_seconds['block']['fwd'] * 1e3:.2f} ms, "
-                    f"{compute.sharing_factor or 1:.2f}x one rank alone")
+                    f"{compute.sharing_factor or 1:.2f}x one rank alone; slowest rank {compute.slowest_rank_factor:.3f}x the mean")
                 say(f"predicted {c.strategy} N={n} bw={bw} bucket={c.bucket_mb}: {sim.metrics['step_time_s']:.4f} s")
                 out = workdir / tag
                 cluster.run_module("real_runs.train", _train_argv(c, opts, out), timeout_s=opts.timeout_s)
@@ -218,7 +218,8 @@ def run_validation(cases, opts: Options = Options(), workdir: str | os.PathLike 
         "calibrated_inputs": (
             "compute: per-layer forward/backward and optimizer times of the real model, measured with all N "
             "ranks computing at once on this machine (real_runs.microbench layers), just before each case "
-            "(each case's row has its own under 'compute'); network: latency and bus "
+            "(each case's row has its own under 'compute'), with how much later than the mean rank the slowest "
+            "ends a pass started together (slowest_rank_factor, which stretches forward and backward); network: latency and bus "
             "bandwidth of all_reduce, reduce_scatter, all_gather fitted to a size sweep in the same emulated "
             "cluster (real_runs.microbench collectives); cpu: compute time lost per collective and compute "
             "slowdown while collectives stream and how fast collectives progress while the ranks compute, from "
@@ -276,14 +277,16 @@ def write_report(summary: dict, report_dir: Path) -> Path:
     for key, cal in summary["calibrations"].items():
         lines.append(f"- `{key}`: {cal['summary']}")
     lines += ["", "## Cases (each predicted before it ran)", "",
-              "| strategy | N | Gbit/s | bucket MB | block fwd ms (calibrated) | predicted s | measured s | error "
-              "| exposed comm pred / meas s | model states exact |",
-              "|---|---|---|---|---|---|---|---|---|---|"]
+              "| strategy | N | Gbit/s | bucket MB | block fwd ms (calibrated) | slowest rank x | predicted s | measured s "
+              "| error | exposed comm pred / meas s | model states exact |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in summary["cases"]:
         meas_comm = r.get("measured_exposed_comm_s")
         block = ((r.get("compute") or {}).get("layer_seconds") or {}).get("block", {}).get("fwd")
+        slowest = (r.get("compute") or {}).get("slowest_rank_factor")
         lines.append(f"| {r['strategy']} | {r['gpus']} | {r['bandwidth_gbps'] or '-'} | {r['bucket_mb'] or '-'} | "
-                     f"{'-' if block is None else f'{block * 1e3:.2f}'} | {r['predicted_step_s']:.4f} | {r['measured_step_s']:.4f} | {r['error']:+.1%} | "
+                     f"{'-' if block is None else f'{block * 1e3:.2f}'} | {'-' if slowest is None else f'{slowest:.3f}'} | "
+                     f"{r['predicted_step_s']:.4f} | {r['measured_step_s']:.4f} | {r['error']:+.1%} | "
                      f"{r['predicted_exposed_comm_s']:.4f} / {'-' if meas_comm is None else f'{meas_comm:.4f}'} | "
                      f"{'yes' if r['model_states_exact'] else 'NO'} |")
     figures = [r for r in summary["cases"] if r.get("figure")]
