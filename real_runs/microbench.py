@@ -314,8 +314,6 @@ def layer_timings(model_name: str, micro_batch: int, seq_len: int, iters: int) -
     x, y = rank_shard(x, rank, world), rank_shard(y, rank, world)
     layers = list(model.layers)
     times: dict[int, dict[str, list[float]]] = {i: {"fwd": [], "bwd": []} for i in range(len(layers))}
-    # One barrier, then back-to-back passes: every rank stays busy, as in a training step,
-    # instead of the fastest ones idling at a per-pass barrier and leaving the others more cores.
     def one_pass(record: bool) -> None:
         inputs, outputs = [], []
         h = x
@@ -335,6 +333,8 @@ def layer_timings(model_name: str, micro_batch: int, seq_len: int, iters: int) -
                 times[i]["bwd"].append(time.perf_counter() - t0)
             grad = inputs[i].grad
 
+    # One barrier, then back-to-back passes: every rank stays busy, as in a training step,
+    # instead of the fastest ones idling at a per-pass barrier and leaving the others more cores.
     dist.barrier()
     for it in range(iters + 1):  # the first pass warms up allocations and is dropped
         one_pass(record=it > 0)

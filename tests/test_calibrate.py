@@ -270,7 +270,7 @@ def test_compute_calibration_reports_how_much_sharing_the_cores_costs():
     assert comp.layer_seconds["block"]["fwd"] == 0.027
 
 
-def test_the_slowest_rank_stretches_forward_and_backward_but_not_the_optimizer(tmp_path):
+def test_the_slowest_rank_stretches_forward_and_backward_but_not_the_optimizer():
     # A step waits on its slowest rank; the simulator runs its ranks alike, at that rank's pace.
     def block_and_opt(factor):
         cal = calibration()
