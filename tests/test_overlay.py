@@ -29,6 +29,7 @@ from zero_sim.overlay import (  # noqa: E402
     compare,
     load_run,
     measured_step,
+    steady_timing,
     step_timing,
 )
 from zero_sim.plots import PREDICTED_HATCH, overlay_lanes, plot_overlay, plot_overlay_pair  # noqa: E402
@@ -133,6 +134,27 @@ def test_the_default_step_is_a_steady_state_one_and_any_recorded_step_can_be_ask
     assert set(first.step_time_s) == {0, 1}
     for _rank, ops in first.ops.groupby("rank"):
         assert ops["start_s"].min() >= 0  # each rank's clock starts at its own step start
+
+
+def test_a_whole_runs_timing_is_the_median_over_steps_of_the_ranks_mean(runs):
+    """Validation reads exposed communication over every steady step, not one step of one rank."""
+    run = load_run(runs["zero2-hook"])
+
+    def ranks_mean(step):
+        ms = measured_step(run, step=step)
+        per_rank = [step_timing(ms.ops[ms.ops["rank"] == r].to_dict("records"), ms.step_time_s[r])
+                    for r in range(run.world_size)]
+        return {k: sum(t[k] for t in per_rank) / len(per_rank) for k in per_rank[0]}
+
+    first, second = ranks_mean(0), ranks_mean(1)
+    steady = steady_timing(run)  # two steps recorded: the steady one is step 1 alone
+    for key in ("step_time_s", "exposed_comm_s", "compute_time_s", "backward_s"):
+        assert steady[key] == pytest.approx(second[key], rel=1e-12)
+        # From step 0 on, the median of two steps is their mean.
+        assert steady_timing(run, first_step=0)[key] == pytest.approx((first[key] + second[key]) / 2, rel=1e-12)
+    with pytest.raises(OverlayError) as err:
+        steady_timing(run, first_step=2)
+    assert "run more steps" in one_sentence(str(err.value))
 
 
 # ----------------------------------------------------------------------------- refusals, one sentence each

@@ -92,8 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
     val.add_argument("--report", type=Path, default=None, help="write report.md, validation.json and figures here")
     val.add_argument("--json", action="store_true", help="print the result as one JSON object")
     val.add_argument("--model", default="small")
-    val.add_argument("--steps", type=int, default=8,
-                     help="steps per run; the first is dropped and the median of the rest is the measured step")
+    val.add_argument("--steps", type=int, default=None,
+                     help="steps per run (default 12); the first is dropped and the median of the rest is measured")
     val.add_argument("--shape", choices=["uniform", "two-nodes", "shared-bus"], default="uniform")
     return parser
 
@@ -228,7 +228,8 @@ def _validate(args) -> int:
     from zero_sim import validate as v
 
     cases = v.QUICK_GRID if args.quick else v.FULL_GRID
-    opts = v.Options(model=args.model, steps=args.steps, shape=args.shape)
+    opts = v.Options(model=args.model, shape=args.shape,
+                     **({} if args.steps is None else {"steps": args.steps}))
     result = v.run_validation(cases, opts, report_dir=args.report,
                               on_line=(lambda line: print(line, file=sys.stderr)) if args.json else print)
     if args.json:

@@ -358,6 +358,27 @@ def step_timing(ops, step_time_s: float) -> dict[str, float]:
     }
 
 
+def steady_timing(run: MeasuredRun, first_step: int = 1) -> dict[str, float]:
+    """:func:`step_timing` of a whole run: per step the mean over ranks, then the median over
+    steps from ``first_step`` (step 0 pays one-off costs).
+
+    One step on one rank is a noisy measurement: exposed communication in particular is a
+    difference of two longer spans, and from step to step it moves by tens of percent on a
+    shared CPU.  The simulator runs its ranks alike, so the ranks' mean is what it predicts,
+    and the median over steps is how validation reads step time too."""
+    per_step = []
+    for step in sorted(s for s in set(run.ops["step"]) if s >= first_step):
+        ops = run.ops[run.ops["step"] == step]
+        ranks = [step_timing(_records(ops[ops["rank"] == r]), run.step_times_s[r][step])
+                 for r in range(run.world_size) if step < len(run.step_times_s.get(r, ()))]
+        if ranks:
+            per_step.append({k: statistics.fmean(t[k] for t in ranks) for k in ranks[0]})
+    if not per_step:
+        raise OverlayError(f"{run.path} recorded no steps from step {first_step} on, so there is nothing to compare; "
+                           f"run more steps.")
+    return {k: statistics.median(t[k] for t in per_step) for k in per_step[0]}
+
+
 def _is_backward(op) -> bool:
     # The simulator tags ops with their phase; the recorder tags compute ops too, but a
     # trace-derived op has none, so fall back to the name (``bwd L3``, ``recompute L3``).
