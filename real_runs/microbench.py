@@ -14,10 +14,14 @@ is part of what is measured::
 collective, every rank launches a queue of asynchronous calls back to back and waits for
 them (up to 16 while they fit in ``--budget-s``), three times; the time of a call is the
 slowest rank's median of queue time / queue length.  Queued calls are how training issues
-large ones (a bucket at a time) and how nccl-tests times them.  Up to 64 KB a call is
-timed alone, fifteen times: there its time is its latency, which a per-parameter strategy
-pays between other work, whereas identical small calls queued back to back pipeline
-through gloo's two worker threads and look cheaper than any one of them is.  Each row also
+large ones (a bucket at a time) and how nccl-tests times them.  Up to 64 KB calls are
+timed alone, one after the other: there a call's time is its latency, which a
+per-parameter strategy pays between other work, whereas identical small calls queued back
+to back pipeline through gloo's two worker threads and look cheaper than any one of them
+is.  Their time is the mean of ten in a row (the median of three such timings), because a
+step pays the sum of its small calls and their times have a long tail: on gloo between two
+ranks sharing two cores, half of them take 0.5-0.9 ms and one in ten about 4 ms, so the
+mean is twice the median.  Each row also
 says how much CPU time the rank's threads used per call (``cpu_us``, the mean over ranks):
 on a CPU machine that is what communication takes from compute.
 ``size`` is the whole buffer S (the gathered output for all_gather, the input for
@@ -68,6 +72,7 @@ from .strategies.base import _all_gather, _reduce_scatter
 from .train import BadInput, _Parser, _write_json
 
 SWEEP_COLLECTIVES = (ALL_REDUCE, REDUCE_SCATTER, ALL_GATHER)
+SMALL_CALLS_IN_TURN = 10  # small calls per timing, one after the other: their mean is the row's time
 LAYER_KINDS = ("embedding", "block", "head")
 
 
@@ -110,23 +115,26 @@ def _launcher(kind: str, nbytes: int, world: int, slots: int):
     return lambda: launch(next(turns))
 
 
-def _time_collective(kind: str, nbytes: int, world: int, iters: int, queue: int = 1) -> tuple[float, float]:
+def _time_collective(kind: str, nbytes: int, world: int, iters: int, queue: int = 1,
+                     in_turn: int = 1) -> tuple[float, float]:
     """Seconds per call, wall and CPU: ``queue`` calls launched back to back and then waited
-    for, as a training step issues them (and as nccl-tests times them); the median of
-    ``iters`` such queues.  Wall time is the slowest rank's (every rank waits for it); CPU
-    time is what this process's threads used per call (gloo's workers, the kernel's TCP
-    path on their behalf, the launching thread), averaged over the ranks."""
+    for, as a training step issues them (and as nccl-tests times them), ``in_turn`` such
+    rounds one after the other per timing; the median of ``iters`` timings of the mean per
+    call.  Wall time is the slowest rank's (every rank waits for it); CPU time is what this
+    process's threads used per call (gloo's workers, the kernel's TCP path on their behalf,
+    the launching thread), averaged over the ranks."""
     call = _launcher(kind, nbytes, world, queue)
     call().wait()  # warm-up: connection setup, first-touch allocation
     dist.barrier()
     walls, cpus = [], []
     for _ in range(iters):
         c0, t0 = time.process_time(), time.perf_counter()
-        works = [call() for _ in range(queue)]
-        for w in works:
-            w.wait()
-        walls.append((time.perf_counter() - t0) / queue)
-        cpus.append((time.process_time() - c0) / queue)
+        for _ in range(in_turn):
+            works = [call() for _ in range(queue)]
+            for w in works:
+                w.wait()
+        walls.append((time.perf_counter() - t0) / (queue * in_turn))
+        cpus.append((time.process_time() - c0) / (queue * in_turn))
     # The median shrugs off a queue that lost the CPU to something else on a shared machine.
     slowest = torch.tensor([statistics.median(walls)], dtype=torch.float64)
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
@@ -190,18 +198,22 @@ def collective_sweep(kinds, lo: int, hi: int, budget_s: float, load: bool = Fals
                     # Small calls one at a time: their time is a call's own latency, as a
                     # per-parameter strategy pays it between other work.  Queued back to back,
                     # identical small calls pipeline through gloo's threads and look cheaper.
-                    queue = 1
-                    iters = 15 if busy is None else int(max(3, min(50, 0.1 / max(probe, 1e-6))))
+                    # Ten in a row per timing, and their mean: a step pays the sum of its small
+                    # calls, and their times have a long tail (a median would miss it).
+                    queue, in_turn = 1, SMALL_CALLS_IN_TURN
                 else:
                     # Enough calls to see past timer noise, few enough to keep big sizes short.
                     queue = int(max(1, min(16, budget_s / 3 / max(probe, 1e-6), (64 << 20) // s)))
-                    # Under load a row must last long enough (0.1 s) to read the compute rate from it.
-                    iters = 3 if busy is None else int(max(3, min(50, 0.1 / (queue * max(probe, 1e-6)))))
+                    in_turn = 1
+                # Under load a row must last long enough (0.1 s) to read the compute rate from it.
+                per_timing = queue * in_turn * max(probe, 1e-6)
+                iters = 3 if busy is None else int(max(3, min(50, 0.1 / per_timing)))
                 before, t0 = (busy.done if busy else 0), time.perf_counter()
-                t, cpu = _time_collective(kind, s, world, iters, queue)
+                t, cpu = _time_collective(kind, s, world, iters, queue, in_turn)
                 row = {"collective": kind, "size_bytes": s, "count": s // 4, "type": "float",
                        "time_us": t * 1e6, "algbw_gbps": s / t / 1e9,
-                       "busbw_gbps": s / t * bus_factor(kind, world) / 1e9, "iters": iters, "queue": queue}
+                       "busbw_gbps": s / t * bus_factor(kind, world) / 1e9, "iters": iters, "queue": queue,
+                       "in_turn": in_turn}
                 if busy is None:
                     row["cpu_us"] = cpu * 1e6  # under load the process's time includes the load itself
                 else:

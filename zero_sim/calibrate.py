@@ -7,7 +7,8 @@ saved together in one JSON file that ``zero-sim simulate --calibration FILE`` lo
   bus bandwidth fitted to a sweep of sizes (``real_runs.microbench collectives``, or an
   nccl-tests table).  The model is ``t(S) = latency + factor(n) * S / busbw`` with
   nccl-tests' bus factors; :func:`fit_sweep` says how each parameter is read.  The
-  latency is that of a small call made alone (the sweep times those one at a time), the
+  latency is that of a small call made alone (the sweep times those one at a time, and
+  takes their mean: a step pays the sum of its small calls, long tail included), the
   per-call work the engine makes a process group pay one call at a time.  The swept
   times are kept beside the fit: from 1 MB up, where they are reliable, a collective
   alone takes the measured time (interpolated between sizes), not the line's.  A fit
