@@ -18,10 +18,10 @@ large ones (a bucket at a time) and how nccl-tests times them.  Up to 64 KB call
 timed alone, one after the other: there a call's time is its latency, which a
 per-parameter strategy pays between other work, whereas identical small calls queued back
 to back pipeline through gloo's two worker threads and look cheaper than any one of them
-is.  Their time is the mean of ten in a row (the median of three such timings), because a
-step pays the sum of its small calls and their times have a long tail: on gloo between two
-ranks sharing two cores, half of them take 0.5-0.9 ms and one in ten about 4 ms, so the
-mean is twice the median.  Each row also
+is.  Their time is the mean of thirty in a row, because a step pays the sum of its small
+calls and their times have a long tail: on gloo between two ranks sharing two cores, half
+of them take 0.5-0.9 ms and one in ten about 4 ms, so the mean is twice the median (and
+the slow spells last long enough to fill a whole row now and then).  Each row also
 says how much CPU time the rank's threads used per call (``cpu_us``, the mean over ranks):
 on a CPU machine that is what communication takes from compute.
 ``size`` is the whole buffer S (the gathered output for all_gather, the input for
@@ -72,7 +72,7 @@ from .strategies.base import _all_gather, _reduce_scatter
 from .train import BadInput, _Parser, _write_json
 
 SWEEP_COLLECTIVES = (ALL_REDUCE, REDUCE_SCATTER, ALL_GATHER)
-SMALL_CALLS_IN_TURN = 10  # small calls per timing, one after the other: their mean is the row's time
+SMALL_CALLS_IN_TURN = 30  # small calls timed one after the other: their mean is the row's time
 LAYER_KINDS = ("embedding", "block", "head")
 
 
@@ -198,8 +198,8 @@ def collective_sweep(kinds, lo: int, hi: int, budget_s: float, load: bool = Fals
                     # Small calls one at a time: their time is a call's own latency, as a
                     # per-parameter strategy pays it between other work.  Queued back to back,
                     # identical small calls pipeline through gloo's threads and look cheaper.
-                    # Ten in a row per timing, and their mean: a step pays the sum of its small
-                    # calls, and their times have a long tail (a median would miss it).
+                    # Thirty in a row, and their mean: a step pays the sum of its small calls,
+                    # and their times have a long tail (a median would miss it).
                     queue, in_turn = 1, SMALL_CALLS_IN_TURN
                 else:
                     # Enough calls to see past timer noise, few enough to keep big sizes short.
@@ -207,7 +207,7 @@ def collective_sweep(kinds, lo: int, hi: int, budget_s: float, load: bool = Fals
                     in_turn = 1
                 # Under load a row must last long enough (0.1 s) to read the compute rate from it.
                 per_timing = queue * in_turn * max(probe, 1e-6)
-                iters = 3 if busy is None else int(max(3, min(50, 0.1 / per_timing)))
+                iters = (3 if in_turn == 1 else 1) if busy is None else int(max(3, min(50, 0.1 / per_timing)))
                 before, t0 = (busy.done if busy else 0), time.perf_counter()
                 t, cpu = _time_collective(kind, s, world, iters, queue, in_turn)
                 row = {"collective": kind, "size_bytes": s, "count": s // 4, "type": "float",

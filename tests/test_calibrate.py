@@ -51,6 +51,18 @@ def test_a_sweep_fit_reads_latency_from_small_sizes_and_bandwidth_from_large_one
     assert fits["all_reduce"].max_rel_error < 0.05
 
 
+def test_the_latency_is_the_mean_small_call_so_slow_spells_count_but_one_disturbed_row_does_not():
+    """A step pays the sum of its small calls: rows caught in a slow spell raise the latency,
+    while the slowest row (here one that lost the CPU to something else) and the fastest are dropped."""
+    sizes = [1024 << i for i in range(16)]  # 1 KB .. 32 MB
+    rows = sweep_rows("all_gather", 2, 0.0, 0.25e9, sizes)
+    spells = [0.5e-3, 0.5e-3, 2.5e-3, 0.5e-3, 0.4e-3, 80e-3]  # the six sizes up to 32 KB
+    for row, extra in zip(rows, spells, strict=False):
+        row["time_us"] += extra * 1e6
+    latency = fit_sweep(rows, 2)["all_gather"].latency_s
+    assert latency == pytest.approx((0.5e-3 + 0.5e-3 + 2.5e-3 + 0.5e-3) / 4, rel=0.02)
+
+
 def test_a_sweep_with_one_size_cannot_be_fitted():
     with pytest.raises(CalibrationError, match="fewer than two sizes"):
         fit_sweep(sweep_rows("all_reduce", 2, 1e-4, 1e9, [1 << 20]), 2)

@@ -34,9 +34,9 @@ def test_the_collective_sweep_prints_an_nccl_tests_table_and_writes_its_rows(tmp
         factor = 1.0 if r["collective"] == "all_reduce" else 0.5
         assert r["busbw_gbps"] == pytest.approx(r["algbw_gbps"] * factor)
     assert any("# all_reduce_perf  nranks 2" in line for line in lines)
-    # Up to 64 KB calls are timed alone, ten in a row per timing (their mean, tail included),
-    # and each row says what CPU its calls used.
-    assert all(r["queue"] == 1 and r["in_turn"] == 10 and r["iters"] == 3 and r["cpu_us"] > 0
+    # Up to 64 KB calls are timed alone, thirty in a row (their mean, tail included), and each
+    # row says what CPU its calls used.
+    assert all(r["queue"] == 1 and r["in_turn"] == 30 and r["iters"] == 1 and r["cpu_us"] > 0
                for r in sweep["rows"])
     # Last, a mixed queue of each collective timed idle and while every rank computes.
     assert {r["collective"] for r in sweep["under_compute"]} == kinds

@@ -8,7 +8,7 @@ saved together in one JSON file that ``zero-sim simulate --calibration FILE`` lo
   nccl-tests table).  The model is ``t(S) = latency + factor(n) * S / busbw`` with
   nccl-tests' bus factors; :func:`fit_sweep` says how each parameter is read.  The
   latency is that of a small call made alone (the sweep times those one at a time, and
-  takes their mean: a step pays the sum of its small calls, long tail included), the
+  takes their mean, as a step pays the sum of its small calls, long tail included), the
   per-call work the engine makes a process group pay one call at a time.  The swept
   times are kept beside the fit: from 1 MB up, where they are reliable, a collective
   alone takes the measured time (interpolated between sizes), not the line's.  A fit
@@ -291,12 +291,14 @@ def fit_sweep(rows: list[dict], world_size: int, min_bytes: int = 0) -> dict[str
     """Fit latency and busbw per collective from a microbenchmark sweep (rows as
     ``real_runs.microbench`` writes them).
 
-    ``latency`` is the median time of the sizes up to 32 KB less their bytes' share;
+    ``latency`` is the time of the sizes up to 32 KB less their bytes' share, averaged over
+    those sizes less the slowest and the fastest: a step pays the sum of its small calls, so
+    the mean is the figure, and slow spells on a shared machine fill whole rows now and then,
+    so a median over rows would miss them while a plain mean would follow one disturbed row;
     ``busbw`` minimises the relative error of ``latency + factor*S/busbw`` over the sizes
     from 1 MB up; the two are refined in turn.  A sweep
     that lacks either regime falls back to one relative least-squares fit over every
     size from ``min_bytes`` (:func:`zero_sim.collectives.fit_nccl_tests`)."""
-    import statistics
 
     fits = {}
     for kind in FITTED_COLLECTIVES:
@@ -309,7 +311,7 @@ def fit_sweep(rows: list[dict], world_size: int, min_bytes: int = 0) -> dict[str
             # minimises sum(((latency + factor*S/busbw) - t) / t)^2 over the large sizes (closed form).
             inv_bw = 0.0
             for _ in range(3):
-                latency = max(0.0, statistics.median(t - factor * sz * inv_bw for sz, t in small))
+                latency = max(0.0, _trimmed_mean([t - factor * sz * inv_bw for sz, t in small]))
                 num = sum(factor * sz / t * (1.0 - latency / t) for sz, t in large)
                 den = sum((factor * sz / t) ** 2 for sz, t in large)
                 inv_bw = num / den if num > 0 else 0.0
@@ -329,6 +331,14 @@ def fit_sweep(rows: list[dict], world_size: int, min_bytes: int = 0) -> dict[str
     if not fits:
         raise CalibrationError("the sweep has fewer than two sizes of any collective; sweep a wider size range")
     return fits
+
+
+def _trimmed_mean(values: list[float]) -> float:
+    """The mean without the largest and the smallest value (all of them when there are fewer than four)."""
+    values = sorted(values)
+    if len(values) >= 4:
+        values = values[1:-1]
+    return sum(values) / len(values)
 
 
 def _from_lbfit(kind: str, n: int, fit: LatencyBandwidthFit, table: NcclTestsTable) -> CollectiveFit:
