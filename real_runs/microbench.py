@@ -19,9 +19,9 @@ timed alone, one after the other: there a call's time is its latency, which a
 per-parameter strategy pays between other work, whereas identical small calls queued back
 to back pipeline through gloo's two worker threads and look cheaper than any one of them
 is.  Their time is the mean of thirty in a row, because a step pays the sum of its small
-calls and their times have a long tail: on gloo between two ranks sharing two cores, half
-of them take 0.5-0.9 ms and one in ten about 4 ms, so the mean is twice the median (and
-the slow spells last long enough to fill a whole row now and then).  Each row also
+calls and their times have a long tail: on gloo between two ranks sharing two cores, timed
+call by call, half of them took 0.5-0.9 ms and one in ten about 4 ms, and slow spells last
+long enough to fill a whole row now and then.  Each row also
 says how much CPU time the rank's threads used per call (``cpu_us``, the mean over ranks):
 on a CPU machine that is what communication takes from compute.
 ``size`` is the whole buffer S (the gathered output for all_gather, the input for
@@ -205,9 +205,12 @@ def collective_sweep(kinds, lo: int, hi: int, budget_s: float, load: bool = Fals
                     # Enough calls to see past timer noise, few enough to keep big sizes short.
                     queue = int(max(1, min(16, budget_s / 3 / max(probe, 1e-6), (64 << 20) // s)))
                     in_turn = 1
-                # Under load a row must last long enough (0.1 s) to read the compute rate from it.
-                per_timing = queue * in_turn * max(probe, 1e-6)
-                iters = (3 if in_turn == 1 else 1) if busy is None else int(max(3, min(50, 0.1 / per_timing)))
+                if busy is None:
+                    iters = 3 if in_turn == 1 else 1
+                else:
+                    # Under load a row must last long enough (0.1 s) to read the compute rate from it.
+                    per_timing = queue * in_turn * max(probe, 1e-6)
+                    iters = int(max(3 if in_turn == 1 else 1, min(50, 0.1 / per_timing)))
                 before, t0 = (busy.done if busy else 0), time.perf_counter()
                 t, cpu = _time_collective(kind, s, world, iters, queue, in_turn)
                 row = {"collective": kind, "size_bytes": s, "count": s // 4, "type": "float",
