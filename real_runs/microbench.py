@@ -205,12 +205,10 @@ def collective_sweep(kinds, lo: int, hi: int, budget_s: float, load: bool = Fals
                     # Enough calls to see past timer noise, few enough to keep big sizes short.
                     queue = int(max(1, min(16, budget_s / 3 / max(probe, 1e-6), (64 << 20) // s)))
                     in_turn = 1
-                if busy is None:
-                    iters = 3 if in_turn == 1 else 1
-                else:
-                    # Under load a row must last long enough (0.1 s) to read the compute rate from it.
-                    per_timing = queue * in_turn * max(probe, 1e-6)
-                    iters = int(max(3 if in_turn == 1 else 1, min(50, 0.1 / per_timing)))
+                fewest = 3 if in_turn == 1 else 1  # thirty small calls in a row are already a mean
+                # Under load a row must last long enough (0.1 s) to read the compute rate from it.
+                per_timing = queue * in_turn * max(probe, 1e-6)
+                iters = fewest if busy is None else int(max(fewest, min(50, 0.1 / per_timing)))
                 before, t0 = (busy.done if busy else 0), time.perf_counter()
                 t, cpu = _time_collective(kind, s, world, iters, queue, in_turn)
                 row = {"collective": kind, "size_bytes": s, "count": s // 4, "type": "float",
