@@ -62,9 +62,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from zero_sim.calibrate import SMALL_CALL_MAX_BYTES
-from zero_sim.collectives import bus_factor
 from zero_sim.vocabulary import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER
+from zero_sim.vocabulary.collectives import SMALL_CALL_MAX_BYTES, bus_factor
 
 from .model import PRESETS, build_model, global_batch, rank_shard
 from .strategies import AdamW

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from zero_sim.calibrate import (
+from zero_sim.calibration import (
     Calibration,
     CalibrationError,
     CollectiveFit,
@@ -18,10 +18,10 @@ from zero_sim.calibrate import (
     fit_sweep,
     topology_from_imports,
 )
-from zero_sim.collectives import CollectiveModel, bus_factor, parse_nccl_tests
-from zero_sim.engine import process_groups
-from zero_sim.simulate import ScenarioError, simulate
-from zero_sim.topology import build_topology
+from zero_sim.engine.engine import process_groups
+from zero_sim.scenario import ScenarioError, simulate
+from zero_sim.system.collectives import CollectiveModel, bus_factor, parse_nccl_tests
+from zero_sim.system.topology import build_topology
 
 
 @pytest.mark.parametrize("table", ["seed002_pcie_pair.txt", "seed002_host_bridge.txt"])
@@ -118,8 +118,8 @@ def test_calibrated_or_not_gloo_runs_two_collectives_of_a_stream_at_once():
 def test_two_large_calibrated_calls_in_flight_together_take_as_long_as_one_after_the_other():
     # 50 MB/s of busbw on a 1 Gbit/s link: the measured rate, not the wire, limits a call.  A
     # second gloo thread overlaps the calls but adds no throughput: they split the measured rate.
-    from zero_sim.engine import Engine, EngineConfig
-    from zero_sim.program import ProgramBuilder
+    from zero_sim.engine.engine import Engine, EngineConfig
+    from zero_sim.engine.program import ProgramBuilder
 
     cal = calibration(latency_s=1e-3, busbw=50e6)
     topo = build_topology("emu-uniform", 2, 1).with_bandwidth(1.0)

@@ -21,7 +21,7 @@ matplotlib.use("Agg")
 from real_runs_helpers import real_run  # noqa: E402
 
 from real_runs.model import PRESETS  # noqa: E402
-from zero_sim.overlay import (  # noqa: E402
+from sim2real.overlay import (  # noqa: E402
     CATEGORIES,
     PHASE_ROWS,
     OverlayError,
@@ -32,8 +32,8 @@ from zero_sim.overlay import (  # noqa: E402
     steady_timing,
     step_timing,
 )
-from zero_sim.plots import PREDICTED_HATCH, overlay_lanes, plot_overlay, plot_overlay_pair  # noqa: E402
-from zero_sim.replay import predict_run  # noqa: E402
+from sim2real.replay import predict_run  # noqa: E402
+from zero_sim.ui.plots import PREDICTED_HATCH, overlay_lanes, plot_overlay, plot_overlay_pair  # noqa: E402
 
 MODEL_STATE_STRATEGIES = ("ddp", "zero1", "zero2-step", "zero2-hook", "zero3")
 

@@ -21,8 +21,8 @@ matplotlib.use("Agg")
 from real_runs_helpers import real_run  # noqa: E402
 
 import real_runs.launch  # noqa: E402
-from zero_sim.overlay import Comparison  # noqa: E402
-from zero_sim.overlay_panel import OverlayPanel  # noqa: E402
+from sim2real.overlay import Comparison  # noqa: E402
+from sim2real.panels import OverlayPanel  # noqa: E402
 
 
 @pytest.fixture(scope="module")

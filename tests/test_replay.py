@@ -5,7 +5,7 @@ import pytest
 from real_runs.model import PRESETS, build_model, count_params
 from real_runs.strategies import STRATEGIES
 from real_runs.strategies.base import bucketize, formula_bytes
-from zero_sim.replay import REAL_TO_SIM, ReplayError, predict_run, real_workload, scenario_for_run
+from sim2real.replay import REAL_TO_SIM, ReplayError, predict_run, real_workload, scenario_for_run
 
 
 def planned(strategy, world=2, model="tiny", cluster=None, **extra):

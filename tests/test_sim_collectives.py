@@ -2,7 +2,8 @@
 
 import pytest
 
-from zero_sim.collectives import (
+from zero_sim.engine.engine import process_groups
+from zero_sim.system.collectives import (
     CollectiveError,
     CollectiveModel,
     bus_factor,
@@ -10,8 +11,7 @@ from zero_sim.collectives import (
     fit_nccl_tests,
     parse_nccl_tests,
 )
-from zero_sim.engine import process_groups
-from zero_sim.topology import build_topology
+from zero_sim.system.topology import build_topology
 
 
 def test_bus_factors_are_nccl_tests_definitions():

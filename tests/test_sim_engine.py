@@ -2,11 +2,11 @@
 
 import pytest
 
-from zero_sim.collectives import CollectiveModel
-from zero_sim.engine import Engine, EngineConfig, Straggler
-from zero_sim.program import ProgramBuilder
-from zero_sim.simulate import simulate
-from zero_sim.topology import build_topology
+from zero_sim.engine.engine import Engine, EngineConfig, Straggler
+from zero_sim.engine.program import ProgramBuilder
+from zero_sim.scenario import simulate
+from zero_sim.system.collectives import CollectiveModel
+from zero_sim.system.topology import build_topology
 from zero_sim.vocabulary import COMPUTE
 
 

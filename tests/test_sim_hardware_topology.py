@@ -2,8 +2,8 @@
 
 import pytest
 
-from zero_sim.hardware import GPUS, ComputeModel
-from zero_sim.topology import TopologyError, build_topology, parse_nvidia_smi_topo
+from zero_sim.system.hardware import GPUS, ComputeModel
+from zero_sim.system.topology import TopologyError, build_topology, parse_nvidia_smi_topo
 
 SEED_002_TOPO = """
         GPU0 GPU1 GPU2 GPU3 GPU4 GPU5 GPU6 GPU7 NIC0 NIC1

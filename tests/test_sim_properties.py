@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from zero_sim import simulate
-from zero_sim.collectives import bus_factor
+from zero_sim.system.collectives import bus_factor
 
 STRATEGY_KNOBS = {
     "ddp": st.fixed_dictionaries({"bucket_mb": st.sampled_from([1.0, 5.0, 25.0, 100.0])}),

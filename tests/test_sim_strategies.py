@@ -3,7 +3,7 @@
 import pytest
 
 from zero_sim import ScenarioError, simulate
-from zero_sim.collectives import bus_factor
+from zero_sim.system.collectives import bus_factor
 
 N = 8
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from zero_sim.workload import (
+from zero_sim.system.workload import (
     PRESETS,
     GPTShape,
     WorkloadError,

@@ -20,7 +20,7 @@ matplotlib.use("Agg")
 from zero_sim import ScenarioError, SimResult, simulate  # noqa: E402
 from zero_sim.strategies import STRATEGIES, get_strategy  # noqa: E402
 from zero_sim.strategies.base import Knob  # noqa: E402
-from zero_sim.widgets import (  # noqa: E402
+from zero_sim.ui.widgets import (  # noqa: E402
     ComparePanel,
     MemoryCalculator,
     NcclFitPanel,

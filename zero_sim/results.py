@@ -120,12 +120,12 @@ class SimResult:
         return to_chrome_trace(self, path)
 
     def plot_timeline(self, **kw):
-        from zero_sim.plots import plot_timeline
+        from zero_sim.ui.plots import plot_timeline
 
         return plot_timeline(self, **kw)
 
     def plot_memory(self, **kw):
-        from zero_sim.plots import plot_memory
+        from zero_sim.ui.plots import plot_memory
 
         return plot_memory(self, **kw)
 

@@ -12,12 +12,8 @@ up to ``max_ranks`` ranks, so the file still shows N lanes.
 
 from __future__ import annotations
 
-import json
-import os
-import tempfile
-from pathlib import Path
-
 from zero_sim.vocabulary import MEMORY_CATEGORIES, STREAMS
+from zero_sim.vocabulary.files import write_json_atomic
 
 _TID = {name: i for i, name in enumerate(STREAMS)}
 
@@ -66,18 +62,3 @@ def to_chrome_trace(result, path=None, max_ranks: int = 16) -> dict:
     if path is not None:
         write_json_atomic(path, trace)
     return trace
-
-
-def write_json_atomic(path, obj) -> None:
-    """Write JSON to a temp file beside ``path`` and rename it into place: never a half-written file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(obj, f)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise

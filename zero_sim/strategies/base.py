@@ -22,8 +22,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from zero_sim.hardware import ComputeModel
-from zero_sim.program import Program, ProgramBuilder
+from zero_sim.engine.program import Program, ProgramBuilder
+from zero_sim.system.hardware import ComputeModel
+from zero_sim.system.workload import Layer, Workload, ceil_div
 from zero_sim.vocabulary import (
     ACTIVATIONS,
     BACKWARD,
@@ -32,7 +33,6 @@ from zero_sim.vocabulary import (
     fwd,
     recompute,
 )
-from zero_sim.workload import Layer, Workload, ceil_div
 
 
 class StrategyError(ValueError):

@@ -26,7 +26,7 @@ Bucket storage is a second copy of the gradients unless ``gradient_as_bucket_vie
 
 from __future__ import annotations
 
-from zero_sim.program import Program, ProgramBuilder
+from zero_sim.engine.program import Program, ProgramBuilder
 from zero_sim.strategies.base import (
     MB,
     Bucket,

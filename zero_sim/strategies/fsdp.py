@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from zero_sim.program import Program, ProgramBuilder
+from zero_sim.engine.program import Program, ProgramBuilder
 from zero_sim.strategies.base import Context, Knob, Strategy, StrategyError, backward, forward, shard
 from zero_sim.strategies.ddp import optimizer_ops
 from zero_sim.vocabulary import (

@@ -46,7 +46,7 @@ plus the unsharded gradients that wait for their reduce-scatter (``buffers``): w
 
 from __future__ import annotations
 
-from zero_sim.program import Program, ProgramBuilder
+from zero_sim.engine.program import Program, ProgramBuilder
 from zero_sim.strategies.base import (
     Context,
     Knob,

@@ -35,9 +35,10 @@ once, beyond which prefetch stops).  Gathered weights and unsharded gradients co
 
 from __future__ import annotations
 
-from zero_sim.program import Program, ProgramBuilder
+from zero_sim.engine.program import Program, ProgramBuilder
 from zero_sim.strategies.base import Context, Knob, Strategy, StrategyError, backward, forward, shard
 from zero_sim.strategies.ddp import optimizer_ops
+from zero_sim.system.workload import Layer
 from zero_sim.vocabulary import (
     ALL_GATHER,
     BACKWARD,
@@ -52,7 +53,6 @@ from zero_sim.vocabulary import (
     layer_collective,
     wait,
 )
-from zero_sim.workload import Layer
 
 MIB = 1024 * 1024
 

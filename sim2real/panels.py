@@ -2,8 +2,8 @@
 
 ``OverlayPanel(run_dir="out/z2h")`` shows, for the run in that directory, the measured
 step drawn over the simulator's prediction of the same scenario
-(:func:`zero_sim.plots.plot_overlay`), the phase, op-category and memory tables of
-:func:`zero_sim.overlay.compare`, and a headline with the step-time error.  Two ways to
+(:func:`zero_sim.ui.plots.plot_overlay`), the phase, op-category and memory tables of
+:func:`sim2real.overlay.compare`, and a headline with the step-time error.  Two ways to
 get a run in front of it:
 
 * type a directory (one written by ``real_runs.train``: on this CPU, or copied from a
@@ -13,8 +13,8 @@ get a run in front of it:
   (:func:`real_runs.launch.launch`), streams its lines into the log below the buttons,
   moves the progress bar with each finished step, and loads the result when it is done.
 
-The panel has the shape of those in :mod:`zero_sim.widgets`: ``controls`` (name ->
-widget), ``result`` (the :class:`~zero_sim.overlay.Comparison` shown now, or None),
+The panel has the shape of those in :mod:`zero_sim.ui.widgets`: ``controls`` (name ->
+widget), ``result`` (the :class:`~sim2real.overlay.Comparison` shown now, or None),
 ``error`` (one sentence when the directory, the run or the settings cannot be used;
 printed in red where the figure was, never a traceback) and ``widget`` to display.
 Loading does not happen when the directory box changes, only on **load**:
@@ -29,9 +29,11 @@ from pathlib import Path
 
 import ipywidgets as W
 
-from zero_sim.overlay import Comparison, OverlayError, compare, load_run
+from sim2real.overlay import Comparison, OverlayError, compare, load_run
+from zero_sim.ui.widgets import (
+    _Figure,  # the panels' shared reusable figure (live under ipympl, else an Output)
+)
 from zero_sim.vocabulary import REAL_STRATEGIES
-from zero_sim.widgets import _Figure  # the panels' shared reusable figure (live under ipympl, else an Output)
 
 _STYLE = {"description_width": "9em"}
 _STEP_LINE = re.compile(r"^step (\d+)/(\d+)\b")
@@ -125,9 +127,9 @@ class OverlayPanel:
 
     def load(self, run_dir: str | Path | None = None) -> Comparison | None:
         """Overlay the run in ``run_dir`` (default: the directory box); sets ``result`` or ``error``."""
-        from zero_sim.calibrate import CalibrationError
-        from zero_sim.replay import ReplayError, predict_run
-        from zero_sim.simulate import ScenarioError
+        from sim2real.replay import ReplayError, predict_run
+        from zero_sim.calibration import CalibrationError
+        from zero_sim.scenario import ScenarioError
 
         if run_dir is not None:
             self.controls["run_dir"].value = str(run_dir)
@@ -180,7 +182,7 @@ class OverlayPanel:
     # ------------------------------------------------------------------ drawing
 
     def render(self) -> None:
-        from zero_sim.plots import plot_overlay
+        from zero_sim.ui.plots import plot_overlay
 
         fig = self.figure
         if self.error:

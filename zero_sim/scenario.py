@@ -11,15 +11,23 @@ with a sentence naming the strategies it belongs to.
 
 from __future__ import annotations
 
-from zero_sim.collectives import ALGORITHMS, BACKENDS, CollectiveModel
-from zero_sim.engine import Engine, EngineConfig, Straggler
-from zero_sim.hardware import GPUS, ComputeModel
+from zero_sim.calibration import Calibration, CalibrationError
+from zero_sim.engine.engine import Engine, EngineConfig, Straggler
 from zero_sim.results import SimResult, compute_metrics
 from zero_sim.strategies import PRECISIONS, Context, all_knobs, get_strategy
 from zero_sim.strategies.base import Knob, StrategyError
-from zero_sim.topology import PRESETS as TOPOLOGIES
-from zero_sim.topology import build_topology
-from zero_sim.workload import RECOMPUTE_MODES, Workload, WorkloadError, gpt_workload, preset, synthesize_shape
+from zero_sim.system.collectives import ALGORITHMS, BACKENDS, CollectiveModel
+from zero_sim.system.hardware import GPUS, ComputeModel
+from zero_sim.system.topology import PRESETS as TOPOLOGIES
+from zero_sim.system.topology import build_topology
+from zero_sim.system.workload import (
+    RECOMPUTE_MODES,
+    Workload,
+    WorkloadError,
+    gpt_workload,
+    preset,
+    synthesize_shape,
+)
 
 
 class ScenarioError(ValueError):
@@ -97,8 +105,6 @@ def _check(s: dict) -> None:
 
 
 def _load_calibration(value):
-    from zero_sim.calibrate import Calibration, CalibrationError
-
     if value is None or isinstance(value, Calibration):
         return value
     try:
@@ -141,8 +147,8 @@ def simulate(workload: Workload | None = None, **kwargs) -> SimResult:
     """Simulate one training configuration; keywords are the CLI flags with underscores.
 
     ``workload`` (Python only) replaces the model preset with a workload built elsewhere,
-    e.g. :func:`zero_sim.workload.workload_from_module` on a real model.  ``calibration``
-    is a file path or a :class:`zero_sim.calibrate.Calibration`."""
+    e.g. :func:`zero_sim.system.workload.workload_from_module` on a real model.  ``calibration``
+    is a file path or a :class:`zero_sim.calibration.Calibration`."""
     calibration = kwargs.pop("calibration", None)
     r = resolve(**kwargs)
     s, knobs, strategy = r["settings"], r["knobs"], r["strategy"]

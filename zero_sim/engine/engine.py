@@ -47,16 +47,16 @@ before has finished all its ops and ends when all of its own have.
 
 from __future__ import annotations
 
-import math
 import random
 from collections import deque
 from dataclasses import dataclass, field
 
 import simpy
 
-from zero_sim.collectives import CollectiveModel, CollectivePlan
-from zero_sim.program import Op, Program
-from zero_sim.topology import Topology
+from zero_sim.engine.network import FluidNetwork
+from zero_sim.engine.program import Op, Program
+from zero_sim.system.collectives import CollectiveModel, CollectivePlan
+from zero_sim.system.topology import Topology
 from zero_sim.vocabulary import HOST, MEMORY_CATEGORIES
 
 
@@ -128,103 +128,6 @@ def group_index(topo: Topology, kind: str, rank: int) -> int:
     if kind == "intra":
         return rank // topo.ranks_per_node
     return rank % topo.ranks_per_node
-
-
-class _Flow:
-    __slots__ = ("loads", "remaining", "rate", "last", "version", "done", "alone_rate", "cap", "caller", "ranks")
-
-    def __init__(self, loads, remaining, done, alone_rate, cap, caller, ranks):
-        self.loads, self.remaining, self.done, self.alone_rate, self.cap = loads, remaining, done, alone_rate, cap
-        self.caller, self.ranks = caller, ranks
-        self.rate, self.last, self.version = 0.0, 0.0, 0
-
-
-class FluidNetwork:
-    """Transfers share each link's capacity per ring edge; rates change as transfers come and go.
-
-    A transfer alone on the network runs at its isolated rate (computed once per plan), so the
-    per-link bookkeeping, which costs one step per link of a 1000-rank ring, is only paid while
-    two or more transfers are in flight together.
-
-    A transfer over no links is a latency: ``edge_bytes`` seconds of work at ``cap`` = 1 per
-    second.  ``throttle(ranks)``, when set, scales every transfer's rate (latencies too) by
-    what its ranks are doing now; call :meth:`reshare` when that changes.
-    """
-
-    def __init__(self, env: simpy.Environment, topo: Topology):
-        self.env, self.topo = env, topo
-        self.active: list[_Flow] = []
-        self._alone: dict[tuple, float] = {}
-        self.throttle = None
-
-    def _alone_rate(self, loads) -> float:
-        if not loads:
-            return math.inf
-        rate = self._alone.get(loads)
-        if rate is None:
-            links = self.topo.links
-            rate = self._alone[loads] = min(links[name].capacity / load for name, load in loads)
-        return rate
-
-    def transfer(self, loads: tuple[tuple[str, int], ...], edge_bytes: float, cap: float = math.inf,
-                 caller=None, ranks: tuple[int, ...] = ()) -> simpy.Event:
-        """``cap``: the most this transfer can move per second whatever the links allow (a
-        calibrated collective's measured rate: software, not wires, may be what limits it).
-        Transfers of one ``caller`` (a process group's stream) split their caps among them:
-        a second worker thread adds no software throughput, only overlap."""
-        done = self.env.event()
-        flow = _Flow(loads, edge_bytes, done, min(self._alone_rate(loads), cap), cap, caller, ranks)
-        self.active.append(flow)
-        self._reshare()
-        return done
-
-    def _rates(self) -> dict[int, float]:
-        if len(self.active) == 1:
-            rates = {id(self.active[0]): self.active[0].alone_rate}
-        else:
-            link_load: dict[str, int] = {}
-            callers: dict[object, int] = {}
-            for flow in self.active:
-                if flow.loads:
-                    callers[flow.caller] = callers.get(flow.caller, 0) + 1
-                for name, load in flow.loads:
-                    link_load[name] = link_load.get(name, 0) + load
-            links = self.topo.links
-            rates = {id(f): min((f.cap / (callers[f.caller] if f.caller is not None and f.loads else 1),
-                                 *(links[name].capacity / link_load[name] for name, _ in f.loads)))
-                     for f in self.active}
-        if self.throttle is not None:
-            for f in self.active:
-                rates[id(f)] *= self.throttle(f.ranks)
-        return rates
-
-    def reshare(self) -> None:
-        """Rates again, after what throttles them changed."""
-        if self.active:
-            self._reshare()
-
-    def _reshare(self) -> None:
-        now = self.env.now
-        rates = self._rates()
-        for flow in self.active:
-            if flow.rate:
-                flow.remaining = max(0.0, flow.remaining - flow.rate * (now - flow.last))
-            flow.last = now
-            rate = rates[id(flow)]
-            if rate != flow.rate:
-                flow.rate = rate
-                flow.version += 1
-                timer = self.env.timeout(flow.remaining / rate)
-                timer.callbacks.append(lambda _ev, f=flow, v=flow.version: self._finish(f, v))
-
-    def _finish(self, flow: _Flow, version: int) -> None:
-        if version != flow.version or flow not in self.active:
-            return  # a stale timer: the flow's rate changed since it was set
-        self.active.remove(flow)
-        flow.done.succeed()
-        flow.rate = 0.0
-        if self.active:
-            self._reshare()
 
 
 class _Stream:

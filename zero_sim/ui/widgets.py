@@ -47,7 +47,7 @@ from typing import Any
 
 import ipywidgets as W
 
-from zero_sim.simulate import COMMON, ScenarioError, simulate
+from zero_sim.scenario import COMMON, ScenarioError, simulate
 from zero_sim.strategies import STRATEGIES, all_knobs, get_strategy
 from zero_sim.vocabulary import MEMORY_CATEGORIES
 
@@ -174,8 +174,8 @@ _COMMON = {s.name: s for s in COMMON}
 
 def setting_control(name: str, value=None) -> W.ValueWidget:
     """A control for a common setting (``COMMON``) or any strategy's knob, starting at ``value``."""
-    from zero_sim.topology import PRESETS as TOPOLOGIES
-    from zero_sim.workload import PRESETS as MODELS
+    from zero_sim.system.topology import PRESETS as TOPOLOGIES
+    from zero_sim.system.workload import PRESETS as MODELS
 
     if name == "strategy":
         return W.Dropdown(options=list(STRATEGIES), value=value or "ddp", description="strategy", style=_STYLE)
@@ -219,7 +219,7 @@ def knob_default(strategy: str, name: str):
 
 def bottleneck_gbps(topology: str, gpus: int, gpus_per_node: int | None = None) -> float | None:
     """Bandwidth of the link that limits a ring over every rank, in Gbit/s (what --bandwidth-gbps overrides)."""
-    from zero_sim.topology import build_topology
+    from zero_sim.system.topology import build_topology
 
     try:
         topo = build_topology(topology, gpus, gpus_per_node)
@@ -805,7 +805,7 @@ class MemoryCalculator(Panel):
 
     def __init__(self, params_billion: float = 1.5, gpus: int = 8, stage: int = 0, k: int = 12,
                  gpu: str = "A100-80GB", figsize=(9, 3.6), auto: bool = True):
-        from zero_sim.hardware import GPUS
+        from zero_sim.system.hardware import GPUS
 
         super().__init__()
         self.controls = {
@@ -834,7 +834,7 @@ class MemoryCalculator(Panel):
             self.update()
 
     def update(self, *_):
-        from zero_sim.hardware import GPUS
+        from zero_sim.system.hardware import GPUS
 
         c = self.controls
         psi = c["params_billion"].value * 1e9
@@ -872,7 +872,7 @@ class MemoryCalculator(Panel):
         ax = fig.axes[0]
         xs = range(4)
         bottoms = [0.0] * 4
-        from zero_sim.plots import MEMORY_COLORS
+        from zero_sim.ui.plots import MEMORY_COLORS
 
         for key, cat in (("params_bytes", "params"), ("grads_bytes", "grads"), ("optimizer_bytes", "optimizer")):
             heights = [s[key] / GB for s in r["all_stages"]]
@@ -945,8 +945,8 @@ def predicted_collective_s(sizes: Iterable[float], topology: str, gpus: int, kin
     What nccl-tests measures (one collective, nothing else running), so the two can be
     laid side by side.
     """
-    from zero_sim.collectives import CollectiveModel
-    from zero_sim.topology import build_topology
+    from zero_sim.system.collectives import CollectiveModel
+    from zero_sim.system.topology import build_topology
 
     topo = build_topology(topology, gpus, gpus_per_node)
     if bandwidth_gbps is not None:
@@ -991,7 +991,7 @@ class NcclFitPanel(Panel):
             self.update()
 
     def update(self, *_):
-        from zero_sim.collectives import CollectiveError, fit_nccl_tests, parse_nccl_tests
+        from zero_sim.system.collectives import CollectiveError, fit_nccl_tests, parse_nccl_tests
 
         try:
             table = parse_nccl_tests(self.controls["text"].value, self.controls["collective"].value)
@@ -1178,7 +1178,7 @@ class Planner(Panel):
         fig = self.figure
         fig.clear()
         ax = fig.axes[0]
-        from zero_sim.plots import COLORS
+        from zero_sim.ui.plots import COLORS
 
         palette = list(COLORS.values())
         ok = df.dropna(subset=["step_ms"])
@@ -1223,7 +1223,7 @@ def plot_real_step(run: Mapping[str, Any], ax=None, step: int | None = None, tit
     """Gantt of rank 0's streams for one measured step (the last by default), times from its start."""
     import matplotlib.pyplot as plt
 
-    from zero_sim.plots import op_color
+    from zero_sim.ui.plots import op_color
 
     ops = [op for op in run["rank0"]["ops"] if op.get("end_s") is not None]
     if ax is None:

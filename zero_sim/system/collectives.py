@@ -30,10 +30,10 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
-from functools import lru_cache
 
-from zero_sim.topology import Topology
-from zero_sim.vocabulary import ALL_GATHER, ALL_REDUCE, BROADCAST, COLLECTIVES, REDUCE_SCATTER
+from zero_sim.system.topology import Topology, ring_loads, ring_step_latency
+from zero_sim.vocabulary import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER
+from zero_sim.vocabulary.collectives import bus_factor
 
 ALGORITHMS = ("auto", "ring", "tree", "hierarchical")
 
@@ -58,19 +58,6 @@ BACKENDS: dict[str, Backend] = {
     "nccl": Backend("nccl", 12e-6, False, ("ring", "tree", "hierarchical")),
     "gloo": Backend("gloo", 40e-6, True, ("ring",), in_flight=2),
 }
-
-
-def bus_factor(kind: str, n: int) -> float:
-    """nccl-tests' busbw / algbw ratio: bytes each rank sends per byte of buffer."""
-    if n <= 1:
-        return 0.0
-    if kind == ALL_REDUCE:
-        return 2.0 * (n - 1) / n
-    if kind in (REDUCE_SCATTER, ALL_GATHER):
-        return (n - 1) / n
-    if kind == BROADCAST:
-        return 1.0
-    raise CollectiveError(f"unknown collective {kind!r}; expected one of {', '.join(COLLECTIVES)}")
 
 
 def ring_steps(kind: str, n: int) -> int:
@@ -119,26 +106,6 @@ class CollectivePlan:
         return bus_factor(self.kind, self.n) * self.nbytes / t if t > 0 else math.inf
 
 
-@lru_cache(maxsize=4096)
-def ring_loads(topo: Topology, members: tuple[int, ...]) -> dict[str, int]:
-    loads: dict[str, int] = {}
-    n = len(members)
-    if n <= 1:
-        return loads
-    for i, src in enumerate(members):
-        for name in topo.path(src, members[(i + 1) % n]):
-            loads[name] = loads.get(name, 0) + 1
-    return loads
-
-
-@lru_cache(maxsize=4096)
-def ring_step_latency(topo: Topology, members: tuple[int, ...]) -> float:
-    n = len(members)
-    if n <= 1:
-        return 0.0
-    return max(topo.path_latency(src, members[(i + 1) % n]) for i, src in enumerate(members))
-
-
 def _merged_loads(topo: Topology, instances: tuple[tuple[int, ...], ...]) -> tuple[tuple[str, int], ...]:
     merged: dict[str, int] = {}
     for members in instances:
@@ -154,7 +121,7 @@ class CollectiveModel:
     topology: Topology
     backend: str = "nccl"
     algorithm: str = "auto"
-    calibration: object | None = None  # zero_sim.calibrate.Calibration: measured fits win over the model
+    calibration: object | None = None  # zero_sim.calibration.Calibration: measured fits win over the model
     _cache: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -166,7 +133,7 @@ class CollectiveModel:
     @property
     def in_flight(self) -> int:
         """Collectives of one stream that run at once: the backend's worker threads.  The engine
-        still makes a process group pay its calls' latencies one at a time (see ``zero_sim.engine``)."""
+        still makes a process group pay its calls' latencies one at a time (see ``zero_sim.engine.engine``)."""
         return BACKENDS[self.backend].in_flight
 
     def plan(self, kind: str, nbytes: float, instances: tuple[tuple[int, ...], ...]) -> CollectivePlan:

@@ -1,14 +1,14 @@
 """The simulator scenario that stands for a real run: same model, ranks, batch, strategy, links.
 
 A run directory written by ``real_runs.train`` says what was trained (``run.json``); this
-module turns that into :func:`zero_sim.simulate.simulate` keywords, so a prediction can
+module turns that into :func:`zero_sim.scenario.simulate` keywords, so a prediction can
 be made *before* looking at any measured time.  Nothing measured in the run is read
 here except its configuration.
 
 The pieces, each a deliberate choice:
 
 * **workload**: the real model's own layers, read off ``real_runs.model`` on the meta
-  device (:func:`zero_sim.workload.workload_from_module`): exact parameter counts per
+  device (:func:`zero_sim.system.workload.workload_from_module`): exact parameter counts per
   layer (the real lm head is untied), FLOPs, saved-activation bytes.  Layer kinds are
   labelled ``embedding`` / ``block`` / ``head`` so per-kind calibrated times apply.
 * **precision**: fp32 everywhere (the real runs train in fp32): K = 8, 4-byte grads.
@@ -20,7 +20,7 @@ The pieces, each a deliberate choice:
 
 from __future__ import annotations
 
-from zero_sim.workload import Layer, Workload, workload_from_module
+from zero_sim.system.workload import Layer, Workload, workload_from_module
 
 # real strategy -> (simulated strategy, knobs, what the mapping leaves out)
 REAL_TO_SIM: dict[str, tuple[str, dict, str]] = {
@@ -118,7 +118,7 @@ def scenario_for_run(run: dict, calibration=None) -> tuple[dict, Workload]:
 
 def predict_run(run: dict, calibration=None):
     """Simulate the scenario of a real run (see :func:`scenario_for_run`); a SimResult."""
-    from zero_sim.simulate import simulate
+    from zero_sim.scenario import simulate
 
     kw, workload = scenario_for_run(run, calibration)
     return simulate(workload=workload, **kw)

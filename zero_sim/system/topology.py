@@ -24,6 +24,7 @@ host-bridge box share one subgroup's bus, as in seed 002).
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 
 GBps = 1e9
 US = 1e-6
@@ -191,8 +192,6 @@ class Topology:
 
     def bottleneck_kind(self, members: list[int] | None = None) -> str:
         """The link kind that limits a ring over ``members`` (default: every rank)."""
-        from zero_sim.collectives import ring_loads
-
         members = members if members is not None else list(range(self.world_size))
         loads = ring_loads(self, tuple(members))
         if not loads:
@@ -215,6 +214,29 @@ class Topology:
         parts = [f"{k} {link.capacity / GBps:.1f} GB/s{' shared' if link.shared else ''}, "
                  f"{link.latency / US:.0f} us" for k, link in kinds.items()]
         return f"{self.name}: {self.nodes} node(s) x {self.ranks_per_node} GPU(s); " + "; ".join(parts)
+
+
+@lru_cache(maxsize=4096)
+def ring_loads(topo: Topology, members: tuple[int, ...]) -> dict[str, int]:
+    """How many edges of a ring over ``members`` cross each link (a link carrying k edges
+    gives each a k-th of its capacity)."""
+    loads: dict[str, int] = {}
+    n = len(members)
+    if n <= 1:
+        return loads
+    for i, src in enumerate(members):
+        for name in topo.path(src, members[(i + 1) % n]):
+            loads[name] = loads.get(name, 0) + 1
+    return loads
+
+
+@lru_cache(maxsize=4096)
+def ring_step_latency(topo: Topology, members: tuple[int, ...]) -> float:
+    """One step of a ring waits for its slowest edge: the largest path latency between neighbours."""
+    n = len(members)
+    if n <= 1:
+        return 0.0
+    return max(topo.path_latency(src, members[(i + 1) % n]) for i, src in enumerate(members))
 
 
 def build_topology(name_or_spec: str | TopologySpec, world_size: int, gpus_per_node: int | None = None) -> Topology:

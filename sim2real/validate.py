@@ -13,7 +13,7 @@ emulated link bandwidth x bucket size) on this machine it:
    how much of the time is that sharing.  Per case, because on a shared machine the
    speed of compute drifts by 10-30% within a minute;
 3. **predicts the case** from that calibration and the case's configuration alone
-   (:func:`zero_sim.replay.predict_run` on the run's *planned* ``run.json`` fields), and
+   (:func:`sim2real.replay.predict_run` on the run's *planned* ``run.json`` fields), and
    writes the prediction down;
 4. only then **runs** the case in the same cluster (``real_runs.train``) and reads its
    measured step time (median over the steps after the first, slowest rank per step) and
@@ -39,7 +39,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from zero_sim.calibrate import Calibration, Loopback, machine_facts, measure_compute, measure_network
+from sim2real.measure import Loopback, machine_facts, measure_compute, measure_network
+from zero_sim.calibration import Calibration
 
 
 class ValidationError(ValueError):
@@ -111,7 +112,7 @@ def measured_step_s(run: dict) -> float:
 
 def check_grid(cases, opts: Options) -> None:
     from real_runs.model import PRESETS
-    from zero_sim.replay import REAL_TO_SIM
+    from sim2real.replay import REAL_TO_SIM
 
     if opts.model not in PRESETS:
         raise ValidationError(f"unknown model {opts.model!r}; choose one of {', '.join(PRESETS)}")
@@ -131,7 +132,7 @@ def run_validation(cases, opts: Options = Options(), workdir: str | os.PathLike 
                    on_line: Callable[[str], None] | None = print) -> dict:
     """Calibrate, predict, then run every case; returns the JSON-able result."""
     from real_runs import cluster as emu
-    from zero_sim.replay import predict_run
+    from sim2real.replay import predict_run
 
     say = on_line or (lambda _line: None)
     cases = list(cases)
@@ -245,9 +246,9 @@ def _exposed_comm(run_dir: Path, sim) -> dict:
     """Exposed communication, measured vs predicted, by the overlay's definitions (results.py's).
 
     Measured over the same steps as step time (after the first), the ranks' mean per step and
-    the median over steps (:func:`zero_sim.overlay.steady_timing`): one step of one rank moves
+    the median over steps (:func:`sim2real.overlay.steady_timing`): one step of one rank moves
     by tens of percent from the next on a shared CPU."""
-    from zero_sim.overlay import load_run, steady_timing
+    from sim2real.overlay import load_run, steady_timing
 
     measured = steady_timing(load_run(run_dir))["exposed_comm_s"]
     predicted = sim.metrics["exposed_comm_s"]
@@ -261,8 +262,8 @@ def _overlay_png(run_dir: Path, sim, report_dir: Path, row: dict) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from zero_sim.overlay import compare, load_run
-    from zero_sim.plots import plot_overlay
+    from sim2real.overlay import compare, load_run
+    from zero_sim.ui.plots import plot_overlay
 
     report_dir.mkdir(parents=True, exist_ok=True)
     name = Path(row["run_dir"]).name + ".png"

@@ -4,7 +4,7 @@ What is compared
 ----------------
 A run directory written by ``real_runs.train`` (``run.json`` and one ``rank<r>.json`` per
 rank) against a :class:`~zero_sim.results.SimResult` of the same scenario, usually
-``zero_sim.replay.predict_run(run)``.  Both speak the vocabulary of
+``sim2real.replay.predict_run(run)``.  Both speak the vocabulary of
 :mod:`zero_sim.vocabulary` (streams ``host`` / ``compute`` / ``comm``, ops ``fwd L3``,
 ``reduce_scatter L5`` ...), so :func:`compare` can put them side by side as tables:
 
@@ -78,7 +78,7 @@ from typing import Any
 
 import pandas as pd
 
-from zero_sim.replay import REAL_TO_SIM
+from sim2real.replay import REAL_TO_SIM
 from zero_sim.results import _clip, _length, _subtract, _union
 from zero_sim.vocabulary import (
     ACTIVATIONS,
@@ -498,7 +498,7 @@ def compare(run: MeasuredRun, sim, step: int | None = None, rank: int = 0) -> Co
     sim_world, sim_params = sim.scenario.get("gpus"), sim.scenario.get("params")
     if int(sim_world) != run.world_size:
         raise OverlayError(f"The run has {run.world_size} ranks but the prediction simulates {sim_world}; "
-                           f"predict the run's own scenario (zero_sim.replay.predict_run(run.run)).")
+                           f"predict the run's own scenario (sim2real.replay.predict_run(run.run)).")
     if int(sim_params) != int(run.run.get("params", -1)):
         raise OverlayError(f"The run trained the {run.run.get('model')} model ({int(run.run.get('params', 0)):,} "
                            f"parameters) but the prediction is for {sim.scenario.get('model')} "
@@ -704,7 +704,7 @@ def _match(pred, meas, key, how, pairs):
 
 def overlay(run_dir, calibration=None, step: int | None = None) -> Comparison:
     """Load a run directory, predict its scenario and compare: the one-call version."""
-    from zero_sim.replay import ReplayError, predict_run
+    from sim2real.replay import ReplayError, predict_run
 
     run = load_run(run_dir)
     try:

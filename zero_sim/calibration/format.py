@@ -66,25 +66,24 @@ import bisect
 import json
 import math
 import os
-import platform
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from zero_sim.collectives import (
-    CollectiveError,
-    LatencyBandwidthFit,
-    NcclTestsRow,
-    NcclTestsTable,
-    bus_factor,
-    fit_nccl_tests,
-    parse_nccl_tests,
-)
-from zero_sim.topology import Fabric, Network, TopologySpec, parse_nvidia_smi_topo
+from zero_sim.system.topology import Fabric, Network, TopologySpec
 from zero_sim.vocabulary import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER
+from zero_sim.vocabulary.collectives import bus_factor
+from zero_sim.vocabulary.files import write_json_atomic
 
 FORMAT = "zero-sim-calibration/1"
 FITTED_COLLECTIVES = (ALL_REDUCE, REDUCE_SCATTER, ALL_GATHER)
 LAYER_KINDS = ("embedding", "block", "head")
+
+# A sweep has two regimes: below ~32 KB a collective costs its latency and nothing else;
+# from ~1 MB up it costs its bytes over the bus bandwidth.  Between them, shaped links let
+# a burst through at memory speed and a shared machine adds noise, so each parameter is
+# read where it is visible.
+LATENCY_MAX_BYTES = 32 * 1024
+BANDWIDTH_MIN_BYTES = 1 << 20
 
 
 class CalibrationError(ValueError):
@@ -205,8 +204,6 @@ class Calibration:
         }
 
     def save(self, path: str | os.PathLike) -> None:
-        from zero_sim.trace import write_json_atomic
-
         write_json_atomic(path, self.to_dict())
 
     @classmethod
@@ -275,267 +272,3 @@ class Calibration:
         return cls.from_dict(d, f"{str(path)!r}")
 
 
-# ---------------------------------------------------------------------- building blocks
-
-
-# A sweep has two regimes: below ~32 KB a collective costs its latency and nothing else;
-# above ~1 MB it costs its bytes over the bus bandwidth.  In between, emulated links
-# let a burst through at memory speed (tc's token bucket) and a shared machine adds
-# noise, so the fit reads each parameter where it is visible.
-LATENCY_MAX_BYTES = 32 * 1024
-BANDWIDTH_MIN_BYTES = 1 << 20
-SMALL_CALL_MAX_BYTES = 64 * 1024
-
-
-def fit_sweep(rows: list[dict], world_size: int, min_bytes: int = 0) -> dict[str, CollectiveFit]:
-    """Fit latency and busbw per collective from a microbenchmark sweep (rows as
-    ``real_runs.microbench`` writes them).
-
-    ``latency`` is the time of the sizes up to 32 KB less their bytes' share, averaged over
-    those sizes less the slowest and the fastest: a step pays the sum of its small calls, so
-    the mean is the figure, and slow spells on a shared machine fill whole rows now and then,
-    so a median over rows would miss them while a plain mean would follow one disturbed row;
-    ``busbw`` minimises the relative error of ``latency + factor*S/busbw`` over the sizes
-    from 1 MB up; the two are refined in turn.  A sweep
-    that lacks either regime falls back to one relative least-squares fit over every
-    size from ``min_bytes`` (:func:`zero_sim.collectives.fit_nccl_tests`)."""
-
-    fits = {}
-    for kind in FITTED_COLLECTIVES:
-        mine = sorted((r for r in rows if r["collective"] == kind), key=lambda r: r["size_bytes"])
-        factor = bus_factor(kind, world_size)
-        small = [(r["size_bytes"], r["time_us"] * 1e-6) for r in mine if r["size_bytes"] <= LATENCY_MAX_BYTES]
-        large = [(r["size_bytes"], r["time_us"] * 1e-6) for r in mine if r["size_bytes"] >= BANDWIDTH_MIN_BYTES]
-        if len(small) >= 2 and len(large) >= 2 and factor > 0:
-            # Alternate: latency is what the small sizes take beyond their bytes; 1/busbw then
-            # minimises sum(((latency + factor*S/busbw) - t) / t)^2 over the large sizes (closed form).
-            inv_bw = 0.0
-            for _ in range(3):
-                latency = max(0.0, _trimmed_mean([t - factor * sz * inv_bw for sz, t in small]))
-                num = sum(factor * sz / t * (1.0 - latency / t) for sz, t in large)
-                den = sum((factor * sz / t) ** 2 for sz, t in large)
-                inv_bw = num / den if num > 0 else 0.0
-            if inv_bw > 0:
-                fit = CollectiveFit(kind, world_size, latency, 1.0 / inv_bw, 0.0, tuple(r["size_bytes"] for r in mine),
-                                    tuple(r["time_us"] * 1e-6 for r in mine))
-                worst = max(abs(fit.time(r["size_bytes"]) / (r["time_us"] * 1e-6) - 1) for r in mine)
-                fits[kind] = replace(fit, max_rel_error=worst)
-                continue
-        mine = [r for r in mine if r["size_bytes"] >= min_bytes]
-        if len(mine) < 2:
-            continue
-        table = NcclTestsTable(tuple(NcclTestsRow(int(r["size_bytes"]), float(r["time_us"]), float(r["algbw_gbps"]),
-                                                  float(r["busbw_gbps"]) or 1e-12) for r in mine),
-                               world_size, factor)
-        fits[kind] = _from_lbfit(kind, world_size, fit_nccl_tests(table), table)
-    if not fits:
-        raise CalibrationError("the sweep has fewer than two sizes of any collective; sweep a wider size range")
-    return fits
-
-
-def _trimmed_mean(values: list[float]) -> float:
-    """The mean without the largest and the smallest value (all of them when there are fewer than four)."""
-    values = sorted(values)
-    if len(values) >= 4:
-        values = values[1:-1]
-    return sum(values) / len(values)
-
-
-def _from_lbfit(kind: str, n: int, fit: LatencyBandwidthFit, table: NcclTestsTable) -> CollectiveFit:
-    return CollectiveFit(kind, n, fit.latency_s, fit.busbw, fit.max_rel_error,
-                         tuple(r.size_bytes for r in table.rows), tuple(r.time_us * 1e-6 for r in table.rows))
-
-
-def cpu_from_sweep(rows: list[dict], world_size: int, cores: int,
-                   under_compute: list[dict] | None = None) -> CpuCalibration:
-    """What communication takes from compute, from the CPU time per call of an idle sweep
-    (rows with ``cpu_us``) on ``world_size`` ranks sharing ``cores`` cores.
-
-    ``c``: the median CPU per call up to 64 KB, where a call is nearly all per-call work.
-    ``f``: from 1 MB up, the median of (CPU per call - ``c``) / its time, the fraction of a
-    core a rank's threads keep busy while bytes stream.  Every rank computes on one thread,
-    so ``min(N, C)`` cores compute; communication first takes the ``C - N`` idle ones, and
-    what it needs beyond them comes out of compute, shared by all ``N`` ranks:
-
-    * per call: each rank's compute loses ``c * N / C`` (nothing when ``N < C``);
-    * while streaming: compute gets ``min(N, C) - max(0, N f - max(0, C - N))`` cores
-      instead of ``min(N, C)``; ``overlap_slowdown`` is the ratio less one (at most 9,
-      where communication would leave compute a tenth of its cores).
-
-    With ``under_compute`` rows (a queue timed idle and while every rank computes), the
-    queue's pace under compute ``p`` (the median over the collectives of idle / loaded time)
-    becomes ``comm_rate_while_computing``, and the CPU communication takes while the ranks
-    compute is ``p`` times the idle figures: ``c p`` per call and ``f p`` while streaming
-    (see the module docstring)."""
-    import statistics
-
-    timed = [r for r in rows if r.get("cpu_us") is not None and r["time_us"] > 0]
-    small = [r["cpu_us"] * 1e-6 for r in timed if r["size_bytes"] <= SMALL_CALL_MAX_BYTES]
-    if not small or not any(r["size_bytes"] >= BANDWIDTH_MIN_BYTES for r in timed):
-        raise CalibrationError("the sweep has no CPU time per call at sizes up to 64 KB and from 1 MB; rerun "
-                               "`real_runs.microbench collectives` from 1K to at least 1M")
-    n, c_cores = world_size, max(1, int(cores))
-    per_call = statistics.median(small)
-    streaming = statistics.median(max(0.0, r["cpu_us"] * 1e-6 - per_call) / (r["time_us"] * 1e-6)
-                                  for r in timed if r["size_bytes"] >= BANDWIDTH_MIN_BYTES)
-    pace = 1.0
-    if under_compute:
-        pace = min(1.0, max(0.02, statistics.median(r["idle_s"] / r["loaded_s"] for r in under_compute)))
-    computing = min(n, c_cores)
-    left = max(computing / 10, computing - max(0.0, n * streaming * pace - max(0, c_cores - n)))
-    return CpuCalibration(per_call * pace * n / c_cores if n >= c_cores else 0.0, computing / left - 1.0, n,
-                          c_cores, per_call, streaming, pace)
-
-
-def fit_nccl_tests_text(text: str, collective: str = ALL_REDUCE) -> CollectiveFit:
-    """One fit from pasted nccl-tests output (``all_reduce_perf`` and friends)."""
-    if collective not in FITTED_COLLECTIVES:
-        raise CalibrationError(f"cannot fit {collective!r}; choose one of {', '.join(FITTED_COLLECTIVES)}")
-    try:
-        table = parse_nccl_tests(text, collective)
-        return _from_lbfit(collective, table.n_ranks, fit_nccl_tests(table), table)
-    except CollectiveError as exc:
-        raise CalibrationError(str(exc)) from None
-
-
-def topology_from_imports(nvidia_smi_text: str, fits: dict[str, CollectiveFit]) -> TopologySpec:
-    """A real box's topology: the GPU layout of ``nvidia-smi topo -m``, its link figures set from
-    the nccl-tests all_reduce fit when there is one (otherwise the layout's defaults stay).
-
-    On NVLink/NVSwitch each ring edge has a GPU port to itself, so the port rate is the
-    measured busbw.  On PCIe every edge of a ring of n GPUs crosses their shared bus once,
-    so the bus carries n times the busbw; across subgroups the host bridge is the limit.
-    The per-hop latency is the fitted latency spread over the ring's 2(n-1) steps."""
-    from zero_sim.collectives import BACKENDS
-    from zero_sim.topology import TopologyError
-
-    try:
-        spec = parse_nvidia_smi_topo(nvidia_smi_text, name="calibrated")
-    except TopologyError as exc:
-        raise CalibrationError(str(exc)) from None
-    fit = fits.get(ALL_REDUCE)
-    if fit is None:
-        return spec
-    n, bw = fit.world_size, fit.busbw / 1e9
-    hop_us = max(0.0, fit.latency_s - BACKENDS["nccl"].launch_latency_s) / max(1, 2 * (n - 1)) * 1e6
-    fab = spec.fabric
-    if fab.kind == "nvswitch":
-        fab = replace(fab, port_gbps=bw, port_latency_us=hop_us)
-    elif fab.subgroups > 1 and n > spec.gpus_per_node // fab.subgroups:
-        fab = replace(fab, bridge_gbps=bw, bridge_latency_us=hop_us)
-    else:
-        fab = replace(fab, bus_gbps=bw * n, bus_latency_us=hop_us)
-    return replace(spec, fabric=fab, source=f"nvidia-smi topo -m; links fitted to nccl-tests all_reduce on {n} GPUs "
-                                            f"({fit.latency_s * 1e6:.0f} us + {bw:.2f} GB/s busbw)")
-
-
-def compute_from_layers(layers: dict, alone: dict | None = None) -> ComputeCalibration:
-    """Compute calibration from ``real_runs.microbench layers`` output (taken with all ranks
-    at once); ``alone`` is the same measurement on one rank, to report the sharing factor."""
-    by_kind = layers["by_kind"]
-    missing = [k for k in LAYER_KINDS if k not in by_kind]
-    if missing:
-        raise CalibrationError(f"the layer timings lack the {missing[0]!r} layer kind; rerun the layers benchmark")
-    sharing = None
-    if alone is not None:
-        sharing = by_kind["block"]["fwd"] / alone["by_kind"]["block"]["fwd"]
-    return ComputeCalibration({k: dict(by_kind[k]) for k in LAYER_KINDS}, int(layers["tokens"]),
-                              layers.get("optimizer_s_per_param"), int(layers.get("world_size", 1)),
-                              layers.get("cores"), sharing, layers.get("model"),
-                              float(layers.get("slowest_rank_factor", 1.0)))
-
-
-def machine_facts(**extra) -> dict:
-    import torch
-
-    return {"host": platform.node(), "cores": os.cpu_count(), "torch": torch.__version__,
-            "python": platform.python_version(), **extra}
-
-
-# ---------------------------------------------------------------------- measuring here
-
-
-def measure_compute(nproc: int, model: str, micro_batch: int, seq_len: int | None, workdir: Path,
-                    timeout_s: float = 300.0, on_line=None, label: str = "",
-                    alone: ComputeCalibration | None = None) -> ComputeCalibration:
-    """Per-layer times of the real model with ``nproc`` ranks computing at once, and one alone
-    (files kept in ``workdir``, named by ``label``).  Given ``alone`` (an earlier measurement of
-    one rank alone), only the ``nproc`` ranks are measured and the sharing factor is read against it."""
-    from real_runs.launch import run_module
-
-    found = {}
-    if alone is not None and nproc > 1:
-        found[1] = {"by_kind": alone.layer_seconds}
-    for ranks in sorted({1, nproc} - set(found)):
-        path = Path(workdir) / f"layers_{model}_mb{micro_batch}_r{ranks}{label and '_' + label}.json"
-        # Ten iterations, each rank's median, then the mean over ranks: ranks sharing cores get
-        # them unevenly over any one pass (10-15% apart with 4 ranks on 2 cores).
-        argv = ["layers", "--model", model, "--micro-batch", str(micro_batch), "--iters", "10", "--out", str(path)]
-        if seq_len:
-            argv += ["--seq-len", str(seq_len)]
-        run_module("real_runs.microbench", argv, ranks, on_line=on_line, timeout_s=timeout_s)
-        found[ranks] = json.loads(path.read_text())
-    return compute_from_layers(found[nproc], found[1] if nproc > 1 else None)
-
-
-def measure_network(runner, nproc: int, workdir: Path, max_bytes: str = "32M", budget_s: float = 0.15,
-                    timeout_s: float = 300.0, on_line=None, label: str = ""
-                    ) -> tuple[dict[str, CollectiveFit], CpuCalibration, dict]:
-    """Sweep collectives on ``runner`` (an EmulatedCluster, or anything with its ``run_module``);
-    returns the fits, what the calls' CPU time says communication costs compute, and the raw
-    sweep (kept in ``workdir``, named by ``label``).  From 1 KB: six sizes up to 32 KB give
-    the latency's median."""
-    path = Path(workdir) / f"sweep_n{nproc}{label and '_' + label}_{os.getpid()}.json"
-    runner.run_module("real_runs.microbench", ["collectives", "--min-bytes", "1K", "--max-bytes", max_bytes,
-                                               "--budget-s", str(budget_s), "--out", str(path)],
-                      on_line=on_line, timeout_s=timeout_s)
-    sweep = json.loads(path.read_text())
-    cores = sweep.get("cores") or os.cpu_count() or 1
-    return (fit_sweep(sweep["rows"], nproc), cpu_from_sweep(sweep["rows"], nproc, cores, sweep.get("under_compute")),
-            sweep)
-
-
-class Loopback:
-    """``nproc`` ranks of this machine on plain loopback: the runner when nothing is emulated."""
-
-    def __init__(self, nproc: int):
-        self.nproc = nproc
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return None
-
-    def describe(self) -> str:
-        return f"{self.nproc} rank(s) on plain loopback (not shaped)"
-
-    def run_module(self, module: str, argv: list[str], on_line=None, timeout_s: float = 600.0) -> None:
-        from real_runs.launch import run_module
-
-        run_module(module, argv, self.nproc, on_line=on_line, timeout_s=timeout_s)
-
-    def cluster_record(self) -> None:
-        return None
-
-
-def measure(nproc: int, model: str = "small", micro_batch: int = 4, seq_len: int | None = None,
-            shape: str | None = None, bandwidth_gbps: float | None = None, max_bytes: str = "32M",
-            workdir: Path | None = None, on_line=None) -> Calibration:
-    """Calibrate this machine: compute with ``nproc`` ranks, and the network they use (an
-    emulated cluster of ``shape`` at ``bandwidth_gbps`` when given, else plain loopback)."""
-    import tempfile
-
-    workdir = Path(workdir or tempfile.mkdtemp(prefix="zero-sim-calibrate-"))
-    compute = measure_compute(nproc, model, micro_batch, seq_len, workdir, on_line=on_line)
-    if shape is not None:
-        from real_runs.cluster import ClusterShape, EmulatedCluster
-
-        runner = EmulatedCluster(nproc, ClusterShape(shape, float(bandwidth_gbps)))
-    else:
-        runner = Loopback(nproc)
-    with runner as r:
-        where = r.describe()
-        fits, cpu, _ = measure_network(r, nproc, workdir, max_bytes, on_line=on_line) if nproc > 1 else ({}, None, {})
-    return Calibration(fits, compute, "gloo", machine_facts(ranks=nproc, network=where, model=model,
-                                                          micro_batch=micro_batch), cpu=cpu)

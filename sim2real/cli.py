@@ -1,0 +1,120 @@
+"""``zero-sim``, the installed command: the simulator's subcommands plus those that run real ranks.
+
+    zero-sim calibrate --nproc 2 --shape uniform --bandwidth-gbps 1 --out cal.json
+    zero-sim calibrate --nccl-tests all_reduce_perf.txt --nvidia-smi-topo topo.txt --out box.json
+    zero-sim validate --quick --report out/validation
+
+A real run or an emulated cluster that fails ends with its one sentence and exit status 1;
+bad input, as everywhere, with one sentence and exit status 2.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from real_runs.cluster import SHAPES, ClusterUnavailable
+from real_runs.launch import RunFailed
+from sim2real import measure
+from sim2real import validate as v
+from zero_sim import cli
+from zero_sim.calibration import Calibration, fit_nccl_tests_text, topology_from_imports
+from zero_sim.calibration.format import FITTED_COLLECTIVES
+
+
+def _calibrate_args(cal) -> None:
+    cal.add_argument("--out", type=Path, required=True, help="calibration file to write (JSON)")
+    cal.add_argument("--nproc", type=int, default=2, help="ranks to measure with on this machine")
+    cal.add_argument("--shape", choices=SHAPES, default=None,
+                     help="measure inside an emulated cluster of this shape (needs root and tc)")
+    cal.add_argument("--bandwidth-gbps", type=float, default=None, help="the emulated links' rate, Gbit/s")
+    cal.add_argument("--model", default="small", help="real_runs model preset whose layers are timed")
+    cal.add_argument("--micro-batch", type=int, default=4, help="sequences per rank when timing layers")
+    cal.add_argument("--max-bytes", default="32M", help="largest collective in the sweep")
+    cal.add_argument("--nccl-tests", type=Path, action="append", default=[],
+                     help="import an nccl-tests output file instead of measuring (repeatable: one per collective)")
+    cal.add_argument("--nvidia-smi-topo", type=Path, default=None,
+                     help="with --nccl-tests: also build a topology from `nvidia-smi topo -m` output")
+
+
+def _imported(args) -> Calibration:
+    fits = {}
+    for path in args.nccl_tests:
+        if not path.is_file():
+            raise cli.UsageError(f"nccl-tests file {str(path)!r} does not exist; pass the path of saved output")
+        text = path.read_text(errors="replace")
+        kind = next((k for k in FITTED_COLLECTIVES if f"{k}_perf" in text or k in path.name), "all_reduce")
+        fits[kind] = fit_nccl_tests_text(text, kind)
+    topology = None
+    if args.nvidia_smi_topo is not None:
+        if not args.nvidia_smi_topo.is_file():
+            raise cli.UsageError(f"file {str(args.nvidia_smi_topo)!r} does not exist; save `nvidia-smi topo -m` there")
+        topology = topology_from_imports(args.nvidia_smi_topo.read_text(errors="replace"), fits)
+    return Calibration(fits, None, "nccl", {"source": ", ".join(str(p) for p in args.nccl_tests)}, topology)
+
+
+def _measured(args) -> Calibration:
+    if args.nproc < 1 or args.micro_batch < 1:
+        raise cli.UsageError("--nproc and --micro-batch must be positive integers")
+    if (args.shape is None) != (args.bandwidth_gbps is None):
+        raise cli.UsageError("--shape and --bandwidth-gbps go together: give both to measure in an emulated "
+                             "cluster, or neither for plain loopback")
+    if args.bandwidth_gbps is not None and args.bandwidth_gbps <= 0:
+        raise cli.UsageError(f"--bandwidth-gbps must be positive, got {args.bandwidth_gbps}")
+    return measure.measure(args.nproc, args.model, args.micro_batch, None, args.shape, args.bandwidth_gbps,
+                           args.max_bytes, on_line=print)
+
+
+def _calibrate(args) -> int:
+    result = _imported(args) if args.nccl_tests else _measured(args)
+    result.save(args.out)
+    print(result.describe())
+    print(f"wrote {args.out}; use it with `zero-sim simulate --calibration {args.out}`")
+    return 0
+
+
+def _validate_args(val) -> None:
+    val.add_argument("--quick", action="store_true", help="a small grid fit for CI")
+    val.add_argument("--report", type=Path, default=None, help="write report.md, validation.json and figures here")
+    val.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    val.add_argument("--model", default="small")
+    val.add_argument("--steps", type=int, default=None,
+                     help=f"steps per run (default {v.Options.steps}); the first is dropped and the median of "
+                          f"the rest is measured")
+    val.add_argument("--shape", choices=SHAPES, default="uniform")
+
+
+def _validate(args) -> int:
+    cases = v.QUICK_GRID if args.quick else v.FULL_GRID
+    opts = v.Options(model=args.model, shape=args.shape,
+                     **({} if args.steps is None else {"steps": args.steps}))
+    result = v.run_validation(cases, opts, report_dir=args.report,
+                              on_line=(lambda line: print(line, file=sys.stderr)) if args.json else print)
+    if args.json:
+        print(json.dumps(result, default=str))
+    else:
+        print(f"median |error| of step time: {result['median_abs_error']:.1%} over {len(result['cases'])} cases")
+        if args.report:
+            print(f"wrote {args.report / 'report.md'}")
+    return 0
+
+
+COMMANDS: dict[str, cli.Command] = {
+    **cli.COMMANDS,
+    "calibrate": cli.Command("measure (or import) collective and compute times into a calibration file",
+                             _calibrate_args, _calibrate),
+    "validate": cli.Command("predict, then run, a grid of real runs; report the errors", _validate_args, _validate),
+}
+
+
+def main(argv=None) -> int:
+    try:
+        return cli.main(argv, COMMANDS)
+    except (RunFailed, ClusterUnavailable) as exc:  # a real run or an emulated cluster that failed
+        print(f"zero-sim: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

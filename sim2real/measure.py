@@ -1,0 +1,107 @@
+"""Measuring calibration on this machine: launch ``real_runs.microbench`` on gloo ranks
+(plain loopback, or an emulated cluster) and fit what it reports.
+
+``measure()`` is what ``zero-sim calibrate --nproc N`` runs; :mod:`sim2real.validate`
+calls :func:`measure_compute` and :func:`measure_network` per case.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import tempfile
+from pathlib import Path
+
+from real_runs.cluster import ClusterShape, EmulatedCluster
+from real_runs.launch import run_module
+from zero_sim.calibration.fit import compute_from_layers, cpu_from_sweep, fit_sweep
+from zero_sim.calibration.format import Calibration, CollectiveFit, ComputeCalibration, CpuCalibration
+
+
+def machine_facts(**extra) -> dict:
+    import torch  # here, not at the top: the CLI imports this module and simulate never needs torch
+
+    return {"host": platform.node(), "cores": os.cpu_count(), "torch": torch.__version__,
+            "python": platform.python_version(), **extra}
+
+
+# ---------------------------------------------------------------------- measuring here
+
+
+def measure_compute(nproc: int, model: str, micro_batch: int, seq_len: int | None, workdir: Path,
+                    timeout_s: float = 300.0, on_line=None, label: str = "",
+                    alone: ComputeCalibration | None = None) -> ComputeCalibration:
+    """Per-layer times of the real model with ``nproc`` ranks computing at once, and one alone
+    (files kept in ``workdir``, named by ``label``).  Given ``alone`` (an earlier measurement of
+    one rank alone), only the ``nproc`` ranks are measured and the sharing factor is read against it."""
+    found = {}
+    if alone is not None and nproc > 1:
+        found[1] = {"by_kind": alone.layer_seconds}
+    for ranks in sorted({1, nproc} - set(found)):
+        path = Path(workdir) / f"layers_{model}_mb{micro_batch}_r{ranks}{label and '_' + label}.json"
+        # Ten iterations, each rank's median, then the mean over ranks: ranks sharing cores get
+        # them unevenly over any one pass (10-15% apart with 4 ranks on 2 cores).
+        argv = ["layers", "--model", model, "--micro-batch", str(micro_batch), "--iters", "10", "--out", str(path)]
+        if seq_len:
+            argv += ["--seq-len", str(seq_len)]
+        run_module("real_runs.microbench", argv, ranks, on_line=on_line, timeout_s=timeout_s)
+        found[ranks] = json.loads(path.read_text())
+    return compute_from_layers(found[nproc], found[1] if nproc > 1 else None)
+
+
+def measure_network(runner, nproc: int, workdir: Path, max_bytes: str = "32M", budget_s: float = 0.15,
+                    timeout_s: float = 300.0, on_line=None, label: str = ""
+                    ) -> tuple[dict[str, CollectiveFit], CpuCalibration, dict]:
+    """Sweep collectives on ``runner`` (an EmulatedCluster, or anything with its ``run_module``);
+    returns the fits, what the calls' CPU time says communication costs compute, and the raw
+    sweep (kept in ``workdir``, named by ``label``).  From 1 KB: six sizes up to 32 KB give
+    the latency's median."""
+    path = Path(workdir) / f"sweep_n{nproc}{label and '_' + label}_{os.getpid()}.json"
+    runner.run_module("real_runs.microbench", ["collectives", "--min-bytes", "1K", "--max-bytes", max_bytes,
+                                               "--budget-s", str(budget_s), "--out", str(path)],
+                      on_line=on_line, timeout_s=timeout_s)
+    sweep = json.loads(path.read_text())
+    cores = sweep.get("cores") or os.cpu_count() or 1
+    return (fit_sweep(sweep["rows"], nproc), cpu_from_sweep(sweep["rows"], nproc, cores, sweep.get("under_compute")),
+            sweep)
+
+
+class Loopback:
+    """``nproc`` ranks of this machine on plain loopback: the runner when nothing is emulated."""
+
+    def __init__(self, nproc: int):
+        self.nproc = nproc
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return None
+
+    def describe(self) -> str:
+        return f"{self.nproc} rank(s) on plain loopback (not shaped)"
+
+    def run_module(self, module: str, argv: list[str], on_line=None, timeout_s: float = 600.0) -> None:
+            run_module(module, argv, self.nproc, on_line=on_line, timeout_s=timeout_s)
+
+    def cluster_record(self) -> None:
+        return None
+
+
+def measure(nproc: int, model: str = "small", micro_batch: int = 4, seq_len: int | None = None,
+            shape: str | None = None, bandwidth_gbps: float | None = None, max_bytes: str = "32M",
+            workdir: Path | None = None, on_line=None) -> Calibration:
+    """Calibrate this machine: compute with ``nproc`` ranks, and the network they use (an
+    emulated cluster of ``shape`` at ``bandwidth_gbps`` when given, else plain loopback)."""
+    workdir = Path(workdir or tempfile.mkdtemp(prefix="zero-sim-calibrate-"))
+    compute = measure_compute(nproc, model, micro_batch, seq_len, workdir, on_line=on_line)
+    if shape is not None:
+        runner = EmulatedCluster(nproc, ClusterShape(shape, float(bandwidth_gbps)))
+    else:
+        runner = Loopback(nproc)
+    with runner as r:
+        where = r.describe()
+        fits, cpu, _ = measure_network(r, nproc, workdir, max_bytes, on_line=on_line) if nproc > 1 else ({}, None, {})
+    return Calibration(fits, compute, "gloo", machine_facts(ranks=nproc, network=where, model=model,
+                                                          micro_batch=micro_batch), cpu=cpu)

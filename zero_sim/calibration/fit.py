@@ -1,0 +1,190 @@
+"""Fitting calibration figures from measurements: a collective sweep, nccl-tests output,
+``nvidia-smi topo -m`` and per-layer timings become the records of
+:mod:`zero_sim.calibration.format`.
+
+Pure arithmetic on numbers already measured; measuring itself (launching ranks) is
+:mod:`sim2real.measure`'s job.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import replace
+
+from zero_sim.calibration.format import (
+    BANDWIDTH_MIN_BYTES,
+    FITTED_COLLECTIVES,
+    LATENCY_MAX_BYTES,
+    LAYER_KINDS,
+    CalibrationError,
+    CollectiveFit,
+    ComputeCalibration,
+    CpuCalibration,
+)
+from zero_sim.system.collectives import (
+    BACKENDS,
+    CollectiveError,
+    LatencyBandwidthFit,
+    NcclTestsRow,
+    NcclTestsTable,
+    fit_nccl_tests,
+    parse_nccl_tests,
+)
+from zero_sim.system.topology import TopologyError, TopologySpec, parse_nvidia_smi_topo
+from zero_sim.vocabulary import ALL_REDUCE
+from zero_sim.vocabulary.collectives import SMALL_CALL_MAX_BYTES, bus_factor
+
+
+def fit_sweep(rows: list[dict], world_size: int, min_bytes: int = 0) -> dict[str, CollectiveFit]:
+    """Fit latency and busbw per collective from a microbenchmark sweep (rows as
+    ``real_runs.microbench`` writes them).
+
+    ``latency`` is the time of the sizes up to 32 KB less their bytes' share, averaged over
+    those sizes less the slowest and the fastest: a step pays the sum of its small calls, so
+    the mean is the figure, and slow spells on a shared machine fill whole rows now and then,
+    so a median over rows would miss them while a plain mean would follow one disturbed row;
+    ``busbw`` minimises the relative error of ``latency + factor*S/busbw`` over the sizes
+    from 1 MB up; the two are refined in turn.  A sweep
+    that lacks either regime falls back to one relative least-squares fit over every
+    size from ``min_bytes`` (:func:`zero_sim.system.collectives.fit_nccl_tests`)."""
+
+    fits = {}
+    for kind in FITTED_COLLECTIVES:
+        mine = sorted((r for r in rows if r["collective"] == kind), key=lambda r: r["size_bytes"])
+        factor = bus_factor(kind, world_size)
+        small = [(r["size_bytes"], r["time_us"] * 1e-6) for r in mine if r["size_bytes"] <= LATENCY_MAX_BYTES]
+        large = [(r["size_bytes"], r["time_us"] * 1e-6) for r in mine if r["size_bytes"] >= BANDWIDTH_MIN_BYTES]
+        if len(small) >= 2 and len(large) >= 2 and factor > 0:
+            # Alternate: latency is what the small sizes take beyond their bytes; 1/busbw then
+            # minimises sum(((latency + factor*S/busbw) - t) / t)^2 over the large sizes (closed form).
+            inv_bw = 0.0
+            for _ in range(3):
+                latency = max(0.0, _trimmed_mean([t - factor * sz * inv_bw for sz, t in small]))
+                num = sum(factor * sz / t * (1.0 - latency / t) for sz, t in large)
+                den = sum((factor * sz / t) ** 2 for sz, t in large)
+                inv_bw = num / den if num > 0 else 0.0
+            if inv_bw > 0:
+                fit = CollectiveFit(kind, world_size, latency, 1.0 / inv_bw, 0.0, tuple(r["size_bytes"] for r in mine),
+                                    tuple(r["time_us"] * 1e-6 for r in mine))
+                worst = max(abs(fit.time(r["size_bytes"]) / (r["time_us"] * 1e-6) - 1) for r in mine)
+                fits[kind] = replace(fit, max_rel_error=worst)
+                continue
+        mine = [r for r in mine if r["size_bytes"] >= min_bytes]
+        if len(mine) < 2:
+            continue
+        table = NcclTestsTable(tuple(NcclTestsRow(int(r["size_bytes"]), float(r["time_us"]), float(r["algbw_gbps"]),
+                                                  float(r["busbw_gbps"]) or 1e-12) for r in mine),
+                               world_size, factor)
+        fits[kind] = _from_lbfit(kind, world_size, fit_nccl_tests(table), table)
+    if not fits:
+        raise CalibrationError("the sweep has fewer than two sizes of any collective; sweep a wider size range")
+    return fits
+
+
+def _trimmed_mean(values: list[float]) -> float:
+    """The mean without the largest and the smallest value (all of them when there are fewer than four)."""
+    values = sorted(values)
+    if len(values) >= 4:
+        values = values[1:-1]
+    return sum(values) / len(values)
+
+
+def _from_lbfit(kind: str, n: int, fit: LatencyBandwidthFit, table: NcclTestsTable) -> CollectiveFit:
+    return CollectiveFit(kind, n, fit.latency_s, fit.busbw, fit.max_rel_error,
+                         tuple(r.size_bytes for r in table.rows), tuple(r.time_us * 1e-6 for r in table.rows))
+
+
+def cpu_from_sweep(rows: list[dict], world_size: int, cores: int,
+                   under_compute: list[dict] | None = None) -> CpuCalibration:
+    """What communication takes from compute, from the CPU time per call of an idle sweep
+    (rows with ``cpu_us``) on ``world_size`` ranks sharing ``cores`` cores.
+
+    ``c``: the median CPU per call up to 64 KB, where a call is nearly all per-call work.
+    ``f``: from 1 MB up, the median of (CPU per call - ``c``) / its time, the fraction of a
+    core a rank's threads keep busy while bytes stream.  Every rank computes on one thread,
+    so ``min(N, C)`` cores compute; communication first takes the ``C - N`` idle ones, and
+    what it needs beyond them comes out of compute, shared by all ``N`` ranks:
+
+    * per call: each rank's compute loses ``c * N / C`` (nothing when ``N < C``);
+    * while streaming: compute gets ``min(N, C) - max(0, N f - max(0, C - N))`` cores
+      instead of ``min(N, C)``; ``overlap_slowdown`` is the ratio less one (at most 9,
+      where communication would leave compute a tenth of its cores).
+
+    With ``under_compute`` rows (a queue timed idle and while every rank computes), the
+    queue's pace under compute ``p`` (the median over the collectives of idle / loaded time)
+    becomes ``comm_rate_while_computing``, and the CPU communication takes while the ranks
+    compute is ``p`` times the idle figures: ``c p`` per call and ``f p`` while streaming
+    (see the module docstring)."""
+    timed = [r for r in rows if r.get("cpu_us") is not None and r["time_us"] > 0]
+    small = [r["cpu_us"] * 1e-6 for r in timed if r["size_bytes"] <= SMALL_CALL_MAX_BYTES]
+    if not small or not any(r["size_bytes"] >= BANDWIDTH_MIN_BYTES for r in timed):
+        raise CalibrationError("the sweep has no CPU time per call at sizes up to 64 KB and from 1 MB; rerun "
+                               "`real_runs.microbench collectives` from 1K to at least 1M")
+    n, c_cores = world_size, max(1, int(cores))
+    per_call = statistics.median(small)
+    streaming = statistics.median(max(0.0, r["cpu_us"] * 1e-6 - per_call) / (r["time_us"] * 1e-6)
+                                  for r in timed if r["size_bytes"] >= BANDWIDTH_MIN_BYTES)
+    pace = 1.0
+    if under_compute:
+        pace = min(1.0, max(0.02, statistics.median(r["idle_s"] / r["loaded_s"] for r in under_compute)))
+    computing = min(n, c_cores)
+    left = max(computing / 10, computing - max(0.0, n * streaming * pace - max(0, c_cores - n)))
+    return CpuCalibration(per_call * pace * n / c_cores if n >= c_cores else 0.0, computing / left - 1.0, n,
+                          c_cores, per_call, streaming, pace)
+
+
+def fit_nccl_tests_text(text: str, collective: str = ALL_REDUCE) -> CollectiveFit:
+    """One fit from pasted nccl-tests output (``all_reduce_perf`` and friends)."""
+    if collective not in FITTED_COLLECTIVES:
+        raise CalibrationError(f"cannot fit {collective!r}; choose one of {', '.join(FITTED_COLLECTIVES)}")
+    try:
+        table = parse_nccl_tests(text, collective)
+        return _from_lbfit(collective, table.n_ranks, fit_nccl_tests(table), table)
+    except CollectiveError as exc:
+        raise CalibrationError(str(exc)) from None
+
+
+def topology_from_imports(nvidia_smi_text: str, fits: dict[str, CollectiveFit]) -> TopologySpec:
+    """A real box's topology: the GPU layout of ``nvidia-smi topo -m``, its link figures set from
+    the nccl-tests all_reduce fit when there is one (otherwise the layout's defaults stay).
+
+    On NVLink/NVSwitch each ring edge has a GPU port to itself, so the port rate is the
+    measured busbw.  On PCIe every edge of a ring of n GPUs crosses their shared bus once,
+    so the bus carries n times the busbw; across subgroups the host bridge is the limit.
+    The per-hop latency is the fitted latency spread over the ring's 2(n-1) steps."""
+    try:
+        spec = parse_nvidia_smi_topo(nvidia_smi_text, name="calibrated")
+    except TopologyError as exc:
+        raise CalibrationError(str(exc)) from None
+    fit = fits.get(ALL_REDUCE)
+    if fit is None:
+        return spec
+    n, bw = fit.world_size, fit.busbw / 1e9
+    hop_us = max(0.0, fit.latency_s - BACKENDS["nccl"].launch_latency_s) / max(1, 2 * (n - 1)) * 1e6
+    fab = spec.fabric
+    if fab.kind == "nvswitch":
+        fab = replace(fab, port_gbps=bw, port_latency_us=hop_us)
+    elif fab.subgroups > 1 and n > spec.gpus_per_node // fab.subgroups:
+        fab = replace(fab, bridge_gbps=bw, bridge_latency_us=hop_us)
+    else:
+        fab = replace(fab, bus_gbps=bw * n, bus_latency_us=hop_us)
+    return replace(spec, fabric=fab, source=f"nvidia-smi topo -m; links fitted to nccl-tests all_reduce on {n} GPUs "
+                                            f"({fit.latency_s * 1e6:.0f} us + {bw:.2f} GB/s busbw)")
+
+
+def compute_from_layers(layers: dict, alone: dict | None = None) -> ComputeCalibration:
+    """Compute calibration from ``real_runs.microbench layers`` output (taken with all ranks
+    at once); ``alone`` is the same measurement on one rank, to report the sharing factor."""
+    by_kind = layers["by_kind"]
+    missing = [k for k in LAYER_KINDS if k not in by_kind]
+    if missing:
+        raise CalibrationError(f"the layer timings lack the {missing[0]!r} layer kind; rerun the layers benchmark")
+    sharing = None
+    if alone is not None:
+        sharing = by_kind["block"]["fwd"] / alone["by_kind"]["block"]["fwd"]
+    return ComputeCalibration({k: dict(by_kind[k]) for k in LAYER_KINDS}, int(layers["tokens"]),
+                              layers.get("optimizer_s_per_param"), int(layers.get("world_size", 1)),
+                              layers.get("cores"), sharing, layers.get("model"),
+                              float(layers.get("slowest_rank_factor", 1.0)))
+
+
