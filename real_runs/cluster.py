@@ -6,7 +6,7 @@ so a collective costs what the chosen topology would make it cost::
 
     from real_runs.cluster import ClusterShape, EmulatedCluster, launch_in_cluster
 
-    run = launch_in_cluster("zero3", 4, "out/z3-1g", ClusterShape("uniform", 1.0), steps=5)
+    run = launch_in_cluster("fsdp", 4, "out/fsdp-1g", ClusterShape("uniform", 1.0), steps=5)
     run["median_step_s"], run["cluster"]
 
     with EmulatedCluster(2, ClusterShape("two-nodes", 0.5)) as cluster:

@@ -3,7 +3,7 @@
 ::
 
     from real_runs.launch import launch
-    run = launch("zero3", nproc=2, out="out/z3", steps=5, on_line=print)
+    run = launch("fsdp", nproc=2, out="out/fsdp", steps=5, on_line=print)
     run["step_times_s"], run["param_l2"]
 
 ``torchrun`` runs in its own process group.  If any rank fails, torchrun stops the

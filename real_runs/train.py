@@ -37,11 +37,12 @@ import torch
 import torch.distributed as dist
 
 from zero_sim.vocabulary import REAL_STRATEGIES
+from zero_sim.vocabulary.buckets import DEFAULT_BUCKET_MB
+from zero_sim.vocabulary.model_states import formula
 
 from .model import PRESETS, build_model, count_params, global_batch, rank_shard
 from .record import Recorder, peak_cuda_bytes
 from .strategies import STRATEGIES, AdamW
-from .strategies.base import DEFAULT_BUCKET_MB, formula_bytes
 
 
 class BadInput(Exception):
@@ -226,8 +227,8 @@ def train(args) -> dict | None:
     if missing:
         raise RuntimeError(f"rank files missing for ranks {missing}")
     stage = STRATEGIES[args.strategy].stage
-    formula = formula_bytes(stage, n_params, world)
-    formula["measured"] = {
+    model_states = formula(stage, n_params, world, elem_bytes=4, k=8)
+    model_states["measured"] = {
         str(r): m["params"] + m["grads"] + m["optimizer"] for r, m in enumerate(per_rank)}
     run = {
         "strategy": args.strategy, "world_size": world, "backend": dist.get_backend(),
@@ -236,7 +237,7 @@ def train(args) -> dict | None:
         "steps": args.steps, "seed": args.seed, "bucket_mb": args.bucket_mb, "lr": args.lr,
         "step_times_s": times.tolist(), "median_step_s": statistics.median(times.tolist()),
         "losses": mean_loss.tolist(), "final_loss": float(mean_loss[-1]), "param_l2": param_l2,
-        "memory": {str(r): m for r, m in enumerate(per_rank)}, "model_states_formula": formula,
+        "memory": {str(r): m for r, m in enumerate(per_rank)}, "model_states_formula": model_states,
         "versions": _versions(), "files": sorted(f.name for f in out.iterdir() if not f.name.startswith(".")),
     }
     _write_json(out / "run.json", run)

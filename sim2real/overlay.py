@@ -15,7 +15,7 @@ rank) against a :class:`~zero_sim.results.SimResult` of the same scenario, usual
 * ``categories``: per op category (fwd, bwd, opt, each collective, wait) on one rank, the
   time at least one of its ops runs and how many ran;
 * ``memory``: bytes per memory category: resident model states (these must agree
-  *exactly* for ddp, zero1, zero2 and zero3: both sides count the same tensors) and the
+  *exactly* for ddp, zero1, zero2 and fsdp: both sides count the same tensors) and the
   peaks of activations, buffers and their total;
 * ``ops``: every op of the step on every rank, predicted and measured start and end side by side.
 

@@ -63,7 +63,7 @@ FULL_GRID = tuple(
     Case(s, n, bw, b)
     for n in (2, 4) for bw in (0.5, 2.0)
     for s, buckets in (("ddp", (25.0, 4.0)), ("zero1", (25.0,)), ("zero2", (25.0, 4.0)),
-                       ("zero2-step", (None,)), ("zero2-hook", (None,)), ("zero3", (None,)))
+                       ("zero2-step", (None,)), ("zero2-hook", (None,)), ("fsdp", (None,)))
     for b in buckets
 )
 # Small enough for CI: two strategies, both rank counts, one bandwidth.

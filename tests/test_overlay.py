@@ -35,7 +35,7 @@ from sim2real.overlay import (  # noqa: E402
 from sim2real.replay import predict_run  # noqa: E402
 from zero_sim.ui.plots import PREDICTED_HATCH, overlay_lanes, plot_overlay, plot_overlay_pair  # noqa: E402
 
-MODEL_STATE_STRATEGIES = ("ddp", "zero1", "zero2-step", "zero2-hook", "zero3")
+MODEL_STATE_STRATEGIES = ("ddp", "zero1", "zero2-step", "zero2-hook", "fsdp")
 
 
 @pytest.fixture(scope="module")

@@ -66,7 +66,7 @@ def test_a_failing_rank_ends_the_whole_run_with_a_clear_error(tmp_path, mode, sa
     (tmp_path / "run.json").write_text("{}")
     started = time.monotonic()
     with pytest.raises(RunFailed) as failure:
-        launch("zero3", nproc=2, out=tmp_path, fail_rank=1, fail_at_step=1, fail_mode=mode,
+        launch("fsdp", nproc=2, out=tmp_path, fail_rank=1, fail_at_step=1, fail_mode=mode,
                timeout_s=120, **{**RUN, "steps": 3})
     assert time.monotonic() - started < 60
     assert says in str(failure.value)
@@ -85,6 +85,6 @@ def test_a_run_that_outlives_its_timeout_is_stopped(tmp_path):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (NCCL, CUDA events, CUDA memory stats)")
 def test_one_rank_on_cuda_records_events_and_peak_memory(tmp_path):
-    run = launch("zero3", nproc=1, out=tmp_path, device="cuda", **RUN)
+    run = launch("fsdp", nproc=1, out=tmp_path, device="cuda", **RUN)
     assert run["backend"] == "nccl"
     assert run["memory"]["0"]["peak_allocated"] > 0

@@ -44,7 +44,7 @@ def test_every_strategy_reaches_the_single_process_parameters(strategy, nproc):
 
 
 def test_a_world_size_that_does_not_divide_the_model_is_padded_not_refused():
-    run, out = real_run("zero3", 3, global_batch=6)
+    run, out = real_run("fsdp", 3, global_batch=6)
     ref = reference(run)
     assert max_rel_err(load_state(out)["params"], ref["params"]) < TOL
     formula = run["model_states_formula"]
@@ -73,8 +73,8 @@ def test_model_state_bytes_per_rank_equal_the_zero_formula(strategy):
 
 
 def test_sharding_shrinks_model_states_in_the_order_of_the_stages():
-    held = {s: real_run(s, 2)[0]["model_states_formula"]["measured"]["0"] for s in ("ddp", "zero1", "zero2", "zero3")}
-    assert held["ddp"] > held["zero1"] > held["zero2"] > held["zero3"]
+    held = {s: real_run(s, 2)[0]["model_states_formula"]["measured"]["0"] for s in ("ddp", "zero1", "zero2", "fsdp")}
+    assert held["ddp"] > held["zero1"] > held["zero2"] > held["fsdp"]
 
 
 # --- 3. Output files -------------------------------------------------------------------------
@@ -124,9 +124,9 @@ def test_ddp_all_reduces_overlap_backward():
     assert first(step_ops, "all_reduce") < backward_end(step_ops)
 
 
-def test_zero3_gathers_each_layer_before_its_forward_and_again_before_its_backward():
-    step_ops = ops(real_run("zero3", 2)[1])
-    n_layers = real_run("zero3", 2)[0]["model_config"]["n_layer"] + 2
+def test_fsdp_gathers_each_layer_before_its_forward_and_again_before_its_backward():
+    step_ops = ops(real_run("fsdp", 2)[1])
+    n_layers = real_run("fsdp", 2)[0]["model_config"]["n_layer"] + 2
 
     def start(name):
         return next(op["start_s"] for op in step_ops if op["name"] == name)

@@ -4,8 +4,9 @@ import pytest
 
 from real_runs.model import PRESETS, build_model, count_params
 from real_runs.strategies import STRATEGIES
-from real_runs.strategies.base import bucketize, formula_bytes
+from real_runs.strategies.base import bucketize
 from sim2real.replay import REAL_TO_SIM, ReplayError, predict_run, real_workload, scenario_for_run
+from zero_sim.vocabulary.model_states import formula
 
 
 def planned(strategy, world=2, model="tiny", cluster=None, **extra):
@@ -30,13 +31,23 @@ def test_every_real_strategy_has_a_simulated_counterpart():
     assert set(REAL_TO_SIM) == set(STRATEGIES)
 
 
+@pytest.mark.parametrize("real", sorted(STRATEGIES))
+def test_a_name_means_the_same_algorithm_on_both_sides(real):
+    """A real strategy replays as the simulated strategy of its own name; a suffix names only
+    an implementation variant (torch's own, or a ZeRO-2 launch mode) that the knobs select."""
+    simulated, knobs, _ = REAL_TO_SIM[real]
+    base = real.removesuffix("-torch").removesuffix("-step").removesuffix("-hook")
+    assert simulated == base
+    assert real == base or knobs, f"the variant {real} must say through its knobs how it differs"
+
+
 @pytest.mark.parametrize("strategy", sorted(STRATEGIES))
 @pytest.mark.parametrize("world", [2, 4])
 def test_predicted_model_states_are_exactly_the_real_runs_bytes(strategy, world):
     """The real runs check their bytes against the ZeRO formulas; the simulator must land on the same bytes."""
     sim = predict_run(planned(strategy, world))
     psi = sim.scenario["params"]
-    expected = formula_bytes(STRATEGIES[strategy].stage, psi, world)["bytes"]
+    expected = formula(STRATEGIES[strategy].stage, psi, world, elem_bytes=4, k=8)["bytes"]
     assert sim.metrics["memory"]["model_states_bytes"] == pytest.approx(expected, rel=0.002)  # shard padding only
 
 

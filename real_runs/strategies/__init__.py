@@ -5,13 +5,13 @@ from zero_sim.vocabulary import REAL_STRATEGIES
 from .base import AdamW, Strategy
 from .ddp import DDP
 from .ddp_torch import DDPTorch
+from .fsdp import FSDP
 from .fsdp_torch import FSDPTorch
 from .zero1 import ZeRO1
 from .zero2 import ZeRO2, ZeRO2Hook, ZeRO2Step
-from .zero3 import ZeRO3
 
 STRATEGIES: dict[str, type[Strategy]] = {
-    cls.name: cls for cls in (DDPTorch, DDP, ZeRO1, ZeRO2, ZeRO2Step, ZeRO2Hook, ZeRO3, FSDPTorch)
+    cls.name: cls for cls in (DDPTorch, DDP, ZeRO1, ZeRO2, ZeRO2Step, ZeRO2Hook, FSDP, FSDPTorch)
 }
 assert set(STRATEGIES) == set(REAL_STRATEGIES), "strategy names must match zero_sim.vocabulary"
 

@@ -35,6 +35,7 @@ from zero_sim.vocabulary import (
     bwd,
     fwd,
 )
+from zero_sim.vocabulary.buckets import bucket_caps, fill_buckets
 
 from ..record import Pending, Recorder
 
@@ -151,26 +152,13 @@ class Flat:
         return {p: view.detach().clone() for p, view in self._views(buf)}
 
 
-DEFAULT_BUCKET_MB = 25.0
-
-
 def bucketize(params: list[nn.Parameter], cap_bytes: float, first_cap_bytes: float | None = None
               ) -> list[list[nn.Parameter]]:
-    """Group parameters in reverse order (the order backward produces their gradients)
-    into buckets of at most ``cap_bytes``; ``cap_bytes <= 0`` puts each in its own.
-    ``first_cap_bytes`` caps the first bucket alone."""
-    buckets, cur, size = [], [], 0
-    for p in reversed(params):
-        nbytes = p.numel() * p.element_size()
-        cap = first_cap_bytes if not buckets and first_cap_bytes is not None else cap_bytes
-        if cur and size + nbytes > cap:
-            buckets.append(cur)
-            cur, size = [], 0
-        cur.append(p)
-        size += nbytes
-    if cur:
-        buckets.append(cur)
-    return buckets
+    """Group parameters into gradient buckets by the shared rule (:mod:`zero_sim.vocabulary.buckets`):
+    reverse order, at most ``cap_bytes`` each, ``first_cap_bytes`` for the first alone."""
+    order = list(reversed(params))
+    plan = fill_buckets([p.numel() * p.element_size() for p in order], cap_bytes, first_cap_bytes)
+    return [[order[i] for i in bucket] for bucket in plan]
 
 
 class InOrder:
@@ -199,29 +187,15 @@ class InOrder:
             self.next += 1
 
 
-# Per-rank model-state bytes from the ZeRO paper, for parameters of b bytes, gradients of
-# b bytes and K bytes of optimizer state per parameter (fp32 Adam: b=4, K=8).
-FORMULAS = {
-    "ddp": ("(2b+K)Ψ", lambda psi, n, b, k: (2 * b + k) * psi),
-    "zero1": ("2bΨ + KΨ/N", lambda psi, n, b, k: 2 * b * psi + k * psi / n),
-    "zero2": ("bΨ + (b+K)Ψ/N", lambda psi, n, b, k: b * psi + (b + k) * psi / n),
-    "zero3": ("(2b+K)Ψ/N", lambda psi, n, b, k: (2 * b + k) * psi / n),
-}
-
-
 class Strategy:
     """The step skeleton.  Subclasses fill in the hooks and ``step``."""
 
     name = ""
-    stage = ""  # which row of FORMULAS its model states follow
+    stage = 0  # the ZeRO stage its model states follow (zero_sim.vocabulary.model_states)
 
     def __init__(self, model: nn.Module, rec: Recorder, hp: AdamW, bucket_mb: float):
         self.model, self.rec, self.hp = model, rec, hp
-        self.bucket_bytes = bucket_mb * 2**20
-        # torch DDP's rule, kept so the simulator's DDP buckets match ours: at the default
-        # cap the first bucket holds only 1 MiB, so the first all-reduce starts early in
-        # backward instead of after a whole 25 MB of gradients.
-        self.first_bucket_bytes = min(2**20, self.bucket_bytes) if bucket_mb == DEFAULT_BUCKET_MB else None
+        self.bucket_bytes, self.first_bucket_bytes = bucket_caps(bucket_mb)
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.layers = list(model.layers)
         self.n_layers = len(self.layers)
@@ -354,12 +328,6 @@ def gather_flat_chunks(flats: list[Flat], bufs: list[torch.Tensor]) -> list[torc
 
 def model_state_bytes(params: int, grads: int, optimizer: int) -> dict[str, int]:
     return {PARAMS: params, GRADS: grads, OPTIMIZER_STATE: optimizer}
-
-
-def formula_bytes(stage: str, psi: int, world: int, elem_bytes: int = 4, k: int = 8) -> dict:
-    text, f = FORMULAS[stage]
-    return {"formula": text, "b": elem_bytes, "K": k, "psi": psi, "N": world,
-            "bytes": int(round(f(psi, world, elem_bytes, k)))}
 
 
 def optimizer_moment_bytes(opt: torch.optim.Optimizer) -> int:

@@ -30,7 +30,7 @@ from .base import AdamState, Flat, InOrder, Strategy, bucketize, model_state_byt
 
 class DDP(Strategy):
     name = "ddp"
-    stage = "ddp"
+    stage = 0
     pad_to_world = False  # replicas need no padding; ZeRO-1 shards the same buckets
 
     def setup(self) -> None:

@@ -25,7 +25,7 @@ from .base import Strategy, model_state_bytes, optimizer_moment_bytes
 
 class DDPTorch(Strategy):
     name = "ddp-torch"
-    stage = "ddp"
+    stage = 0
 
     def setup(self) -> None:
         device = next(self.model.parameters()).device

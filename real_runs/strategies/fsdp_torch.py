@@ -1,4 +1,4 @@
-"""torch's FSDP2 (``fully_shard``), as the yardstick for ``zero3``.
+"""torch's FSDP2 (``fully_shard``), as the yardstick for ``fsdp``.
 
 Each transformer block is its own FSDP unit and the root unit holds the rest (the
 embeddings and the head).  A unit is what FSDP gathers and reduces in one collective.
@@ -31,7 +31,7 @@ from .base import Strategy, model_state_bytes, optimizer_moment_bytes
 
 class FSDPTorch(Strategy):
     name = "fsdp-torch"
-    stage = "zero3"
+    stage = 3
 
     def setup(self) -> None:
         device = next(self.model.parameters()).device

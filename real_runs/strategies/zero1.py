@@ -32,7 +32,7 @@ from .ddp import DDP
 
 class ZeRO1(DDP):
     name = "zero1"
-    stage = "zero1"
+    stage = 1
     pad_to_world = True
 
     def update_target(self, f: Flat, buf: torch.Tensor) -> torch.Tensor:

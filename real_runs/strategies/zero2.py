@@ -50,7 +50,7 @@ from .base import (
 
 class ZeRO2(Strategy):
     name = "zero2"
-    stage = "zero2"
+    stage = 2
     per_param = False
     launch_in_step = False
 

@@ -33,6 +33,7 @@ from zero_sim.vocabulary import (
     fwd,
     recompute,
 )
+from zero_sim.vocabulary.buckets import fill_buckets
 
 
 class StrategyError(ValueError):
@@ -191,30 +192,14 @@ class Bucket:
 
 def buckets(workload: Workload, cap_bytes: float, bytes_per_elem: int,
             first_cap_bytes: float | None = None) -> list[Bucket]:
-    """Assign tensors to buckets in reverse parameter order, as DDP does at construction.
-
-    A bucket closes when adding the next tensor would exceed the cap (a tensor larger
-    than the cap gets a bucket of its own).  ``cap_bytes <= 0`` means one bucket per tensor.
-    """
-    result: list[Bucket] = []
-    cur_layers: list[int] = []
-    cur_numel = 0
-
-    def close():
-        nonlocal cur_layers, cur_numel
-        if cur_numel:
-            result.append(Bucket(len(result), tuple(cur_layers), cur_numel, cur_layers[-1]))
-        cur_layers, cur_numel = [], 0
-
-    for layer in reversed(workload.layers):
-        for tensor in reversed(layer.tensors):
-            cap = first_cap_bytes if (first_cap_bytes and not result) else cap_bytes
-            if cur_numel and (cap <= 0 or (cur_numel + tensor.numel) * bytes_per_elem > cap):
-                close()
-            cur_numel += tensor.numel
-            if not cur_layers or cur_layers[-1] != layer.index:
-                cur_layers.append(layer.index)
-    close()
+    """The workload's tensors in gradient buckets by the shared rule
+    (:func:`zero_sim.vocabulary.buckets.fill_buckets`), taken in reverse parameter order."""
+    order = [(layer.index, tensor.numel) for layer in reversed(workload.layers) for tensor in reversed(layer.tensors)]
+    plan = fill_buckets([numel * bytes_per_elem for _, numel in order], cap_bytes, first_cap_bytes)
+    result = []
+    for index, positions in enumerate(plan):
+        layers = tuple(dict.fromkeys(order[i][0] for i in positions))  # in the order they fill
+        result.append(Bucket(index, layers, sum(order[i][1] for i in positions), layers[-1]))
     return result
 
 
@@ -222,5 +207,3 @@ def shard(numel: int, world_size: int) -> int:
     """Elements per rank when ``numel`` is split evenly, padding the last shard."""
     return ceil_div(numel, world_size)
 
-
-MB = 1024 * 1024  # torch's bucket_cap_mb is MiB

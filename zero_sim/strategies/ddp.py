@@ -28,7 +28,6 @@ from __future__ import annotations
 
 from zero_sim.engine.program import Program, ProgramBuilder
 from zero_sim.strategies.base import (
-    MB,
     Bucket,
     Context,
     Knob,
@@ -49,15 +48,7 @@ from zero_sim.vocabulary import (
     bucket_collective,
     opt,
 )
-
-DEFAULT_BUCKET_MB = 25.0
-FIRST_BUCKET_MB = 1.0
-
-
-def bucket_caps(bucket_mb: float) -> tuple[float, float | None]:
-    """(cap, first-bucket cap) in bytes, following torch: 1 MiB first bucket only at the default cap."""
-    cap = bucket_mb * MB
-    return cap, (FIRST_BUCKET_MB * MB if bucket_mb == DEFAULT_BUCKET_MB else None)
+from zero_sim.vocabulary.buckets import DEFAULT_BUCKET_MB, bucket_caps
 
 
 def gradient_buckets(ctx: Context) -> list[Bucket]:

@@ -1,4 +1,10 @@
-"""ZeRO-3: parameters, gradients and optimizer state all sharded, one layer at a time.
+"""FSDP: parameters, gradients and optimizer state all sharded (ZeRO stage 3), one layer at a time.
+
+This is FSDP's algorithm (PyTorch's FullyShardedDataParallel with one unit per layer,
+``reshard_after_forward=True``, backward prefetch before the current unit's gradients,
+forward prefetch), written out by hand so every collective is recorded.  The simulator's
+``fsdp`` models exactly this; its ``zero3`` is DeepSpeed's stage 3, whose prefetch and
+parameter-fetch rules differ and which has no real counterpart here.
 
 Each layer (embeddings, every block, the head) is one flat buffer padded to a multiple
 of the world size N.  Between steps a rank holds only chunk r of each: the parameter
@@ -38,9 +44,9 @@ from zero_sim.vocabulary import ALL_GATHER, BUFFERS, REDUCE_SCATTER, layer_colle
 from .base import AdamState, Flat, Strategy, free, gather_flat_chunks, model_state_bytes, realloc
 
 
-class ZeRO3(Strategy):
-    name = "zero3"
-    stage = "zero3"
+class FSDP(Strategy):
+    name = "fsdp"
+    stage = 3
 
     def setup(self) -> None:
         self.flats = [Flat(list(layer.parameters()), i, i, self.world, self.rank)
