@@ -29,6 +29,8 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from .options import train_argv
+
 
 class RunFailed(RuntimeError):
     """One sentence in ``str()``; everything the ranks printed in ``output``."""
@@ -36,29 +38,6 @@ class RunFailed(RuntimeError):
     def __init__(self, sentence: str, output: list[str] | None = None):
         super().__init__(sentence)
         self.output = output or []
-
-
-def _flags(flags: dict) -> list[str]:
-    argv = []
-    for key, value in flags.items():
-        flag = "--" + key.replace("_", "-")
-        if value is True:
-            argv.append(flag)
-        elif value not in (False, None):
-            argv += [flag, str(value)]
-    return argv
-
-
-def train_argv(strategy: str, nproc: int, out: str | os.PathLike, flags: dict) -> list[str]:
-    """train.py's command line for these options, checked: ValueError (one sentence) on bad input."""
-    from .train import BadInput, make_parser, validate
-
-    argv = ["--strategy", strategy, "--out", str(out), *_flags(flags)]
-    try:
-        validate(make_parser().parse_args(argv), nproc)
-    except BadInput as e:
-        raise ValueError(str(e)) from None
-    return argv
 
 
 def launch(strategy: str, nproc: int = 2, out: str | os.PathLike = "out/real_run",

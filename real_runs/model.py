@@ -21,32 +21,14 @@ global batch and keeps its own contiguous rows.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .presets import PRESETS, GPTConfig
 
-@dataclass(frozen=True)
-class GPTConfig:
-    n_layer: int
-    d_model: int
-    n_head: int
-    vocab: int
-    max_seq: int
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
-PRESETS: dict[str, GPTConfig] = {
-    "nano": GPTConfig(n_layer=2, d_model=64, n_head=4, vocab=256, max_seq=64),        # ~0.13M
-    "tiny": GPTConfig(n_layer=4, d_model=128, n_head=4, vocab=512, max_seq=64),       # ~0.9M
-    "small": GPTConfig(n_layer=6, d_model=256, n_head=8, vocab=2048, max_seq=128),    # ~5.8M
-    "medium": GPTConfig(n_layer=8, d_model=512, n_head=8, vocab=8192, max_seq=256),   # ~34M
-    "gpt2-124m": GPTConfig(n_layer=12, d_model=768, n_head=12, vocab=50257, max_seq=1024),
-}
+__all__ = ["GPT", "GPTConfig", "PRESETS", "build_model", "count_params", "global_batch", "rank_shard"]
 
 
 class Embedding(nn.Module):

@@ -21,9 +21,7 @@ renamed, and a run that fails never writes ``run.json``.
 
 from __future__ import annotations
 
-import argparse
 import datetime
-import json
 import math
 import os
 import platform
@@ -36,76 +34,14 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from zero_sim.vocabulary import REAL_STRATEGIES
-from zero_sim.vocabulary.buckets import DEFAULT_BUCKET_MB
+from zero_sim.vocabulary.files import write_json_atomic
 from zero_sim.vocabulary.model_states import formula
 
+from .launch import RunFailed, launch_argv
 from .model import PRESETS, build_model, count_params, global_batch, rank_shard
+from .options import BadInput, make_parser, validate
 from .record import Recorder, peak_cuda_bytes
 from .strategies import STRATEGIES, AdamW
-
-
-class BadInput(Exception):
-    """Raised with one sentence for the user; the process exits with status 2."""
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):
-        raise BadInput(f"{message[0].upper()}{message[1:]}.")
-
-
-def make_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m real_runs.train", description=__doc__.split("\n\n")[0])
-    p.add_argument("--strategy", required=True, help=", ".join(REAL_STRATEGIES))
-    p.add_argument("--model", default="tiny", help=", ".join(PRESETS))
-    p.add_argument("--global-batch", type=int, default=8, help="sequences per step, split across ranks")
-    p.add_argument("--seq-len", type=int, default=None, help="tokens per sequence (default: the preset's maximum)")
-    p.add_argument("--steps", type=int, default=5)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    p.add_argument("--bucket-mb", type=float, default=DEFAULT_BUCKET_MB,
-                   help="gradient bucket cap (ddp, zero1, zero2); at the default the first bucket is 1 MiB")
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--out", default="out/real_run")
-    p.add_argument("--trace", action="store_true", help="also write a torch.profiler Chrome trace per rank")
-    p.add_argument("--save-state", action="store_true", help="write whole params and Adam moments to state.pt")
-    p.add_argument("--timeout-s", type=float, default=90.0, help="give up on a collective after this long")
-    p.add_argument("--nproc", type=int, default=1, help="ranks to start when not already under torchrun")
-    p.add_argument("--fail-rank", type=int, default=None, help="fault injection: the rank that fails")
-    p.add_argument("--fail-at-step", type=int, default=0, help="fault injection: the step it fails in")
-    p.add_argument("--fail-mode", choices=("raise", "kill", "abort"), default="raise",
-                   help="raise a Python error, die of SIGKILL, or abort as a native crash would")
-    return p
-
-
-def validate(args: argparse.Namespace, world: int) -> None:
-    """Check everything that can be checked before any rank talks to another."""
-    if args.strategy not in STRATEGIES:
-        raise BadInput(f"Unknown strategy {args.strategy!r}; choose one of {', '.join(REAL_STRATEGIES)}.")
-    if args.model not in PRESETS:
-        raise BadInput(f"Unknown model preset {args.model!r}; choose one of {', '.join(PRESETS)}.")
-    cfg = PRESETS[args.model]
-    if args.seq_len is None:
-        args.seq_len = cfg.max_seq
-    if not 1 <= args.seq_len <= cfg.max_seq:
-        raise BadInput(f"--seq-len must be between 1 and {cfg.max_seq} for the {args.model} preset.")
-    if args.steps < 1 or args.global_batch < 1:
-        raise BadInput("--steps and --global-batch must be positive.")
-    if args.global_batch % world:
-        raise BadInput(f"--global-batch {args.global_batch} does not split evenly across {world} ranks.")
-    if args.device == "cuda" and not torch.cuda.is_available():
-        raise BadInput("--device cuda was asked for but this machine has no CUDA device.")
-    if args.nproc < 1:
-        raise BadInput("--nproc must be at least 1.")
-
-
-def _write_json(path: Path, obj) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w") as f:
-        json.dump(obj, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def _clear_outputs(out: Path) -> None:
@@ -206,7 +142,7 @@ def train(args) -> dict | None:
     peak = peak_cuda_bytes(device)
     if peak is not None:
         memory["peak_allocated"] = peak
-    _write_json(out / f"rank{rank}.json", {
+    write_json_atomic(out / f"rank{rank}.json", {
         "rank": rank, "world_size": world, "strategy": args.strategy, "device": str(device),
         "ops": rec.op_records(), "memory_timeline": rec.memory, "memory": memory,
         "step_times_s": step_times, "losses": losses,
@@ -240,7 +176,7 @@ def train(args) -> dict | None:
         "memory": {str(r): m for r, m in enumerate(per_rank)}, "model_states_formula": model_states,
         "versions": _versions(), "files": sorted(f.name for f in out.iterdir() if not f.name.startswith(".")),
     }
-    _write_json(out / "run.json", run)
+    write_json_atomic(out / "run.json", run)
     return run
 
 
@@ -276,7 +212,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if "RANK" not in os.environ and args.nproc > 1:
-        from .launch import RunFailed, launch_argv
         try:
             launch_argv(list(argv if argv is not None else sys.argv[1:]), args.nproc, on_line=print)
         except RunFailed as e:

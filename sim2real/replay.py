@@ -20,7 +20,9 @@ The pieces, each a deliberate choice:
 
 from __future__ import annotations
 
+from zero_sim.scenario import simulate
 from zero_sim.system.workload import Layer, Workload, workload_from_module
+from zero_sim.vocabulary.buckets import DEFAULT_BUCKET_MB
 
 # real strategy -> (simulated strategy, knobs, what the mapping leaves out)
 REAL_TO_SIM: dict[str, tuple[str, dict, str]] = {
@@ -49,6 +51,8 @@ class ReplayError(ValueError):
 
 def real_workload(model_config: dict, micro_batch: int, seq_len: int, name: str = "real") -> Workload:
     """The real GPT (``real_runs.model``) as a simulator workload, read on the meta device."""
+    # torch only here: replaying a run's workload builds its model on the meta device, and
+    # nothing else in the bridge needs torch to be loaded.
     import torch
 
     from real_runs.model import GPT, GPTConfig
@@ -92,7 +96,7 @@ def scenario_for_run(run: dict, calibration=None) -> tuple[dict, Workload]:
     sim_strategy, knobs, _ = REAL_TO_SIM[strategy]
     knobs = dict(knobs)
     if strategy in BUCKETED:
-        knobs["bucket_mb"] = float(run.get("bucket_mb", 25.0))
+        knobs["bucket_mb"] = float(run.get("bucket_mb", DEFAULT_BUCKET_MB))
     micro = gb // world
     cluster = run.get("cluster")
     kw = dict(strategy=sim_strategy, gpus=world, gpu="CPU", backend="gloo", precision="fp32",
@@ -118,7 +122,5 @@ def scenario_for_run(run: dict, calibration=None) -> tuple[dict, Workload]:
 
 def predict_run(run: dict, calibration=None):
     """Simulate the scenario of a real run (see :func:`scenario_for_run`); a SimResult."""
-    from zero_sim.scenario import simulate
-
     kw, workload = scenario_for_run(run, calibration)
     return simulate(workload=workload, **kw)

@@ -39,8 +39,14 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from real_runs import cluster as emu
+from real_runs.options import train_argv
+from real_runs.presets import PRESETS
 from sim2real.measure import Loopback, machine_facts, measure_compute, measure_network
+from sim2real.overlay import compare, load_run, steady_timing
+from sim2real.replay import REAL_TO_SIM, predict_run
 from zero_sim.calibration import Calibration
+from zero_sim.vocabulary.buckets import DEFAULT_BUCKET_MB
 
 
 class ValidationError(ValueError):
@@ -85,23 +91,19 @@ class Options:
 
 def planned_run(case: Case, opts: Options, cluster: dict | None) -> dict:
     """The fields of the ``run.json`` the case will write, known before it runs."""
-    from real_runs.model import PRESETS
-
     cfg = PRESETS[opts.model]
     run = {"strategy": case.strategy, "world_size": case.gpus, "global_batch": opts.global_batch,
            "seq_len": cfg.max_seq, "model": opts.model, "model_config": cfg.to_dict(), "device": "cpu",
-           "bucket_mb": case.bucket_mb if case.bucket_mb is not None else 25.0}
+           "bucket_mb": case.bucket_mb if case.bucket_mb is not None else DEFAULT_BUCKET_MB}
     if cluster is not None:
         run["cluster"] = cluster
     return run
 
 
 def _train_argv(case: Case, opts: Options, out: Path) -> list[str]:
-    argv = ["--strategy", case.strategy, "--model", opts.model, "--global-batch", str(opts.global_batch),
-            "--steps", str(opts.steps), "--out", str(out), "--timeout-s", str(min(opts.timeout_s, 120.0))]
-    if case.bucket_mb is not None:
-        argv += ["--bucket-mb", str(case.bucket_mb)]
-    return argv
+    return train_argv(case.strategy, case.gpus, out, {
+        "model": opts.model, "global_batch": opts.global_batch, "steps": opts.steps,
+        "timeout_s": min(opts.timeout_s, 120.0), "bucket_mb": case.bucket_mb})
 
 
 def measured_step_s(run: dict) -> float:
@@ -111,9 +113,6 @@ def measured_step_s(run: dict) -> float:
 
 
 def check_grid(cases, opts: Options) -> None:
-    from real_runs.model import PRESETS
-    from sim2real.replay import REAL_TO_SIM
-
     if opts.model not in PRESETS:
         raise ValidationError(f"unknown model {opts.model!r}; choose one of {', '.join(PRESETS)}")
     if opts.steps < 2:
@@ -131,9 +130,6 @@ def run_validation(cases, opts: Options = Options(), workdir: str | os.PathLike 
                    report_dir: str | os.PathLike | None = None,
                    on_line: Callable[[str], None] | None = print) -> dict:
     """Calibrate, predict, then run every case; returns the JSON-able result."""
-    from real_runs import cluster as emu
-    from sim2real.replay import predict_run
-
     say = on_line or (lambda _line: None)
     cases = list(cases)
     check_grid(cases, opts)
@@ -149,8 +145,6 @@ def run_validation(cases, opts: Options = Options(), workdir: str | os.PathLike 
     t_start = time.monotonic()
     results, calibrations = [], {}
     micro_of = {n: opts.global_batch // n for n in {c.gpus for c in cases}}
-    from real_runs.model import PRESETS
-
     seq_len = PRESETS[opts.model].max_seq
 
     groups: dict[tuple[int, float | None], list[Case]] = {}
@@ -248,8 +242,6 @@ def _exposed_comm(run_dir: Path, sim) -> dict:
     Measured over the same steps as step time (after the first), the ranks' mean per step and
     the median over steps (:func:`sim2real.overlay.steady_timing`): one step of one rank moves
     by tens of percent from the next on a shared CPU."""
-    from sim2real.overlay import load_run, steady_timing
-
     measured = steady_timing(load_run(run_dir))["exposed_comm_s"]
     predicted = sim.metrics["exposed_comm_s"]
     return {"measured_exposed_comm_s": measured,
@@ -257,12 +249,12 @@ def _exposed_comm(run_dir: Path, sim) -> dict:
 
 
 def _overlay_png(run_dir: Path, sim, report_dir: Path, row: dict) -> None:
+    # Drawing code is loaded here, with a file-only backend, so validating never opens a window.
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from sim2real.overlay import compare, load_run
     from zero_sim.ui.plots import plot_overlay
 
     report_dir.mkdir(parents=True, exist_ok=True)

@@ -25,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from zero_sim.breakdown import step_breakdown
 from zero_sim.vocabulary import (
     ACTIVATIONS,
     BACKWARD,
@@ -35,45 +36,6 @@ from zero_sim.vocabulary import (
     OPTIMIZER_STATE,
     PARAMS,
 )
-
-
-def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    merged: list[tuple[float, float]] = []
-    for start, end in sorted(intervals):
-        if end <= start:
-            continue
-        if merged and start <= merged[-1][1]:
-            if end > merged[-1][1]:
-                merged[-1] = (merged[-1][0], end)
-        else:
-            merged.append((start, end))
-    return merged
-
-
-def _length(intervals) -> float:
-    return sum(end - start for start, end in intervals)
-
-
-def _clip(intervals, lo: float, hi: float) -> list[tuple[float, float]]:
-    return [(max(s, lo), min(e, hi)) for s, e in intervals if e > lo and s < hi]
-
-
-def _subtract(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
-    """Length of (union a) minus (union b); both already unions, sorted."""
-    total, j = 0.0, 0
-    for s, e in a:
-        cur = s
-        while j < len(b) and b[j][1] <= cur:
-            j += 1
-        k = j
-        while k < len(b) and b[k][0] < e:
-            if b[k][0] > cur:
-                total += b[k][0] - cur
-            cur = max(cur, b[k][1])
-            k += 1
-        if cur < e:
-            total += e - cur
-    return total
 
 
 @dataclass
@@ -140,15 +102,10 @@ def compute_metrics(run, program, scenario, world_size: int, tokens_per_step: in
     ops = [r for r in run.records if r.rank == rank and r.step == step]
 
     # Ops of this step that ran before the window (the host's run-ahead) are clipped to it.
-    compute = _union(_clip([(r.start_s, r.end_s) for r in ops if r.stream == COMPUTE], lo, hi))
-    comm = _union(_clip([(r.start_s, r.end_s) for r in ops if r.kind == "collective"], lo, hi))
-    compute_s = _length(compute)
-    comm_s = _length(comm)
-    exposed = _subtract(comm, compute)
-
-    bwd_ops = [r for r in ops if r.phase == BACKWARD and r.stream == COMPUTE]
-    first_bwd = min((r.start_s for r in bwd_ops), default=hi)
-    last_bwd = max((r.end_s for r in bwd_ops), default=hi)
+    parts = step_breakdown([(r.start_s, r.end_s) for r in ops if r.stream == COMPUTE],
+                           [(r.start_s, r.end_s) for r in ops if r.kind == "collective"],
+                           [(r.start_s, r.end_s) for r in ops if r.phase == BACKWARD and r.stream == COMPUTE], lo, hi)
+    compute_s, comm_s, exposed = parts["compute_time_s"], parts["comm_time_s"], parts["exposed_comm_s"]
     volume = sum(run.plans[op.index].sent_bytes for op in program.ops if op.kind == "collective")
     hw_flops = sum(op.flops for op in program.ops)
 
@@ -168,11 +125,7 @@ def compute_metrics(run, program, scenario, world_size: int, tokens_per_step: in
         "comm_overlap_fraction": (1.0 - exposed / comm_s) if comm_s > 0 else None,
         "comm_volume_bytes": volume,
         "collectives_per_step": sum(1 for op in program.ops if op.kind == "collective"),
-        "phases": {
-            "forward_s": max(0.0, min(first_bwd, hi) - lo),
-            "backward_s": max(0.0, min(last_bwd, hi) - max(first_bwd, lo)),
-            "optimizer_s": max(0.0, hi - max(last_bwd, lo)),
-        },
+        "phases": {k: parts[k] for k in ("forward_s", "backward_s", "optimizer_s")},
         "memory": memory,
         "tflops_per_gpu": program.model_flops / step_time / 1e12 if step_time > 0 else 0.0,
         "hardware_tflops_per_gpu": hw_flops / step_time / 1e12 if step_time > 0 else 0.0,

@@ -40,8 +40,8 @@ from zero_sim.vocabulary.buckets import bucket_caps, fill_buckets
 from ..record import Pending, Recorder
 
 # torch 2.13 renamed the flat collectives; older versions only have the old names.
-_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+reduce_scatter_flat = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+all_gather_flat = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
 @dataclass(frozen=True)
@@ -308,11 +308,11 @@ class Strategy:
         return self.rec.comm(work, name, buf.nbytes, layer)
 
     def reduce_scatter(self, out: torch.Tensor, inp: torch.Tensor, name: str, layer: int | None = None) -> Pending:
-        work = _reduce_scatter(out, inp, op=dist.ReduceOp.AVG, async_op=True)
+        work = reduce_scatter_flat(out, inp, op=dist.ReduceOp.AVG, async_op=True)
         return self.rec.comm(work, name, inp.nbytes, layer)
 
     def all_gather(self, out: torch.Tensor, inp: torch.Tensor, name: str, layer: int | None = None) -> Pending:
-        work = _all_gather(out, inp, async_op=True)
+        work = all_gather_flat(out, inp, async_op=True)
         return self.rec.comm(work, name, out.nbytes, layer)
 
 
@@ -321,7 +321,7 @@ def gather_flat_chunks(flats: list[Flat], bufs: list[torch.Tensor]) -> list[torc
     whole = []
     for f, chunk in zip(flats, bufs, strict=True):
         out = torch.empty(f.padded, dtype=chunk.dtype, device=chunk.device)
-        _all_gather(out, chunk.contiguous())
+        all_gather_flat(out, chunk.contiguous())
         whole.append(out)
     return whole
 

@@ -1,0 +1,81 @@
+"""Where a step's time goes: compute, communication, exposed communication and phases.
+
+One definition for predicted and measured steps alike, so that an error between them is
+a difference of timelines and never of bookkeeping:
+
+* ``compute_time_s``: time the compute stream is busy (the union of its spans);
+* ``comm_time_s``: time some collective is in flight;
+* ``exposed_comm_s``: time a collective is in flight while compute is idle, the
+  communication that nothing hid;
+* phases: ``forward_s`` up to the first backward compute op, ``backward_s`` to the end of
+  the last one, ``optimizer_s`` from there to the end of the step (this includes waiting
+  for the last gradient reductions, which is why it can be long while the update is short).
+
+Spans are clipped to the step's window ``[lo, hi]``.
+"""
+
+from __future__ import annotations
+
+Span = tuple[float, float]
+
+
+def union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The intervals merged where they overlap, sorted; empty ones dropped."""
+    merged: list[tuple[float, float]] = []
+    for start, end in sorted(intervals):
+        if end <= start:
+            continue
+        if merged and start <= merged[-1][1]:
+            if end > merged[-1][1]:
+                merged[-1] = (merged[-1][0], end)
+        else:
+            merged.append((start, end))
+    return merged
+
+
+def length(intervals) -> float:
+    """Total length of disjoint intervals."""
+    return sum(end - start for start, end in intervals)
+
+
+def clip(intervals, lo: float, hi: float) -> list[tuple[float, float]]:
+    """The parts of the intervals inside ``[lo, hi]``."""
+    return [(max(s, lo), min(e, hi)) for s, e in intervals if e > lo and s < hi]
+
+
+def uncovered(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
+    """Length of ``a`` not covered by ``b`` (both already unions, sorted)."""
+    total, j = 0.0, 0
+    for s, e in a:
+        cur = s
+        while j < len(b) and b[j][1] <= cur:
+            j += 1
+        k = j
+        while k < len(b) and b[k][0] < e:
+            if b[k][0] > cur:
+                total += b[k][0] - cur
+            cur = max(cur, b[k][1])
+            k += 1
+        if cur < e:
+            total += e - cur
+    return total
+
+
+def step_breakdown(compute: list[Span], comm: list[Span], backward: list[Span], lo: float, hi: float
+                   ) -> dict[str, float]:
+    """The step's time divided as the module docstring says; ``backward`` lists the spans of
+    backward compute ops (recompute included), which split the phases."""
+    busy = union(clip(compute, lo, hi))
+    talking = union(clip(comm, lo, hi))
+    first_bwd = min((s for s, _ in backward), default=hi)
+    last_bwd = max((e for _, e in backward), default=hi)
+    return {
+        "step_time_s": hi - lo,
+        "compute_time_s": length(busy),
+        "comm_time_s": length(talking),
+        "exposed_comm_s": uncovered(talking, busy),
+        "forward_s": max(0.0, min(first_bwd, hi) - lo),
+        "backward_s": max(0.0, min(last_bwd, hi) - max(first_bwd, lo)),
+        "optimizer_s": max(0.0, hi - max(last_bwd, lo)),
+        "backward_end_s": min(last_bwd, hi),
+    }
