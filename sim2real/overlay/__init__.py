@@ -65,7 +65,7 @@ sizes); those rows stay empty.  Only gloo traces are read; CUDA (NCCL) traces ha
 kernels whose times are on another clock and are refused with one sentence.
 """
 
-from sim2real.overlay.base import CATEGORIES, OverlayError, op_kind
+from sim2real.overlay.base import CATEGORIES, PHASE_ROWS, OverlayError, op_kind
 from sim2real.overlay.compare import Comparison, compare, markdown_table, overlay
 from sim2real.overlay.measured import (
            MeasuredStep,
@@ -78,6 +78,6 @@ from sim2real.overlay.measured import (
 from sim2real.overlay.runs import MeasuredRun, load_run
 from sim2real.overlay.traces import collectives_from_trace
 
-__all__ = ["CATEGORIES", "Comparison", "MeasuredRun", "MeasuredStep", "OverlayError", "collectives_from_trace",
+__all__ = ["CATEGORIES", "PHASE_ROWS", "Comparison", "MeasuredRun", "MeasuredStep", "OverlayError", "collectives_from_trace",
            "compare", "load_run", "markdown_table", "measured_memory", "measured_step", "measured_timing",
            "op_kind", "overlay", "steady_timing", "step_timing"]
