@@ -8,7 +8,7 @@ here except its configuration.
 The pieces, each a deliberate choice:
 
 * **workload**: the real model's own layers, read off ``real_runs.model`` on the meta
-  device (:func:`zero_sim.system.workload.workload_from_module`): exact parameter counts per
+  device (:func:`sim2real.module_workload.workload_from_module`): exact parameter counts per
   layer (the real lm head is untied), FLOPs, saved-activation bytes.  Layer kinds are
   labelled ``embedding`` / ``block`` / ``head`` so per-kind calibrated times apply.
 * **precision**: fp32 everywhere (the real runs train in fp32): K = 8, 4-byte grads.
@@ -21,7 +21,7 @@ The pieces, each a deliberate choice:
 from __future__ import annotations
 
 from zero_sim.scenario import simulate
-from zero_sim.system.workload import Layer, Workload, workload_from_module
+from zero_sim.system.workload import Layer, Workload
 from zero_sim.vocabulary.buckets import DEFAULT_BUCKET_MB
 
 # real strategy -> (simulated strategy, knobs, what the mapping leaves out)
@@ -56,6 +56,7 @@ def real_workload(model_config: dict, micro_batch: int, seq_len: int, name: str 
     import torch
 
     from real_runs.model import GPT, GPTConfig
+    from sim2real.module_workload import workload_from_module
 
     cfg = GPTConfig(**model_config)
     with torch.device("meta"):

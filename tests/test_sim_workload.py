@@ -10,7 +10,6 @@ from zero_sim.system.workload import (
     gpt_workload,
     preset,
     synthesize_shape,
-    workload_from_module,
 )
 
 
@@ -56,6 +55,7 @@ def test_bad_sizes_are_refused_with_a_sentence():
 
 def test_a_torch_module_on_the_meta_device_becomes_a_workload():
     torch = pytest.importorskip("torch")
+    from sim2real.module_workload import workload_from_module
 
     class Tiny(torch.nn.Module):
         def __init__(self):

@@ -147,7 +147,7 @@ def simulate(workload: Workload | None = None, **kwargs) -> SimResult:
     """Simulate one training configuration; keywords are the CLI flags with underscores.
 
     ``workload`` (Python only) replaces the model preset with a workload built elsewhere,
-    e.g. :func:`zero_sim.system.workload.workload_from_module` on a real model.  ``calibration``
+    e.g. :func:`sim2real.module_workload.workload_from_module` on a real model.  ``calibration``
     is a file path or a :class:`zero_sim.calibration.Calibration`."""
     calibration = kwargs.pop("calibration", None)
     r = resolve(**kwargs)

@@ -21,7 +21,7 @@ Model (assumptions, all in one place):
   (``2sbh``) and fp32 logits for the loss (``4*s*b*V``); the embedding keeps its output.
 
 A workload can also be read off any ``torch.nn.Module`` on the meta device
-(:func:`workload_from_module`): parameter sizes per child module, FLOPs from torch's
+(``sim2real.module_workload``): parameter sizes per child module, FLOPs from torch's
 flop counter, saved-activation bytes from autograd's saved-tensor hooks.
 """
 
@@ -231,81 +231,6 @@ def _check_positive(**values: int) -> None:
             raise WorkloadError(f"{key.replace('_', '-')} must be a positive integer, got {value!r}")
 
 
-def workload_from_module(module, example_input, *, layers=None, name: str | None = None,
-                         micro_batch: int | None = None, recompute: str = "none") -> Workload:
-    """Read a workload off a ``torch.nn.Module`` (ideally on the meta device, so nothing is allocated).
-
-    ``layers`` lists the child modules that are layers, in forward order; by default the
-    module's children are used, with ``ModuleList`` / ``Sequential`` children expanded.
-    ``example_input`` is one micro-batch (e.g. ``torch.empty(b, s, dtype=torch.long, device='meta')``).
-    FLOPs come from ``torch.utils.flop_counter.FlopCounterMode``; saved-activation bytes
-    from ``torch.autograd.graph.saved_tensors_hooks`` while each layer runs forward.
-    """
-    import torch
-    from torch.utils.flop_counter import FlopCounterMode
-
-    if layers is None:
-        layers = []
-        for child in module.children():
-            if isinstance(child, (torch.nn.ModuleList, torch.nn.Sequential)):
-                layers.extend(child.children())
-            else:
-                layers.append(child)
-    layers = list(layers)
-    if not layers:
-        raise WorkloadError("the module has no child layers to simulate; pass layers=[...] explicitly")
-
-    saved: dict[int, int] = {i: 0 for i in range(len(layers))}
-    current: list[int] = []
-
-    def pack(t):
-        if current:
-            saved[current[-1]] += t.numel() * t.element_size()
-        return t
-
-    def enter(i):
-        def hook(module, args):
-            current.append(i)  # returning None keeps the inputs as they are
-        return hook
-
-    def leave(module, args, output):
-        current.pop()  # returning None keeps the output as it is
-
-    handles = []
-    for i, layer in enumerate(layers):
-        handles.append(layer.register_forward_pre_hook(enter(i)))
-        handles.append(layer.register_forward_hook(leave))
-    flop_counter = FlopCounterMode(display=False)
-    try:
-        with flop_counter, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            module(example_input)
-    finally:
-        for h in handles:
-            h.remove()
-
-    flops_by_module = flop_counter.get_flop_counts()
-    # FlopCounterMode names modules "<RootClass>.<path>" (e.g. "GPT.blocks.0").
-    root = type(module).__name__
-    names = {id(m): (f"{root}.{n}" if n else root) for n, m in module.named_modules()}
-    result = []
-    seen: set[int] = set()
-    for i, layer in enumerate(layers):
-        tensors = []
-        for pname, p in layer.named_parameters():
-            if id(p) in seen:  # tied weights belong to the first layer that owns them
-                continue
-            seen.add(id(p))
-            tensors.append(Tensor(pname, p.numel()))
-        fqn = names.get(id(layer), "")
-        flops = float(sum(flops_by_module.get(fqn, {}).values())) if fqn else 0.0
-        # FlopCounterMode counts forward and backward together only when backward runs; here
-        # only forward ran, so this is forward FLOPs.
-        result.append(Layer(i, "module", tuple(tensors), flops, saved[i], saved[i]))
-    shape_s = example_input.shape[-1] if example_input.dim() > 1 else 1
-    mb = micro_batch if micro_batch is not None else int(example_input.shape[0])
-    return Workload(name or type(module).__name__, tuple(result), int(shape_s), mb, recompute)
-
-
 def human_params(n: int) -> str:
     if n >= 1e9:
         return f"{n / 1e9:.2f}B"
@@ -320,6 +245,6 @@ def ceil_div(a: int, b: int) -> int:
 
 __all__ = [
     "GPTShape", "Layer", "PRESETS", "Tensor", "Workload", "WorkloadError", "block_activation_bytes",
-    "gpt_workload", "preset", "preset_names", "synthesize_shape", "workload_from_module", "human_params",
+    "gpt_workload", "preset", "preset_names", "synthesize_shape", "human_params",
     "ceil_div",
 ]
