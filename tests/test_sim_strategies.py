@@ -3,7 +3,10 @@
 import pytest
 
 from zero_sim import ScenarioError, simulate
+from zero_sim.strategies import STRATEGIES, Strategy
+from zero_sim.strategies.base import Step
 from zero_sim.system.collectives import bus_factor
+from zero_sim.vocabulary import ALL_REDUCE, BACKWARD, layer_collective
 
 N = 8
 
@@ -72,8 +75,8 @@ def test_hybrid_sharding_sends_only_a_shard_across_nodes(figures):
 
 
 def test_zero3_peak_memory_falls_as_n_grows():
-    peaks = [simulate(model="gpt2-1.5b", gpus=n, micro_batch=1, strategy="zero3").metrics["memory"]["peak_bytes"]
-             for n in (8, 16, 32, 64)]
+    peaks = [simulate(model="gpt2-1.5b", gpus=n, micro_batch=1, strategy="zero3").metrics["memory"]
+             ["peak_bytes"] for n in (8, 16, 32, 64)]
     assert peaks == sorted(peaks, reverse=True)
 
 
@@ -111,8 +114,46 @@ def test_stragglers_hurt_more_as_n_grows(figures):
     def slowdown(n):
         kw = dict(model="gpt2-350m", gpus=n, topology="p4d-efa", micro_batch=2, strategy="zero3")
         clean = simulate(**kw).metrics["step_time_s"]
-        stalled = simulate(**kw, straggler_prob=0.002, straggler_ms=20, seed=3, steps=4).metrics["step_time_s"]
-        return stalled / clean
+        stalled = simulate(**kw, straggler_prob=0.002, straggler_ms=20, seed=3, steps=4)
+        return stalled.metrics["step_time_s"] / clean
     s8, s256 = slowdown(8), slowdown(256)
-    figures(f"0.2% chance per rank per collective of a 20 ms stall: step x{s8:.2f} at N=8, x{s256:.2f} at N=256")
+    figures(f"0.2% chance per rank per collective of a 20 ms stall: step x{s8:.2f} at N=8, "
+            f"x{s256:.2f} at N=256")
     assert s256 > s8
+
+
+class _AllReduceEachLayer(Step):
+    """A whole strategy in one hook: all-reduce a layer's gradients once its last backward has run."""
+
+    def after_backward(self, layer, op):
+        if self.last_micro:
+            nbytes = layer.numel * self.p.grad_bytes
+            self.b.collective(ALL_REDUCE, layer_collective(ALL_REDUCE, layer.index), nbytes, BACKWARD,
+                              layer=layer.index, deps=(op,))
+
+
+def test_a_strategy_that_overrides_one_hook_gets_the_whole_step(monkeypatch):
+    # The base Step owns the skeleton: micro-steps of forward, then backward in reverse with
+    # recompute, then the optimizer, with the model states of its ZeRO stage (0 by default).
+    class AllReduceEachLayer(Strategy):
+        name = "all-reduce-each-layer"
+        Step = _AllReduceEachLayer
+
+    monkeypatch.setitem(STRATEGIES, AllReduceEachLayer.name, AllReduceEachLayer())
+    r = simulate(model="gpt2-124m", gpus=2, micro_batch=1, seq_len=256, grad_accum=2, recompute="full",
+                 strategy=AllReduceEachLayer.name)
+    ops = r.step_ops()
+    layers = sorted({op["layer"] for op in ops if op["name"].startswith("fwd")})
+    compute = [op["name"] for op in ops if op["stream"] == "compute"]
+    recomputed = [i for i in layers if f"recompute L{i}" in compute]
+    assert recomputed and len(recomputed) < len(layers)  # blocks recompute; embedding and head do not
+    backward = [name for i in reversed(layers)
+                for name in ([f"recompute L{i}"] if i in recomputed else []) + [f"bwd L{i}"]]
+    micro_step = [f"fwd L{i}" for i in layers] + backward
+    assert compute == 2 * micro_step + [f"opt L{i}" for i in layers]
+    comm = [op for op in ops if op["stream"] == "comm"]
+    # One all-reduce per layer, from the last micro-step only, each after that layer's backward.
+    assert [op["name"] for op in comm] == [f"all_reduce L{i}" for i in reversed(layers)]
+    last_bwd_end = {op["layer"]: op["end_s"] for op in ops if op["name"].startswith("bwd")}
+    assert all(op["start_s"] >= last_bwd_end[op["layer"]] - 1e-12 for op in comm)
+    assert r.metrics["memory"]["model_states_bytes"] == 16 * r.metrics["params"]

@@ -1,6 +1,7 @@
 """Strategies: each turns (workload, knobs) into the per-rank program of ops.
 
-One file per family; register new ones in ``STRATEGIES``.
+One file per strategy, each a :class:`Strategy` with a :class:`~zero_sim.strategies.base.Step`
+subclass overriding a few hooks of the shared step skeleton; register new ones in ``STRATEGIES``.
 """
 
 from __future__ import annotations
@@ -8,7 +9,8 @@ from __future__ import annotations
 from zero_sim.strategies.base import PRECISIONS, Context, Knob, Precision, Strategy, StrategyError
 from zero_sim.strategies.ddp import DDP
 from zero_sim.strategies.fsdp import FSDP
-from zero_sim.strategies.zero import ZeRO1, ZeRO2
+from zero_sim.strategies.zero1 import ZeRO1
+from zero_sim.strategies.zero2 import ZeRO2
 from zero_sim.strategies.zero3 import ZeRO3
 
 STRATEGIES: dict[str, Strategy] = {s.name: s for s in (DDP(), ZeRO1(), ZeRO2(), ZeRO3(), FSDP())}

@@ -1,24 +1,33 @@
-"""What every strategy shares: the context it builds from, its knobs, and the pieces of a
-training step that do not depend on how state is sharded.
+"""What every strategy shares: the context it builds from, its knobs, and the skeleton of a
+training step into which a strategy inserts its communication.
 
-A strategy is one class with a ``name``, the ``knobs`` it accepts (each becomes a CLI
-flag and a ``simulate()`` keyword), and ``build(ctx) -> Program``.  Adding a strategy is
-adding a file under ``strategies/`` and one line in ``strategies/__init__.py``.
+A strategy is a :class:`Strategy` with a ``name``, a ``summary``, the ``knobs`` it accepts
+(each becomes a CLI flag and a ``simulate()`` keyword) and a :class:`Step` subclass.
+``build(ctx)`` makes a fresh ``Step`` for the context and returns its :class:`Program`, so
+nothing mutable is shared between builds.  Adding a strategy is adding a file under
+``strategies/`` and one line in ``strategies/__init__.py``.
 
-Shared pieces, so no strategy re-derives them:
+:class:`Step` owns the step of one rank, as ``real_runs/strategies/base.py`` does for real
+training: ``grad_accum`` micro-steps of forward over the layers and backward over them in
+reverse (with recompute), then the optimizer.  A strategy overrides a few hooks, called at
+the same moments as the real runs' hooks:
 
-* :class:`Precision`: bytes per parameter of weights, gradients and optimizer state
-  (mixed-precision Adam: 2 + 2 + 12, the ZeRO paper's K = 12);
-* :func:`forward` / :func:`backward`: per-layer compute ops with activation memory and
-  recompute, with hooks before/after each layer where a strategy inserts communication;
-* :func:`buckets`: tensors grouped in reverse order under a size cap, as DDP and
-  DeepSpeed fill gradient buckets;
-* :func:`shard`: a rank's share of ``n`` elements, padded as collectives require.
+* ``before_forward(layer)`` / ``before_backward(layer)``: issue what the layer needs
+  (gathers) and return the ops its compute must wait for;
+* ``after_forward(layer, op)``: the layer's forward op has been issued;
+* ``after_backward(layer, op)``: the layer's gradients exist (post-accumulate-grad
+  hooks fire here): launch their reduction;
+* ``forward_frees`` / ``backward_allocs`` / ``backward_frees``: memory the layer's compute
+  op releases or allocates besides activations;
+* ``resident()``: model states kept across steps; ``optimizer()``: the update.
+
+Also shared: :class:`Precision` (bytes per parameter of weights, gradients and optimizer
+state; mixed-precision Adam is 2 + 2 + 12, the ZeRO paper's K = 12) and :func:`shard` (a
+rank's share of ``n`` elements, padded as collectives require).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,11 +38,15 @@ from zero_sim.vocabulary import (
     ACTIVATIONS,
     BACKWARD,
     FORWARD,
+    OPTIMIZER,
     bwd,
     fwd,
+    opt,
     recompute,
 )
-from zero_sim.vocabulary.buckets import fill_buckets
+from zero_sim.vocabulary.model_states import model_state_bytes
+
+Alloc = tuple[tuple[str, int], ...]  # (memory category, bytes) pairs an op allocates or frees
 
 
 class StrategyError(ValueError):
@@ -88,10 +101,12 @@ class Context:
         return self.knobs[name]
 
     def fwd_seconds(self, layer: Layer) -> float:
-        return self.compute.layer_time(layer.kind, "fwd", layer.fwd_flops, self.workload.tokens_per_micro_batch)
+        tokens = self.workload.tokens_per_micro_batch
+        return self.compute.layer_time(layer.kind, "fwd", layer.fwd_flops, tokens)
 
     def bwd_seconds(self, layer: Layer) -> float:
-        return self.compute.layer_time(layer.kind, "bwd", layer.bwd_flops, self.workload.tokens_per_micro_batch)
+        tokens = self.workload.tokens_per_micro_batch
+        return self.compute.layer_time(layer.kind, "bwd", layer.bwd_flops, tokens)
 
     def recompute_flops(self, layer: Layer) -> float:
         """Forward FLOPs re-run in backward: all of it (full), or attention's core (selective)."""
@@ -112,98 +127,142 @@ class Context:
         return full if self.workload.recompute == "full" else full * flops / max(layer.fwd_flops, 1.0)
 
 
-class Strategy:
-    """Base class: subclasses set ``name``, ``knobs``, ``summary`` and implement ``build``."""
-
-    name: str = ""
-    summary: str = ""
-    knobs: tuple[Knob, ...] = ()
-
-    def build(self, ctx: Context) -> Program:
-        raise NotImplementedError
-
-    def validate(self, ctx: Context) -> None:
-        """Refuse impossible knob values with one sentence (override to add checks)."""
-
-
-def forward(b: ProgramBuilder, ctx: Context, *,
-            before: Callable[[Layer], tuple[int, ...]] | None = None,
-            after: Callable[[Layer, int], None] | None = None,
-            frees: Callable[[Layer], tuple] | None = None) -> list[int]:
-    """Emit ``fwd L<i>`` for every layer; ``before(layer)`` returns ops the layer must wait for.
-
-    Each forward op allocates the activations the layer saves for backward (under the
-    workload's recompute mode); :func:`backward` frees them.
-    """
-    ops = []
-    for layer in ctx.workload.layers:
-        deps = before(layer) if before else ()
-        op = b.compute(
-            fwd(layer.index), FORWARD, ctx.fwd_seconds(layer), layer=layer.index, deps=deps,
-            alloc=((ACTIVATIONS, layer.checkpointed_activation_bytes),), flops=layer.fwd_flops,
-            free=frees(layer) if frees else (),
-        )
-        ops.append(op)
-        if after:
-            after(layer, op)
-    return ops
-
-
-def backward(b: ProgramBuilder, ctx: Context, *,
-             before: Callable[[Layer], tuple[int, ...]] | None = None,
-             after: Callable[[Layer, int], None] | None = None,
-             grads: Callable[[Layer], tuple] | None = None,
-             frees: Callable[[Layer], tuple] | None = None) -> list[int]:
-    """Emit ``[recompute L<i>] bwd L<i>`` from the last layer to the first.
-
-    ``after(layer, op)`` is where gradient communication is launched: the layer's
-    gradients exist once its backward op has run (post-accumulate-grad hooks fire there).
-    ``grads(layer)`` lists memory the backward op allocates (unsharded gradients waiting
-    to be reduced); ``frees(layer)`` memory it releases besides activations (gathered
-    parameters).
-    """
-    ops = []
-    for layer in reversed(ctx.workload.layers):
-        deps = before(layer) if before else ()
-        extra = layer.activation_bytes - layer.checkpointed_activation_bytes
-        if ctx.workload.recompute != "none" and extra > 0:
-            b.compute(recompute(layer.index), BACKWARD, ctx.recompute_seconds(layer), layer=layer.index,
-                      deps=deps, alloc=((ACTIVATIONS, extra),), flops=ctx.recompute_flops(layer))
-            deps = ()
-            freed = layer.activation_bytes
-        else:
-            freed = layer.checkpointed_activation_bytes
-        op = b.compute(bwd(layer.index), BACKWARD, ctx.bwd_seconds(layer), layer=layer.index, deps=deps,
-                       alloc=grads(layer) if grads else (),
-                       free=((ACTIVATIONS, freed),) + (frees(layer) if frees else ()), flops=layer.bwd_flops)
-        ops.append(op)
-        if after:
-            after(layer, op)
-    return ops
-
-
-@dataclass(frozen=True)
-class Bucket:
-    index: int
-    layers: tuple[int, ...]  # layer indices with tensors in this bucket, in the order they fill
-    numel: int
-    ready_after_layer: int  # the bucket is full once this layer's backward has run
-
-
-def buckets(workload: Workload, cap_bytes: float, bytes_per_elem: int,
-            first_cap_bytes: float | None = None) -> list[Bucket]:
-    """The workload's tensors in gradient buckets by the shared rule
-    (:func:`zero_sim.vocabulary.buckets.fill_buckets`), taken in reverse parameter order."""
-    order = [(layer.index, tensor.numel) for layer in reversed(workload.layers) for tensor in reversed(layer.tensors)]
-    plan = fill_buckets([numel * bytes_per_elem for _, numel in order], cap_bytes, first_cap_bytes)
-    result = []
-    for index, positions in enumerate(plan):
-        layers = tuple(dict.fromkeys(order[i][0] for i in positions))  # in the order they fill
-        result.append(Bucket(index, layers, sum(order[i][1] for i in positions), layers[-1]))
-    return result
-
-
 def shard(numel: int, world_size: int) -> int:
     """Elements per rank when ``numel`` is split evenly, padding the last shard."""
     return ceil_div(numel, world_size)
 
+
+class Step:
+    """One rank's training step, built once per ``Strategy.build(ctx)``: the skeleton and its hooks.
+
+    Subclasses keep their per-build state as attributes (made in :meth:`setup`) and override
+    the hooks; each default does nothing, so this class alone is one GPU training locally."""
+
+    stage = 0  # the ZeRO stage its model states follow (zero_sim.vocabulary.model_states)
+
+    def __init__(self, ctx: Context):
+        self.ctx, self.w, self.p = ctx, ctx.workload, ctx.precision
+        self.n = ctx.world_size  # ranks the sharded model states are split over
+        self.micro = 0  # the micro-step being built
+        self.setup()
+        self.b = ProgramBuilder(self.resident())
+
+    # --- to override ------------------------------------------------------------------
+
+    def setup(self) -> None:
+        """Per-build state, before ``resident()`` is asked for."""
+
+    def resident(self) -> dict[str, int]:
+        """Model states per rank by the ZeRO formula for ``stage``, over ``n`` padded shards."""
+        p = self.p
+        return model_state_bytes(self.stage, self.w.params, self.n, p.param_bytes, p.grad_bytes,
+                                 p.optimizer_bytes, share=shard)
+
+    def before_forward(self, layer: Layer) -> tuple[int, ...]:
+        """Issue what the layer's forward needs (gathers); return the ops it must wait for."""
+        return ()
+
+    def forward_frees(self, layer: Layer) -> Alloc:
+        """Memory the forward op releases: gathered parameters not kept for backward."""
+        return ()
+
+    def after_forward(self, layer: Layer, op: int) -> None:
+        """The layer's forward op ``op`` has been issued."""
+
+    def before_backward(self, layer: Layer) -> tuple[int, ...]:
+        """Issue what the layer's backward needs; return the ops its first compute waits for."""
+        return ()
+
+    def backward_allocs(self, layer: Layer) -> Alloc:
+        """Memory the backward op allocates: unsharded gradients waiting to be reduced."""
+        return ()
+
+    def backward_frees(self, layer: Layer) -> Alloc:
+        """Memory the backward op releases besides activations: gathered parameters."""
+        return ()
+
+    def after_backward(self, layer: Layer, op: int) -> None:
+        """The layer's gradients exist: where gradient communication is launched."""
+
+    def optimizer(self) -> None:
+        """Update every layer (compute-stream order already puts it after backward)."""
+        self.update_layers(())
+
+    def note(self) -> str:
+        """One line on the assumptions made, for reports."""
+        return ""
+
+    # --- the step -------------------------------------------------------------------------
+
+    @property
+    def last_micro(self) -> bool:
+        return self.micro == self.ctx.grad_accum - 1
+
+    def build(self) -> Program:
+        """``grad_accum`` micro-steps, then the optimizer, as one program."""
+        for micro in range(self.ctx.grad_accum):
+            self.micro = micro
+            self.micro_step()
+        self.optimizer()
+        prog = self.b.build()
+        prog.model_flops = self.w.model_flops() * self.ctx.grad_accum
+        if note := self.note():
+            prog.notes.append(note)
+        return prog
+
+    def micro_step(self) -> None:
+        """Forward over the layers, then backward over them in reverse."""
+        self.forward()
+        self.backward()
+
+    def forward(self) -> None:
+        """``fwd L<i>`` for every layer, allocating the activations it saves for backward."""
+        ctx = self.ctx
+        for layer in self.w.layers:
+            deps = self.before_forward(layer)
+            op = self.b.compute(
+                fwd(layer.index), FORWARD, ctx.fwd_seconds(layer), layer=layer.index, deps=deps,
+                alloc=((ACTIVATIONS, layer.checkpointed_activation_bytes),), flops=layer.fwd_flops,
+                free=self.forward_frees(layer))
+            self.after_forward(layer, op)
+
+    def backward(self) -> None:
+        """``[recompute L<i>] bwd L<i>`` from the last layer to the first, freeing activations."""
+        ctx, b = self.ctx, self.b
+        for layer in reversed(self.w.layers):
+            deps = self.before_backward(layer)
+            extra = layer.activation_bytes - layer.checkpointed_activation_bytes
+            if ctx.workload.recompute != "none" and extra > 0:
+                b.compute(recompute(layer.index), BACKWARD, ctx.recompute_seconds(layer), layer=layer.index,
+                          deps=deps, alloc=((ACTIVATIONS, extra),), flops=ctx.recompute_flops(layer))
+                deps = ()
+                freed = layer.activation_bytes
+            else:
+                freed = layer.checkpointed_activation_bytes
+            op = b.compute(bwd(layer.index), BACKWARD, ctx.bwd_seconds(layer), layer=layer.index, deps=deps,
+                           alloc=self.backward_allocs(layer),
+                           free=((ACTIVATIONS, freed),) + self.backward_frees(layer), flops=layer.bwd_flops)
+            self.after_backward(layer, op)
+
+    def update_layers(self, deps: tuple[int, ...], share: float = 1.0) -> list[int]:
+        """One ``opt L<i>`` per layer on the compute stream, updating ``share`` of it after ``deps``."""
+        seconds = self.ctx.compute.optimizer_time
+        return [self.b.compute(opt(layer.index), OPTIMIZER, seconds(int(layer.numel * share)),
+                               layer=layer.index, deps=deps) for layer in self.w.layers]
+
+
+class Strategy:
+    """What the CLI and ``simulate()`` see: ``name``, ``summary``, ``knobs``, ``validate``, ``build``.
+
+    Instances are shared singletons (``STRATEGIES``); each build makes a fresh ``Step``."""
+
+    name: str = ""
+    summary: str = ""
+    knobs: tuple[Knob, ...] = ()
+    Step: type[Step] = Step
+
+    def build(self, ctx: Context) -> Program:
+        return self.Step(ctx).build()
+
+    def validate(self, ctx: Context) -> None:
+        """Refuse impossible knob values with one sentence (override to add checks)."""

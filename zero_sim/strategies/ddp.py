@@ -26,106 +26,45 @@ Bucket storage is a second copy of the gradients unless ``gradient_as_bucket_vie
 
 from __future__ import annotations
 
-from zero_sim.engine.program import Program, ProgramBuilder
-from zero_sim.strategies.base import (
-    Bucket,
-    Context,
-    Knob,
-    Strategy,
-    StrategyError,
-    backward,
-    buckets,
-    forward,
-)
-from zero_sim.vocabulary import (
-    ALL_REDUCE,
-    BACKWARD,
-    BUFFERS,
-    GRADS,
-    OPTIMIZER,
-    OPTIMIZER_STATE,
-    PARAMS,
-    bucket_collective,
-    opt,
-)
+from zero_sim.strategies.base import Context, Knob, Strategy
+from zero_sim.strategies.buckets import BucketedStep, check_bucket_mb
+from zero_sim.vocabulary import BUFFERS
 from zero_sim.vocabulary.buckets import DEFAULT_BUCKET_MB, bucket_caps
 
 
-def gradient_buckets(ctx: Context) -> list[Bucket]:
-    """The gradient buckets of every bucketed strategy (DDP, ZeRO-1, ZeRO-2), one plan for all,
-    as the real runs share ``bucketize``: ``--bucket-mb`` cap, first bucket per :func:`bucket_caps`."""
-    cap, first = bucket_caps(ctx.knob("bucket_mb"))
-    return buckets(ctx.workload, cap, ctx.precision.grad_bytes, first)
+class DDPStep(BucketedStep):
+    """All-reduce each bucket from the backward hook that fills it (on the last micro-step)."""
 
+    stage = 0
 
-def optimizer_ops(b: ProgramBuilder, ctx: Context, deps_of_layer, share: float = 1.0,
-                  order=None) -> list[int]:
-    """One ``opt L<i>`` per layer on the compute stream, each waiting for ``deps_of_layer(layer)``."""
-    ops = []
-    layers = order if order is not None else ctx.workload.layers
-    for layer in layers:
-        seconds = ctx.compute.optimizer_time(int(layer.numel * share))
-        ops.append(b.compute(opt(layer.index), OPTIMIZER, seconds, layer=layer.index,
-                             deps=deps_of_layer(layer)))
-    return ops
+    def resident(self) -> dict[str, int]:
+        """Stage 0's replicated states, plus the buckets: a second copy of the gradients unless
+        the gradients are views into them (the formula counts gradients once)."""
+        states = super().resident()
+        if not self.ctx.knob("gradient_as_bucket_view"):
+            states[BUFFERS] = self.p.grad_bytes * self.w.params
+        return states
+
+    def optimizer(self) -> None:
+        """torch's optimizer step follows backward(), whose finalisation makes the compute
+        stream wait for every bucket: each layer's update waits for all of them."""
+        self.update_layers(tuple(self.reductions.values()))
+
+    def note(self) -> str:
+        bucket_mb = self.ctx.knob("bucket_mb")
+        return (f"{len(self.plan)} gradient buckets (cap {bucket_mb} MiB"
+                + (", first 1 MiB)" if bucket_caps(bucket_mb)[1] else ")"))
 
 
 class DDP(Strategy):
     name = "ddp"
     summary = "replicate everything; all-reduce gradient buckets during backward"
     knobs = (
-        Knob("bucket_mb", DEFAULT_BUCKET_MB, "gradient bucket cap in MiB (torch default 25; first bucket 1 MiB)"),
+        Knob("bucket_mb", DEFAULT_BUCKET_MB,
+             "gradient bucket cap in MiB (torch default 25; first bucket 1 MiB)"),
         Knob("gradient_as_bucket_view", False, "gradients are views into the buckets (no second copy)", bool),
     )
+    Step = DDPStep
 
     def validate(self, ctx: Context) -> None:
-        if ctx.knob("bucket_mb") <= 0:
-            raise StrategyError(f"--bucket-mb must be positive for ddp, got {ctx.knob('bucket_mb')}")
-
-    def build(self, ctx: Context) -> Program:
-        w, p = ctx.workload, ctx.precision
-        psi = w.params
-        resident = {PARAMS: p.param_bytes * psi, GRADS: p.grad_bytes * psi,
-                    OPTIMIZER_STATE: p.optimizer_bytes * psi}
-        if not ctx.knob("gradient_as_bucket_view"):
-            resident[BUFFERS] = p.grad_bytes * psi
-        b = ProgramBuilder(resident)
-        plan = gradient_buckets(ctx)
-        all_reduces = tuple(steps_with_bucketed_reduction(b, ctx, plan, ALL_REDUCE, transient_buffers=False).values())
-        # torch's optimizer step follows backward(), whose finalisation makes the compute
-        # stream wait for every bucket: each layer's update waits for all of them.
-        optimizer_ops(b, ctx, lambda layer: all_reduces)
-        prog = b.build()
-        prog.model_flops = w.model_flops() * ctx.grad_accum
-        prog.notes.append(f"{len(plan)} gradient buckets (cap {ctx.knob('bucket_mb')} MiB"
-                          + (", first 1 MiB)" if bucket_caps(ctx.knob("bucket_mb"))[1] else ")"))
-        return prog
-
-
-def steps_with_bucketed_reduction(b: ProgramBuilder, ctx: Context, plan, kind: str,
-                                  transient_buffers: bool) -> dict[int, int]:
-    """Forward and backward of every micro-step; on the last, reduce each bucket as it fills.
-    Returns each bucket's reduction op by bucket index, in the order they are launched.
-
-    ``transient_buffers``: the bucket is a scratch buffer allocated for its collective
-    (DeepSpeed's reduce buckets) rather than a persistent copy of the gradients (torch DDP).
-    """
-    ready: dict[int, list] = {}
-    for bucket in plan:
-        ready.setdefault(bucket.ready_after_layer, []).append(bucket)
-    reductions: dict[int, int] = {}
-    for micro in range(ctx.grad_accum):
-        last = micro == ctx.grad_accum - 1
-        forward(b, ctx)
-
-        def after(layer, bwd_op, last=last):
-            if not last:  # no_sync: gradients accumulate locally
-                return
-            for bucket in ready.get(layer.index, []):
-                nbytes = bucket.numel * ctx.precision.grad_bytes
-                scratch = ((BUFFERS, nbytes),) if transient_buffers else ()
-                reductions[bucket.index] = b.collective(kind, bucket_collective(kind, bucket.index), nbytes, BACKWARD,
-                                                        layer=layer.index, deps=(bwd_op,), alloc=scratch, free=scratch)
-
-        backward(b, ctx, after=after)
-    return reductions
+        check_bucket_mb(ctx, self.name, allow_zero=False)

@@ -39,18 +39,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from zero_sim.engine.program import Program, ProgramBuilder
-from zero_sim.strategies.base import Context, Knob, Strategy, StrategyError, backward, forward, shard
-from zero_sim.strategies.ddp import optimizer_ops
+from zero_sim.strategies.base import Alloc, Context, Knob, Step, Strategy, StrategyError, shard
+from zero_sim.system.workload import Layer
 from zero_sim.vocabulary import (
     ALL_GATHER,
     ALL_REDUCE,
     BACKWARD,
     BUFFERS,
     FORWARD,
-    GRADS,
-    OPTIMIZER_STATE,
-    PARAMS,
     REDUCE_SCATTER,
     layer_collective,
     wait,
@@ -73,6 +69,7 @@ class Unit:
 
 
 def wrap_units(ctx: Context, wrap: str) -> list[Unit]:
+    """One unit per wrapped layer, after a root unit (index 0) holding every other layer."""
     layers = ctx.workload.layers
     if wrap == "blocks":
         wrapped = [layer.index for layer in layers if layer.kind == "block"]
@@ -82,8 +79,8 @@ def wrap_units(ctx: Context, wrap: str) -> list[Unit]:
         try:
             wrapped = sorted({int(x) for x in wrap.split(",") if x.strip()})
         except ValueError:
-            raise StrategyError(f"--wrap must be 'blocks', 'none' or comma-separated layer indices, got {wrap!r}") \
-                from None
+            raise StrategyError("--wrap must be 'blocks', 'none' or comma-separated layer indices, "
+                                f"got {wrap!r}") from None
         bad = [i for i in wrapped if not 0 <= i < len(layers)]
         if bad:
             raise StrategyError(f"--wrap names layer {bad[0]}, which does not exist: the model has layers "
@@ -97,158 +94,190 @@ def wrap_units(ctx: Context, wrap: str) -> list[Unit]:
     return units
 
 
+class FSDPStep(Step):
+    """Gather a unit when its first layer computes, free it after its last, reduce-scatter its
+    gradients once its backward is done; the optimizer updates the local shard."""
+
+    stage = 3
+
+    def setup(self) -> None:
+        ctx, p = self.ctx, self.p
+        self.hybrid = ctx.knob("hybrid")
+        self.group = "intra" if self.hybrid else "world"
+        if self.hybrid:  # HSDP: states are sharded over the node's G GPUs and replicated across nodes
+            self.n = ctx.gpus_per_node
+        param_dtype, reduce_dtype = ctx.knob("param_dtype"), ctx.knob("reduce_dtype")
+        self.gather_bytes = DTYPE_BYTES[param_dtype] if param_dtype else p.param_bytes
+        self.reduce_bytes = DTYPE_BYTES[reduce_dtype] if reduce_dtype else self.gather_bytes
+        self.reshard = ctx.knob("reshard_after_forward")
+        self.units = wrap_units(ctx, ctx.knob("wrap"))
+        self.unit_of = {li: u for u in self.units for li in u.layers}
+        self.blocks = [u for u in self.units if not u.is_root]  # forward order
+        self.bwd_blocks = list(reversed(self.blocks))
+
+    def micro_step(self) -> None:
+        """Gathers and frees are per micro-step; the optimizer waits for the last one's reductions."""
+        self.gathers: dict[tuple[str, int], int] = {}  # (pass, unit) -> all-gather op
+        self.freed_by: dict[tuple[str, int], int] = {}  # (pass, unit) -> op that frees its gathered copy
+        self.reduces: list[int] = []
+        super().micro_step()
+
+    # --- forward ------------------------------------------------------------------------------
+
+    def before_forward(self, layer: Layer) -> tuple[int, ...]:
+        """A unit is gathered when its first layer is about to compute (and the next one with
+        ``forward_prefetch``); every layer of the unit waits for that gather."""
+        u = self.unit_of[layer.index]
+        if layer.index == u.layers[0]:
+            self.gather(u, FORWARD)
+            nxt = self.next_unit(u, self.blocks)
+            if self.ctx.knob("forward_prefetch") and nxt is not None:
+                self.gather(nxt, FORWARD, deps=self.landed(FORWARD, u))
+        return self.landed(FORWARD, u)
+
+    def resharded_by(self, layer: Layer) -> bool:
+        """With ``reshard_after_forward`` a block's gathered copy goes once its last layer has run;
+        the root stays gathered until backward."""
+        u = self.unit_of[layer.index]
+        return self.reshard and not u.is_root and layer.index == u.layers[-1]
+
+    def forward_frees(self, layer: Layer) -> Alloc:
+        return ((BUFFERS, self.nbytes(self.unit_of[layer.index])),) if self.resharded_by(layer) else ()
+
+    def after_forward(self, layer: Layer, op: int) -> None:
+        if self.resharded_by(layer):
+            self.freed_by[(FORWARD, self.unit_of[layer.index].index)] = op
+
+    # --- backward -----------------------------------------------------------------------------
+
+    def regathered(self, u: Unit) -> bool:
+        """Resharded blocks are gathered again for backward; the root, and blocks kept whole, are not."""
+        return self.reshard and not u.is_root
+
+    def before_backward(self, layer: Layer) -> tuple[int, ...]:
+        """At a unit's first backward layer: gather it again, and with ``pre`` the next unit to run
+        backward too (after the root's head, the last block).  Wait for the latest gather."""
+        u = self.unit_of[layer.index]
+        if layer.index == u.layers[-1]:
+            if self.regathered(u):
+                self.gather(u, BACKWARD)  # no-op when prefetched
+            nxt = self.next_unit(u, self.bwd_blocks)
+            if nxt is not None and self.ctx.knob("backward_prefetch") == "pre" and self.regathered(nxt):
+                self.gather(nxt, BACKWARD, deps=self.landed(BACKWARD, u))
+        return self.landed(BACKWARD, u) or self.landed(FORWARD, u)
+
+    def backward_allocs(self, layer: Layer) -> Alloc:
+        """The unit's unsharded gradients, from its first backward layer until its reduce-scatter."""
+        u = self.unit_of[layer.index]
+        if layer.index == u.layers[-1] and u.numel:
+            return ((BUFFERS, u.numel * self.reduce_bytes),)
+        return ()
+
+    def backward_frees(self, layer: Layer) -> Alloc:
+        """The gathered copy goes once the unit's last backward layer has run."""
+        u = self.unit_of[layer.index]
+        return ((BUFFERS, self.nbytes(u)),) if layer.index == u.layers[0] and u.numel else ()
+
+    def after_backward(self, layer: Layer, op: int) -> None:
+        """The unit's gradients are complete: with ``post`` gather the next unit now (ahead of this
+        reduce-scatter in the FIFO), then reduce-scatter the gradients."""
+        u = self.unit_of[layer.index]
+        if layer.index != u.layers[0] or u.numel == 0:
+            return
+        self.freed_by[(BACKWARD, u.index)] = op
+        if not u.is_root and self.ctx.knob("backward_prefetch") == "post":
+            nxt = self.next_unit(u, self.bwd_blocks)
+            if nxt is not None and self.regathered(nxt):
+                self.gather(nxt, BACKWARD, deps=(op,))
+        self.reduce(u, op)
+
+    def reduce(self, u: Unit, op: int) -> None:
+        """Reduce-scatter within the group; with ``hybrid`` the shard is then all-reduced across
+        nodes on a second stream."""
+        grad = u.numel * self.reduce_bytes
+        rs = self.b.collective(REDUCE_SCATTER, layer_collective(REDUCE_SCATTER, u.label), grad, BACKWARD,
+                               group=self.group, layer=u.label, deps=(op,), free=((BUFFERS, grad),))
+        self.reduces.append(rs)
+        if self.hybrid:
+            self.reduces.append(self.b.collective(
+                ALL_REDUCE, layer_collective(ALL_REDUCE, u.label), shard(u.numel, self.n) * self.reduce_bytes,
+                BACKWARD, group="inter", stream="comm:inter", layer=u.label, deps=(rs,)))
+
+    def optimizer(self) -> None:
+        """The local shard of every layer, once the last micro-step's reductions have landed."""
+        self.update_layers(tuple(self.reduces), share=1.0 / self.n)
+
+    # --- gathering ----------------------------------------------------------------------------
+
+    def nbytes(self, u: Unit) -> int:
+        return u.numel * self.gather_bytes
+
+    @staticmethod
+    def next_unit(u: Unit, order: list[Unit]) -> Unit | None:
+        """The unit that computes after ``u`` in a pass over blocks ``order``: the next block, or
+        after the root, the first."""
+        k = order.index(u) + 1 if u in order else 0
+        return order[k] if k < len(order) else None
+
+    def gather(self, u: Unit, phase: str, deps: tuple[int, ...] = ()) -> None:
+        """All-gather a unit once per pass (a prefetched unit is not gathered again)."""
+        key = (phase, u.index)
+        if key in self.gathers or u.numel == 0:
+            return
+        if self.ctx.knob("limit_all_gathers"):
+            self.rate_limit(u, phase)
+        self.gathers[key] = self.b.collective(
+            ALL_GATHER, layer_collective(ALL_GATHER, u.label), self.nbytes(u), phase, group=self.group,
+            layer=u.label, deps=deps, alloc=((BUFFERS, self.nbytes(u)),))
+
+    def rate_limit(self, u: Unit, phase: str) -> None:
+        """FSDP1's limiter: at most two gathered blocks, so the host waits until the block two
+        before ``u`` in this pass has been freed; else, running ahead, it would gather them all."""
+        order = self.blocks if phase == FORWARD else self.bwd_blocks
+        if u not in order:
+            return
+        k = order.index(u)
+        older = (phase, order[k - 2].index) if k >= 2 else None
+        if older in self.freed_by:
+            self.b.sync(wait("free " + layer_collective(ALL_GATHER, order[k - 2].label)), phase,
+                        (self.freed_by[older],))
+
+    def landed(self, phase: str, u: Unit) -> tuple[int, ...]:
+        """The unit's own gather in this pass, if any.  A prefetch starts once the unit about to
+        compute has its own weights: on one NCCL stream that is the FIFO order anyway; gloo, with two
+        calls in flight, would otherwise split the link between the two gathers (real_runs' ZeRO-3
+        waits, then prefetches)."""
+        own = self.gathers.get((phase, u.index))
+        return (own,) if own is not None else ()
+
+    def note(self) -> str:
+        roots = [u for u in self.units if u.is_root]
+        return (f"{len(self.units)} FSDP units ({len(roots)} root); reshard_after_forward={self.reshard}; "
+                f"backward_prefetch={self.ctx.knob('backward_prefetch')}; "
+                f"{'hybrid: shard in node, all-reduce across nodes' if self.hybrid else 'full shard'}")
+
+
 class FSDP(Strategy):
     name = "fsdp"
     summary = "PyTorch FSDP: shard per wrap unit; gather before use, reduce-scatter after backward"
     knobs = (
         Knob("wrap", "blocks", "wrap units: 'blocks' (one per block + root), 'none', or layer indices", str),
-        Knob("reshard_after_forward", True, "free gathered weights after forward (re-gather in backward)", bool),
-        Knob("backward_prefetch", "pre", "where the next unit's backward gather is issued", str, ("pre", "post", "none")),
+        Knob("reshard_after_forward", True, "free gathered weights after forward (re-gather in backward)",
+             bool),
+        Knob("backward_prefetch", "pre", "where the next unit's backward gather is issued", str,
+             ("pre", "post", "none")),
         Knob("forward_prefetch", False, "issue the next unit's gather before this unit's forward", bool),
         Knob("limit_all_gathers", True, "at most two gathered units at once (FSDP1 rate limiter)", bool),
         Knob("hybrid", False, "shard within a node, all-reduce across nodes (HSDP)", bool),
-        Knob("param_dtype", None, "dtype of gathered weights (default: the precision's)", str, ("bf16", "fp16", "fp32")),
-        Knob("reduce_dtype", None, "dtype of reduced gradients (default: param_dtype)", str, ("bf16", "fp16", "fp32")),
+        Knob("param_dtype", None, "dtype of gathered weights (default: the precision's)", str,
+             tuple(DTYPE_BYTES)),
+        Knob("reduce_dtype", None, "dtype of reduced gradients (default: param_dtype)", str,
+             tuple(DTYPE_BYTES)),
     )
+
+    Step = FSDPStep
 
     def validate(self, ctx: Context) -> None:
         wrap_units(ctx, ctx.knob("wrap"))
         if ctx.knob("hybrid") and ctx.nodes < 2:
             raise StrategyError("--hybrid needs at least two nodes; raise --gpus or lower --gpus-per-node")
-
-    def build(self, ctx: Context) -> Program:
-        w, p = ctx.workload, ctx.precision
-        hybrid = ctx.knob("hybrid")
-        group = "intra" if hybrid else "world"
-        shards = ctx.gpus_per_node if hybrid else ctx.world_size
-        gather_bytes = DTYPE_BYTES[ctx.knob("param_dtype")] if ctx.knob("param_dtype") else p.param_bytes
-        reduce_bytes = DTYPE_BYTES[ctx.knob("reduce_dtype")] if ctx.knob("reduce_dtype") else gather_bytes
-        reshard = ctx.knob("reshard_after_forward")
-        units = wrap_units(ctx, ctx.knob("wrap"))
-        unit_of = {li: u for u in units for li in u.layers}
-        b = ProgramBuilder({
-            PARAMS: p.param_bytes * shard(w.params, shards),
-            GRADS: p.grad_bytes * shard(w.params, shards),
-            OPTIMIZER_STATE: p.optimizer_bytes * shard(w.params, shards),
-        })
-        gathers: dict[tuple[str, int], int] = {}  # (pass, unit) -> all-gather op
-        freed_by: dict[tuple[str, int], int] = {}  # (pass, unit) -> op that frees its gathered copy
-        blocks = [u for u in units if not u.is_root]
-        roots = [u for u in units if u.is_root]
-
-        def nbytes(u: Unit) -> int:
-            return u.numel * gather_bytes
-
-        def gather(u: Unit, phase: str, deps=()) -> None:
-            key = (phase, u.index)
-            if key in gathers or u.numel == 0:
-                return
-            if ctx.knob("limit_all_gathers"):
-                order = blocks if phase == FORWARD else list(reversed(blocks))
-                if u in order:
-                    k = order.index(u)
-                    older = (phase, order[k - 2].index) if k >= 2 else None
-                    if older in freed_by:
-                        b.sync(wait("free " + layer_collective(ALL_GATHER, order[k - 2].label)), phase,
-                               (freed_by[older],))
-            gathers[key] = b.collective(ALL_GATHER, layer_collective(ALL_GATHER, u.label), nbytes(u), phase,
-                                        group=group, layer=u.label, deps=deps, alloc=((BUFFERS, nbytes(u)),))
-
-        def landed(phase: str, u: Unit) -> tuple[int, ...]:
-            """A prefetch starts once the unit about to compute has its own weights: on one NCCL
-            stream that is the FIFO order anyway; gloo, with two calls in flight, would otherwise
-            split the link between the two gathers (real_runs' ZeRO-3 waits, then prefetches)."""
-            own = gathers.get((phase, u.index))
-            return (own,) if own is not None else ()
-
-        last_fwd_layer = {u.index: u.layers[-1] for u in units}
-        first_bwd_layer = {u.index: u.layers[0] for u in units}
-
-        def fwd_before(layer):
-            u = unit_of[layer.index]
-            if layer.index == u.layers[0]:
-                gather(u, FORWARD)
-                if ctx.knob("forward_prefetch"):  # the next unit to run forward: the first block after the root
-                    k = blocks.index(u) + 1 if u in blocks else 0
-                    if k < len(blocks):
-                        gather(blocks[k], FORWARD, deps=landed(FORWARD, u))
-            return (gathers[(FORWARD, u.index)],) if (FORWARD, u.index) in gathers else ()
-
-        def fwd_frees(layer):
-            u = unit_of[layer.index]
-            if reshard and not u.is_root and layer.index == last_fwd_layer[u.index]:
-                return ((BUFFERS, nbytes(u)),)
-            return ()
-
-        def fwd_after(layer, op):
-            u = unit_of[layer.index]
-            if reshard and not u.is_root and layer.index == last_fwd_layer[u.index]:
-                freed_by[(FORWARD, u.index)] = op
-
-        bwd_blocks = list(reversed(blocks))
-
-        def needs_bwd_gather(u: Unit) -> bool:
-            return reshard and not u.is_root
-
-        def bwd_before(layer):
-            u = unit_of[layer.index]
-            deps = []
-            if layer.index == u.layers[-1]:
-                if needs_bwd_gather(u):
-                    gather(u, BACKWARD)  # no-op when prefetched
-                # 'pre': the next unit to run backward (after the root's head, the last block) is gathered now.
-                k = bwd_blocks.index(u) + 1 if u in bwd_blocks else 0
-                nxt = bwd_blocks[k] if k < len(bwd_blocks) else None
-                if nxt is not None and ctx.knob("backward_prefetch") == "pre" and needs_bwd_gather(nxt):
-                    gather(nxt, BACKWARD, deps=landed(BACKWARD, u))
-            if (BACKWARD, u.index) in gathers:
-                deps.append(gathers[(BACKWARD, u.index)])
-            elif (FORWARD, u.index) in gathers:
-                deps.append(gathers[(FORWARD, u.index)])
-            return tuple(deps)
-
-        def bwd_frees(layer):
-            u = unit_of[layer.index]
-            if layer.index == first_bwd_layer[u.index] and u.numel:
-                return ((BUFFERS, nbytes(u)),)
-            return ()
-
-        reduces: list[int] = []
-
-        def bwd_after(layer, op):
-            u = unit_of[layer.index]
-            if layer.index != first_bwd_layer[u.index] or u.numel == 0:
-                return
-            freed_by[(BACKWARD, u.index)] = op
-            if not u.is_root and ctx.knob("backward_prefetch") == "post":
-                k = bwd_blocks.index(u)
-                if k + 1 < len(bwd_blocks) and needs_bwd_gather(bwd_blocks[k + 1]):
-                    gather(bwd_blocks[k + 1], BACKWARD, deps=(op,))
-            grad = u.numel * reduce_bytes
-            rs = b.collective(REDUCE_SCATTER, layer_collective(REDUCE_SCATTER, u.label), grad, BACKWARD,
-                              group=group, layer=u.label, deps=(op,), free=((BUFFERS, grad),))
-            reduces.append(rs)
-            if hybrid:
-                reduces.append(b.collective(ALL_REDUCE, layer_collective(ALL_REDUCE, u.label),
-                                            shard(u.numel, shards) * reduce_bytes, BACKWARD, group="inter",
-                                            stream="comm:inter", layer=u.label, deps=(rs,)))
-
-        def bwd_grads(layer):
-            u = unit_of[layer.index]
-            if layer.index == u.layers[-1] and u.numel:
-                return ((BUFFERS, u.numel * reduce_bytes),)
-            return ()
-
-        for _micro in range(ctx.grad_accum):
-            gathers.clear()
-            freed_by.clear()
-            reduces.clear()
-            forward(b, ctx, before=fwd_before, after=fwd_after, frees=fwd_frees)
-            backward(b, ctx, before=bwd_before, after=bwd_after, grads=bwd_grads, frees=bwd_frees)
-        optimizer_ops(b, ctx, lambda layer: tuple(reduces), share=1.0 / shards)
-        prog = b.build()
-        prog.model_flops = w.model_flops() * ctx.grad_accum
-        prog.notes.append(f"{len(units)} FSDP units ({len(roots)} root); reshard_after_forward={reshard}; "
-                          f"backward_prefetch={ctx.knob('backward_prefetch')}; "
-                          f"{'hybrid: shard in node, all-reduce across nodes' if hybrid else 'full shard'}")
-        return prog

@@ -35,9 +35,7 @@ once, beyond which prefetch stops).  Gathered weights and unsharded gradients co
 
 from __future__ import annotations
 
-from zero_sim.engine.program import Program, ProgramBuilder
-from zero_sim.strategies.base import Context, Knob, Strategy, StrategyError, backward, forward, shard
-from zero_sim.strategies.ddp import optimizer_ops
+from zero_sim.strategies.base import Alloc, Context, Knob, Step, Strategy, StrategyError, shard
 from zero_sim.system.workload import Layer
 from zero_sim.vocabulary import (
     ALL_GATHER,
@@ -45,8 +43,6 @@ from zero_sim.vocabulary import (
     BUFFERS,
     COMM,
     FORWARD,
-    GRADS,
-    OPTIMIZER_STATE,
     PARAMS,
     REDUCE_SCATTER,
     fetch,
@@ -57,123 +53,180 @@ from zero_sim.vocabulary import (
 MIB = 1024 * 1024
 
 
+class Pass:
+    """One pass over the layers (forward, or backward) in the order they compute."""
+
+    def __init__(self, order: list[Layer], phase: str):
+        self.order, self.phase = order, phase
+        self.position = {layer.index: k for k, layer in enumerate(order)}
+        self.pending: dict[int, list[int]] = {}  # layer -> its gather ops, once issued in this pass
+        self.live: dict[int, int] = {}  # layer -> elements gathered ahead and not yet computing
+
+
+class ZeRO3Step(Step):
+    """Gather each layer before it computes (prefetching ahead), free it after, reduce-scatter its
+    gradients; the optimizer updates the local slice."""
+
+    stage = 3
+
+    def setup(self) -> None:
+        ctx, w = self.ctx, self.w
+        self.threshold = ctx.knob("param_persistence_threshold")
+        self.persistent = sum(t.numel for layer in w.layers for t in layer.tensors
+                              if t.numel < self.threshold)
+        self.gathered = {layer.index: self.gathered_tensors(layer) for layer in w.layers}
+        self.numel = {i: sum(sizes) for i, sizes in self.gathered.items()}
+        self.fine = ctx.knob("fine_grained_sync")
+        self.batch = ctx.knob("batch_collectives")
+        self.issued: list[int] = []  # every comm op of every micro-step so far: what a coarse sync waits for
+        self.reduces: list[int] = []  # every micro-step's reduce-scatters: what the optimizer waits for
+        self.pass_: Pass | None = None
+
+    def gathered_tensors(self, layer: Layer) -> list[int]:
+        """Sizes of the tensors ``layer`` must gather: its own, plus any it reads (tied weights),
+        except those small enough to persist whole on every rank."""
+        sizes = [t.numel for t in layer.tensors if t.numel >= self.threshold]
+        if layer.reads_layer is not None:
+            sizes += [t.numel for t in self.w.layers[layer.reads_layer].tensors if t.numel >= self.threshold]
+        return sizes
+
+    def resident(self) -> dict[str, int]:
+        """Stage 3's shards, except that persistent tensors are held whole on every rank:
+        only the rest of the weights is sharded."""
+        states = super().resident()
+        psi, n, persistent = self.w.params, self.n, self.persistent
+        states[PARAMS] += self.p.param_bytes * (persistent + shard(psi - persistent, n) - shard(psi, n))
+        return states
+
+    # --- forward and backward: gather before, free after ------------------------------------
+
+    def forward(self) -> None:
+        self.pass_ = Pass(list(self.w.layers), FORWARD)
+        super().forward()
+
+    def backward(self) -> None:
+        self.pass_ = Pass(list(reversed(self.w.layers)), BACKWARD)
+        super().backward()
+
+    def before_forward(self, layer: Layer) -> tuple[int, ...]:
+        return self.fetch(layer)
+
+    def before_backward(self, layer: Layer) -> tuple[int, ...]:
+        """Gathered again: forward freed it."""
+        return self.fetch(layer)
+
+    def forward_frees(self, layer: Layer) -> Alloc:
+        return self.release(layer)
+
+    def backward_frees(self, layer: Layer) -> Alloc:
+        return self.release(layer)
+
+    def release(self, layer: Layer) -> Alloc:
+        """The gathered copy is dropped as soon as the layer has computed."""
+        return ((BUFFERS, self.numel[layer.index] * self.p.param_bytes),)
+
+    def backward_allocs(self, layer: Layer) -> Alloc:
+        """The layer's unsharded gradients, until their reduce-scatter lands."""
+        return ((BUFFERS, layer.numel * self.p.grad_bytes),)
+
+    def after_backward(self, layer: Layer, op: int) -> None:
+        """Reduce-scatter the layer's gradients (one flat collective, or one per tensor)."""
+        sizes = [layer.numel] if self.batch else [t.numel for t in layer.tensors]
+        for size in sizes:
+            if size == 0:
+                continue
+            nbytes = size * self.p.grad_bytes
+            rs = self.b.collective(REDUCE_SCATTER, layer_collective(REDUCE_SCATTER, layer.index), nbytes,
+                                   BACKWARD, layer=layer.index, deps=(op,), free=((BUFFERS, nbytes),))
+            self.reduces.append(rs)
+            self.issued.append(rs)
+
+    def optimizer(self) -> None:
+        """The local ``1/N`` of every layer, once every reduce-scatter has landed; nothing to gather
+        afterwards (the next forward does)."""
+        self.update_layers(tuple(self.reduces), share=1.0 / self.n)
+
+    # --- fetching ----------------------------------------------------------------------------
+
+    def fetch(self, layer: Layer) -> tuple[int, ...]:
+        """Before a layer computes: decide what to fetch, gather it and what may be prefetched,
+        and return what its compute waits for."""
+        ctx, ps = self.ctx, self.pass_
+        if not ctx.knob("precomputed_fetch"):  # Python walks the module tree, issuing nothing meanwhile
+            self.b.host(fetch(layer.index), ps.phase, ctx.knob("fetch_decision_us") * 1e-6, layer=layer.index)
+        self.gather_ahead(layer)
+        ps.live.pop(layer.index, None)
+        own = tuple(ps.pending.get(layer.index, ()))
+        if self.fine:  # wait on the gather's own event
+            return own
+        if self.issued:  # coarse: the host waits for everything on the comm stream so far
+            self.b.sync(wait(COMM), ps.phase, tuple(self.issued))
+        return ()
+
+    def gather_ahead(self, layer: Layer) -> None:
+        """Gather ``layer`` and up to ``prefetch`` layers after it, stopping at DeepSpeed's limits."""
+        ps = self.pass_
+        k = ps.position[layer.index]
+        for j in range(k, min(k + self.ctx.knob("prefetch") + 1, len(ps.order))):
+            li = ps.order[j].index
+            if li in ps.pending or self.numel[li] == 0:
+                continue
+            if j > k and not self.may_prefetch(li, k):
+                break
+            ps.pending[li] = self.gather(li)
+            ps.live[li] = self.numel[li]
+
+    def may_prefetch(self, li: int, k: int) -> bool:
+        """DeepSpeed's limits on a prefetch of layer ``li`` while position ``k`` computes: MiB of
+        weights gathered ahead (``prefetch_bucket_mb``), elements gathered at once (``max_live_params``)."""
+        ps, numel = self.pass_, self.numel
+        ahead = sum(numel[x] for x in ps.pending if ps.position[x] > k) + numel[li]
+        cap = self.ctx.knob("prefetch_bucket_mb") * MIB / self.p.param_bytes
+        if cap and ahead > cap:
+            return False
+        return sum(ps.live.values()) + numel[li] <= self.ctx.knob("max_live_params")
+
+    def gather(self, li: int) -> list[int]:
+        """All-gather layer ``li``'s partitioned tensors: one flat collective, or one per tensor."""
+        sizes = [sum(self.gathered[li])] if self.batch else self.gathered[li]
+        ops = []
+        for size in sizes:
+            if size == 0:
+                continue
+            nbytes = size * self.p.param_bytes
+            ops.append(self.b.collective(ALL_GATHER, layer_collective(ALL_GATHER, li), nbytes,
+                                         self.pass_.phase, layer=li, alloc=((BUFFERS, nbytes),)))
+        self.issued.extend(ops)
+        return ops
+
+    def note(self) -> str:
+        decided = "precomputed" if self.ctx.knob("precomputed_fetch") else "made in Python per layer"
+        return (f"{self.persistent:,} parameters persistent (< {self.threshold:,} elements per tensor); "
+                f"{'batched' if self.batch else 'per-tensor'} collectives, "
+                f"{'fine-grained' if self.fine else 'whole-stream'} sync, "
+                f"fetch decisions {decided}")
+
+
 class ZeRO3(Strategy):
     name = "zero3"
     summary = "shard weights, gradients and optimizer state; all-gather each layer before use"
     knobs = (
         Knob("prefetch", 1, "layers gathered ahead of the one computing", int),
         Knob("prefetch_bucket_mb", 0.0, "cap on MiB of weights gathered ahead (0: no cap)"),
-        Knob("max_live_params", 1_000_000_000, "cap on elements gathered at once (DeepSpeed default 1e9)", int),
+        Knob("max_live_params", 1_000_000_000, "cap on elements gathered at once (DeepSpeed default 1e9)",
+             int),
         Knob("param_persistence_threshold", 100_000, "tensors below this many elements stay whole", int),
         Knob("batch_collectives", True, "one flat collective per layer instead of one per tensor", bool),
         Knob("fine_grained_sync", True, "wait on each gather's own event, not the whole comm stream", bool),
         Knob("precomputed_fetch", True, "fetch decisions computed once, not in Python every layer", bool),
-        Knob("fetch_decision_us", 500.0, "host time per layer per pass when fetch decisions are not precomputed"),
+        Knob("fetch_decision_us", 500.0,
+             "host time per layer per pass when fetch decisions are not precomputed"),
     )
+    Step = ZeRO3Step
 
     def validate(self, ctx: Context) -> None:
         for name in ("prefetch", "prefetch_bucket_mb", "max_live_params", "param_persistence_threshold",
                      "fetch_decision_us"):
             if ctx.knob(name) < 0:
-                raise StrategyError(f"--{name.replace('_', '-')} must not be negative for zero3, got {ctx.knob(name)}")
-
-    def build(self, ctx: Context) -> Program:
-        w, p, n = ctx.workload, ctx.precision, ctx.world_size
-        threshold = ctx.knob("param_persistence_threshold")
-        persistent = sum(t.numel for layer in w.layers for t in layer.tensors if t.numel < threshold)
-        partitioned = w.params - persistent
-        b = ProgramBuilder({
-            PARAMS: p.param_bytes * (persistent + shard(partitioned, n)),
-            GRADS: p.grad_bytes * shard(w.params, n),
-            OPTIMIZER_STATE: p.optimizer_bytes * shard(w.params, n),
-        })
-        gathered = {layer.index: self._gathered_tensors(w, layer, threshold) for layer in w.layers}
-        numel = {i: sum(gathered[i]) for i in gathered}
-        fine = ctx.knob("fine_grained_sync")
-        batch = ctx.knob("batch_collectives")
-        issued_comm: list[int] = []
-
-        def gather(layer_index: int, phase: str) -> list[int]:
-            sizes = [sum(gathered[layer_index])] if batch else gathered[layer_index]
-            ops = []
-            for size in sizes:
-                if size == 0:
-                    continue
-                nbytes = size * p.param_bytes
-                ops.append(b.collective(ALL_GATHER, layer_collective(ALL_GATHER, layer_index), nbytes, phase,
-                                        layer=layer_index, alloc=((BUFFERS, nbytes),)))
-            issued_comm.extend(ops)
-            return ops
-
-        def run_pass(order: list[Layer], phase: str):
-            """Returns hooks for forward()/backward(): gathers with prefetch, then the right wait."""
-            position = {layer.index: k for k, layer in enumerate(order)}
-            pending: dict[int, list[int]] = {}
-            live: dict[int, int] = {}
-
-            def ensure(layer: Layer) -> None:
-                k = position[layer.index]
-                for j in range(k, min(k + ctx.knob("prefetch") + 1, len(order))):
-                    li = order[j].index
-                    if li in pending or numel[li] == 0:
-                        continue
-                    if j > k:  # a prefetch: respect DeepSpeed's limits
-                        ahead = sum(numel[x] for x in pending if position[x] > k) + numel[li]
-                        cap = ctx.knob("prefetch_bucket_mb") * MIB / p.param_bytes
-                        if cap and ahead > cap:
-                            break
-                        if sum(live.values()) + numel[li] > ctx.knob("max_live_params"):
-                            break
-                    pending[li] = gather(li, phase)
-                    live[li] = numel[li]
-
-            def before(layer: Layer) -> tuple[int, ...]:
-                if not ctx.knob("precomputed_fetch"):
-                    b.host(fetch(layer.index), phase, ctx.knob("fetch_decision_us") * 1e-6, layer=layer.index)
-                ensure(layer)
-                live.pop(layer.index, None)
-                own = tuple(pending.get(layer.index, ()))
-                if fine:
-                    return own
-                # Coarse: the host waits for everything on the comm stream so far.
-                if issued_comm:
-                    b.sync(wait(COMM), phase, tuple(issued_comm))
-                return ()
-
-            return before
-
-        release = lambda layer: ((BUFFERS, numel[layer.index] * p.param_bytes),)  # noqa: E731
-        reduces: list[int] = []
-        for _micro in range(ctx.grad_accum):
-            forward(b, ctx, before=run_pass(list(w.layers), FORWARD), frees=release)
-
-            def after(layer, bwd_op):
-                sizes = [layer.numel] if batch else [t.numel for t in layer.tensors]
-                for size in sizes:
-                    if size == 0:
-                        continue
-                    nbytes = size * p.grad_bytes
-                    op = b.collective(REDUCE_SCATTER, layer_collective(REDUCE_SCATTER, layer.index), nbytes,
-                                      BACKWARD, layer=layer.index, deps=(bwd_op,), free=((BUFFERS, nbytes),))
-                    reduces.append(op)
-                    issued_comm.append(op)
-
-            backward(b, ctx, before=run_pass(list(reversed(w.layers)), BACKWARD), after=after,
-                     grads=lambda layer: ((BUFFERS, layer.numel * p.grad_bytes),), frees=release)
-        optimizer_ops(b, ctx, lambda layer: tuple(reduces), share=1.0 / n)
-        prog = b.build()
-        prog.model_flops = w.model_flops() * ctx.grad_accum
-        prog.notes.append(
-            f"{persistent:,} parameters persistent (< {threshold:,} elements per tensor); "
-            f"{'batched' if batch else 'per-tensor'} collectives, "
-            f"{'fine-grained' if fine else 'whole-stream'} sync, "
-            f"fetch decisions {'precomputed' if ctx.knob('precomputed_fetch') else 'made in Python per layer'}")
-        return prog
-
-    @staticmethod
-    def _gathered_tensors(w, layer: Layer, threshold: int) -> list[int]:
-        """Sizes of the tensors layer ``layer`` must gather: its own, plus any it reads (tied weights)."""
-        sizes = [t.numel for t in layer.tensors if t.numel >= threshold]
-        if layer.reads_layer is not None:
-            sizes += [t.numel for t in w.layers[layer.reads_layer].tensors if t.numel >= threshold]
-        return sizes
+                flag = "--" + name.replace("_", "-")
+                raise StrategyError(f"{flag} must not be negative for zero3, got {ctx.knob(name)}")

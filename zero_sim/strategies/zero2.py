@@ -1,0 +1,109 @@
+"""ZeRO-2: shard the gradients as well as the optimizer state (the DistAdam of seeds 000/001).
+
+ZeRO-1's step, but each rank keeps only the reduced ``1/N`` slice of the gradients.  One
+step on one rank:
+
+1. forward;
+2. backward; each unit's gradient (a tensor when ``bucket_mb = 0``, else a bucket) is
+   reduce-scattered and its unsharded copy freed once that finishes.  *When* the
+   reduce-scatter is launched is the ``zero2_launch`` knob:
+
+   * ``hook``: from the post-accumulate-grad hook, the moment the unit's last gradient
+     exists, so reduce-scatters overlap the rest of backward; the step then walks the
+     units in reverse order, the order their reduce-scatters finish;
+   * ``step``: all at the start of ``optimizer.step()``, after backward, in parameter
+     order; the step waits for each in turn.  Because the comm stream is a FIFO queue,
+     every all-gather launched by the step queues behind *all* the reduce-scatters, and
+     each slice's update waits for its own reduce-scatter: compute sits idle in between
+     (seed 000);
+   * ``compiled_backward``: a compiled backward graph runs its hooks only when the whole
+     graph finishes, so ``hook`` launches collapse to the end of backward (seed 000).
+
+3. optimizer on each slice, then ``all_gather`` of the unit's updated weights, unit by
+   unit in the order the reduce-scatters were launched (ZeRO-1's step).
+
+Memory: ``2 Psi`` weights + ``(2 + K) Psi / N`` sharded gradients and optimizer state,
+plus the unsharded gradients that wait for their reduce-scatter (``buffers``): with
+``step`` launches they all wait until backward ends, with ``hook`` only a few at a time.
+"""
+
+from __future__ import annotations
+
+from zero_sim.strategies.base import Alloc, Context, Knob, Strategy
+from zero_sim.strategies.buckets import Bucket, check_bucket_mb
+from zero_sim.strategies.zero1 import ZeRO1Step
+from zero_sim.system.workload import Layer
+from zero_sim.vocabulary import BUFFERS, REDUCE_SCATTER
+from zero_sim.vocabulary.buckets import DEFAULT_BUCKET_MB
+
+
+class ZeRO2Step(ZeRO1Step):
+    """ZeRO-1's step with reduce-scatters that free the unsharded gradients, launched per ``zero2_launch``."""
+
+    stage = 2
+    kind = REDUCE_SCATTER
+
+    def setup(self) -> None:
+        super().setup()
+        self.per_tensor = self.ctx.knob("bucket_mb") == 0  # DDP's plan at 0 MB: one unit per tensor
+        self.hook = self.ctx.knob("zero2_launch") == "hook"
+        self.compiled = self.ctx.knob("compiled_backward")
+
+    def label(self, bucket: Bucket) -> str:
+        """A per-tensor unit is named after its layer (``reduce_scatter L5``), a bucket ``B<k>``."""
+        return f"L{bucket.layers[0]}" if self.per_tensor else super().label(bucket)
+
+    def reduce_in_backward(self) -> bool:
+        """From the hooks, every micro-step (DeepSpeed reduces each micro-batch), unless compiled."""
+        return self.hook and not self.compiled
+
+    def backward_allocs(self, layer: Layer) -> Alloc:
+        """Unsharded gradients live until their reduce-scatter: every micro-step with hooks,
+        accumulated locally until step() otherwise (allocated once, by the first)."""
+        if self.hook or self.micro == 0:
+            return ((BUFFERS, layer.numel * self.p.grad_bytes),)
+        return ()
+
+    def reduction_memory(self, nbytes: int) -> tuple[Alloc, Alloc]:
+        """The reduce-scatter frees the unsharded gradient once it has landed."""
+        return (), ((BUFFERS, nbytes),)
+
+    def after_backward(self, layer: Layer, op: int) -> None:
+        self.last_backward = op
+        super().after_backward(layer, op)
+
+    def micro_step(self) -> None:
+        """A compiled backward runs the hooks, in the order they would have run, once it ends."""
+        super().micro_step()
+        if self.hook and self.compiled:
+            for unit in self.plan:
+                self.reduce(unit, (self.last_backward,))
+
+    def optimizer(self) -> None:
+        """``step`` launches: every reduce-scatter at the start of step(), in parameter order."""
+        if not self.hook:
+            for unit in reversed(self.plan):
+                self.reduce(unit, ())
+        super().optimizer()
+
+    def note(self) -> str:
+        return (f"{len(self.plan)} reduce-scatter units ({'per tensor' if self.per_tensor else 'buckets'}), "
+                f"launched from {'backward hooks' if self.hook else 'step()'}"
+                + (" at the end of a compiled backward" if self.hook and self.compiled else ""))
+
+
+class ZeRO2(Strategy):
+    name = "zero2"
+    summary = "shard optimizer state and gradients; reduce-scatter gradients, all-gather weights"
+    knobs = (
+        Knob("bucket_mb", DEFAULT_BUCKET_MB, "reduce bucket cap in MiB (first bucket 1 MiB at the default); "
+             "0 = one reduce-scatter per tensor"),
+        Knob("zero2_launch", "hook", "launch reduce-scatters from backward hooks or in step()", str,
+             ("hook", "step")),
+        Knob("compiled_backward", False, "backward is one compiled graph: hooks fire only when it ends",
+             bool),
+    )
+    Step = ZeRO2Step
+
+    def validate(self, ctx: Context) -> None:
+        check_bucket_mb(ctx, self.name, allow_zero=True)
