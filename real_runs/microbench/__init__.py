@@ -1,0 +1,40 @@
+"""Measure what the simulator needs as inputs: collective times and per-layer compute times.
+
+Both run under ``torchrun`` on the ranks (and the network) that the real training runs
+will use, so that whatever those ranks share (cores, a shaped link) is part of what is
+measured::
+
+    # the collective sweep: an nccl-tests-style table per collective, on 2 gloo ranks
+    python -m real_runs.microbench --nproc 2 collectives --max-bytes 64M --out out/coll.json
+
+    # the same sweep while every rank computes in the background (collectives during backward)
+    python -m real_runs.microbench --nproc 2 collectives --under-load --out out/coll_loaded.json
+
+    # per-layer forward/backward and optimizer times of the real model
+    python -m real_runs.microbench --nproc 2 layers --model small --micro-batch 4 --out out/layers.json
+
+- :mod:`.collectives`: the sweep, how one size is timed, and the nccl-tests table;
+- :mod:`.under_compute`: collectives while the ranks compute, and compute while they run;
+- :mod:`.calls`: asynchronous collective calls on buffers of their own;
+- :mod:`.layers`: per-layer forward/backward and optimizer times of the real model;
+- :mod:`.cli`: the command line (``__main__`` runs it).
+"""
+
+from .calls import launcher
+from .cli import DESCRIPTION, main, make_parser, run, validate
+from .collectives import (
+    SMALL_CALLS_IN_TURN,
+    SWEEP_COLLECTIVES,
+    collective_sweep,
+    format_table,
+    parse_bytes,
+    sizes,
+)
+from .layers import LAYER_KINDS, layer_timings
+from .under_compute import MIXED_QUEUE, ComputeLoad, queue_under_compute
+
+__all__ = [
+    "DESCRIPTION", "LAYER_KINDS", "MIXED_QUEUE", "SMALL_CALLS_IN_TURN", "SWEEP_COLLECTIVES", "ComputeLoad",
+    "collective_sweep", "format_table", "launcher", "layer_timings", "main", "make_parser", "parse_bytes",
+    "queue_under_compute", "run", "sizes", "validate",
+]

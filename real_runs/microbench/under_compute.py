@@ -1,0 +1,132 @@
+"""Collectives while the ranks compute, and compute while collectives run.
+
+On a CPU machine the collectives of backward run while the ranks compute, and gloo's
+threads then wait for a core at every step of the ring.  Two measurements say what that
+costs:
+
+- :class:`ComputeLoad` keeps a rank computing in a background thread; the sweep's
+  ``--under-load`` times every collective with it on, and each row says how much slower
+  the background compute ran meanwhile.
+- :func:`queue_under_compute` times a queue of 1 MB and 4 KB calls alternating with every
+  rank idle and while every rank's main thread computes: how fast collectives progress
+  while the cores compute, and how much slower that compute runs.  With more ranks than
+  cores, gloo's threads barely get a core while the ranks compute.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import threading
+import time
+
+import torch
+import torch.distributed as dist
+
+from .calls import launcher
+
+# The queue timed with and without every rank computing: large and small calls alternating,
+# as a training step mixes bucket-sized and parameter-sized ones.
+MIXED_QUEUE = (1 << 20, 4 << 10) * 8
+
+
+class ComputeLoad:
+    """A thread that keeps this rank's core busy with matrix products, as a rank's
+    forward or backward does, and counts how many it finished.
+
+    Timing collectives with the load on says what they cost while every rank computes
+    (on a shared CPU their threads must wait for a core); the load's rate with and without
+    collectives running says how much compute loses to communication."""
+
+    def __init__(self, dim: int = 128):
+        # Small products, so that even a short window counts hundreds.
+        self.a, self.b = torch.randn(dim, dim), torch.randn(dim, dim)
+        self.out = torch.empty(dim, dim)
+        self.done, self._stop = 0, threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            torch.mm(self.a, self.b, out=self.out)  # releases the GIL: the main thread keeps launching
+            self.done += 1
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+    def rate(self, seconds: float) -> float:
+        """Products per second over the next ``seconds`` (nothing else running on this rank)."""
+        start, t0 = self.done, time.perf_counter()
+        time.sleep(seconds)
+        return (self.done - start) / (time.perf_counter() - t0)
+
+
+def queue_under_compute(kinds, repeats: int = 3) -> list[dict]:
+    """Per collective: the mixed queue's time with every rank idle, and while every rank's main
+    thread computes (matrix products the size of a small model's, as forward and backward run
+    them), plus how much slower that compute ran.  One row per collective, medians of ``repeats``.
+
+    The two sides of ranks sharing cores with their communication: how fast collectives
+    progress while the cores compute (``idle_s / loaded_s``), and how much compute they take."""
+    world = dist.get_world_size()
+    a, b = torch.randn(512, 256), torch.randn(256, 1024)
+    out = torch.empty(512, 1024)
+
+    def product_rate(seconds: float) -> float:
+        n, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            torch.mm(a, b, out=out)
+            n += 1
+        return n / (time.perf_counter() - t0)
+
+    def one_queue(calls, loaded: bool) -> tuple[float, float]:
+        dist.barrier()
+        finished = []
+        t0 = time.perf_counter()
+        works = [call() for call in calls]
+
+        def watch():  # waits in launch order, as a training step does, off the computing thread
+            for w in works:
+                w.wait()
+            finished.append(time.perf_counter())
+
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        products, c0 = 0, time.perf_counter()  # the compute's own window: launching is not computing
+        while loaded and not finished:
+            torch.mm(a, b, out=out)
+            products += 1
+        c1 = time.perf_counter()
+        watcher.join()
+        return finished[0] - t0, products / max(c1 - c0, 1e-9)
+
+    rows = []
+    for kind in kinds:
+        probe = [launcher(kind, size, world, 1) for size in MIXED_QUEUE]
+        one_queue(probe, False)  # warm-up: connections
+        # Long enough (0.15 s idle) that the compute rate under it is not a handful of products.
+        idle_once = one_queue(probe, False)[0]
+        reps = torch.tensor([math.ceil(0.15 / max(idle_once, 1e-3))], dtype=torch.float64)
+        dist.all_reduce(reps, op=dist.ReduceOp.MAX)  # every rank must launch the same calls
+        reps = int(min(8, reps.item()))
+        # Each launcher cycles over ``reps`` buffers: no two calls in flight share one.
+        launchers = [launcher(kind, size, world, reps) for size in MIXED_QUEUE]
+        calls = launchers * reps
+        one_queue(calls, False)  # warm-up: first touch of the buffers
+        alone = product_rate(0.3)
+        idle = [one_queue(calls, False)[0] for _ in range(repeats)]
+        loaded = [one_queue(calls, True) for _ in range(repeats)]
+        times = torch.tensor([statistics.median(idle), statistics.median(t for t, _ in loaded)],
+                             dtype=torch.float64)
+        dist.all_reduce(times, op=dist.ReduceOp.MAX)  # every rank waits for the slowest
+        loaded_rate = statistics.median(r for _, r in loaded)
+        slowdown = torch.tensor([max(0.0, alone / max(loaded_rate, 1e-9) - 1.0)], dtype=torch.float64)
+        dist.all_reduce(slowdown)
+        rows.append({"collective": kind, "calls": len(calls), "bytes": sum(MIXED_QUEUE) * reps,
+                     "idle_s": float(times[0]), "loaded_s": float(times[1]),
+                     "compute_slowdown": float(slowdown) / world})
+    return rows
