@@ -18,7 +18,7 @@ $(BIN)/python:
 # Reinstall only when the dependency list changes. torch is pinned in pyproject.toml
 # so pip takes the local CPU wheel instead of downloading CUDA packages.
 $(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install -q -e '.[dev]'
+	$(BIN)/python -m pip install -q -e '.[real,lab,dev]'
 	touch $(STAMP)
 
 # Headless-safe: no browser is opened; the URL with its token is printed. Root (containers) needs --allow-root.
@@ -36,7 +36,7 @@ browser-deps:
 	  else echo "no root/apt: chromium not installed; the browser test will skip"; fi; }
 
 test: $(STAMP) browser-deps
-	$(BIN)/ruff check zero_sim real_runs tests bench
+	$(BIN)/ruff check zero_sim real_runs sim2real tests bench
 	$(BIN)/python -m pytest -q
 
 demo: $(STAMP)
@@ -47,7 +47,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/bench_engine.py
 
 lint: $(STAMP)
-	$(BIN)/ruff check zero_sim real_runs tests bench
+	$(BIN)/ruff check zero_sim real_runs sim2real tests bench
 
 clean:
 	rm -rf $(VENV) out build *.egg-info
