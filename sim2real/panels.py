@@ -13,7 +13,7 @@ get a run in front of it:
   (:func:`real_runs.launch.launch`), streams its lines into the log below the buttons,
   moves the progress bar with each finished step, and loads the result when it is done.
 
-The panel has the shape of those in :mod:`zero_sim.ui.widgets`: ``controls`` (name ->
+The panel has the shape of those in :mod:`zero_sim.ui.panels`: ``controls`` (name ->
 widget), ``result`` (the :class:`~sim2real.overlay.Comparison` shown now, or None),
 ``error`` (one sentence when the directory, the run or the settings cannot be used;
 printed in red where the figure was, never a traceback) and ``widget`` to display.
@@ -28,11 +28,15 @@ import re
 from pathlib import Path
 
 import ipywidgets as W
+from IPython.display import display
 
+import real_runs.launch
 from sim2real.overlay import Comparison, OverlayError, compare, load_run
-from zero_sim.ui.widgets import (
-    _Figure,  # the panels' shared reusable figure (live under ipympl, else an Output)
-)
+from sim2real.replay import ReplayError, predict_run
+from zero_sim.calibration import CalibrationError
+from zero_sim.scenario import ScenarioError
+from zero_sim.ui.figure import Figure
+from zero_sim.ui.plots import plot_overlay
 from zero_sim.vocabulary import REAL_STRATEGIES
 
 _STYLE = {"description_width": "9em"}
@@ -56,8 +60,8 @@ def headline_html(comp: Comparison) -> str:
         return (f"<span style='margin-right:1.4em'><b>{row}</b> predicted {p * 1e3:.1f} ms · "
                 f"measured {m * 1e3:.1f} ms <span class='zs-overlay-error'>({err})</span></span>")
 
-    notes = [f"simulated as {s['simulated_strategy']}" + (f": {s['mapping_note']}" if s["mapping_note"] else ""),
-             s["measured_step"], *s["notes"]]
+    mapping = f": {s['mapping_note']}" if s["mapping_note"] else ""
+    notes = [f"simulated as {s['simulated_strategy']}{mapping}", s["measured_step"], *s["notes"]]
     return (f"<div style='line-height:1.6'>{cell('step time')}{cell('compute')}{cell('exposed comm')}</div>"
             f"<small>{' · '.join(html.escape(n) for n in notes)}</small>")
 
@@ -65,7 +69,8 @@ def headline_html(comp: Comparison) -> str:
 class OverlayPanel:
     """Measured over predicted for one run directory, with a launcher for real gloo runs on this CPU."""
 
-    def __init__(self, run_dir: str | Path | None = None, calibration=None, out_dir: str | Path = "out/overlay",
+    def __init__(self, run_dir: str | Path | None = None, calibration=None,
+                 out_dir: str | Path = "out/overlay",
                  strategy: str = "zero2-hook", nproc: int = 2, model: str = "tiny", steps: int = 3,
                  global_batch: int = 8, max_ranks: int = 2, figsize=(10, 4.8), auto: bool = True):
         self.out_dir = Path(out_dir)
@@ -79,7 +84,8 @@ class OverlayPanel:
                               placeholder="a directory written by real_runs.train", style=_STYLE,
                               layout=W.Layout(width="36em")),
             "calibration": W.Text(value=str(calibration) if isinstance(calibration, str | Path) else "",
-                                  description="calibration", placeholder="none (or a zero-sim calibrate file)",
+                                  description="calibration",
+                                  placeholder="none (or a zero-sim calibrate file)",
                                   style=_STYLE, layout=W.Layout(width="36em"),
                                   disabled=self.calibration_object is not None),
             "strategy": W.Dropdown(options=list(REAL_STRATEGIES), value=strategy, description="strategy",
@@ -92,7 +98,8 @@ class OverlayPanel:
         }
         if self.calibration_object is not None:
             self.controls["calibration"].placeholder = "(a Calibration object was given)"
-        self.load_button = W.Button(description="load", icon="folder-open", tooltip="overlay the run in this directory")
+        self.load_button = W.Button(description="load", icon="folder-open",
+                                    tooltip="overlay the run in this directory")
         self.run_button = W.Button(description="run on this CPU", icon="play",
                                    tooltip="train with gloo on this machine, then overlay the run")
         self.progress = W.IntProgress(value=0, min=0, max=steps, description="steps done", style=_STYLE)
@@ -102,7 +109,7 @@ class OverlayPanel:
         self.errors = W.HTML()
         self.errors.add_class("zs-error")
         self.tables = W.HTML()
-        self.figure = _Figure(figsize)
+        self.figure = Figure(figsize)
         self.figure.fig.subplots_adjust(left=0.14, right=0.98, top=0.91, bottom=0.26)
         self.load_button.on_click(lambda _: self.load())
         self.run_button.on_click(lambda _: self.run())
@@ -127,16 +134,13 @@ class OverlayPanel:
 
     def load(self, run_dir: str | Path | None = None) -> Comparison | None:
         """Overlay the run in ``run_dir`` (default: the directory box); sets ``result`` or ``error``."""
-        from sim2real.replay import ReplayError, predict_run
-        from zero_sim.calibration import CalibrationError
-        from zero_sim.scenario import ScenarioError
-
         if run_dir is not None:
             self.controls["run_dir"].value = str(run_dir)
         text = self.controls["run_dir"].value.strip()
         try:
             if not text:
-                raise OverlayError("Type the directory of a finished run (one written by real_runs.train) first.")
+                raise OverlayError("Type the directory of a finished run (one written by real_runs.train) "
+                                   "first.")
             run = load_run(Path(text).expanduser())
             sim = predict_run(run.run, self.calibration())
             self.result, self.error = compare(run, sim), None
@@ -147,8 +151,6 @@ class OverlayPanel:
 
     def run(self) -> Comparison | None:
         """Train the chosen strategy on this CPU (gloo), streaming its lines, then load what it wrote."""
-        from real_runs.launch import RunFailed, launch
-
         c = self.controls
         strategy, nproc, steps = c["strategy"].value, int(c["nproc"].value), int(c["steps"].value)
         out = self.out_dir / f"{strategy}-N{nproc}-{c['model'].value}"
@@ -158,9 +160,10 @@ class OverlayPanel:
         self.progress.bar_style = ""
         self.run_button.disabled = True
         try:
-            launch(strategy, nproc=nproc, out=out, on_line=self._line, model=c["model"].value, steps=steps,
-                   global_batch=int(c["global_batch"].value), timeout_s=600)
-        except (RunFailed, ValueError) as exc:
+            real_runs.launch.launch(strategy, nproc=nproc, out=out, on_line=self._line,
+                                    model=c["model"].value, steps=steps,
+                                    global_batch=int(c["global_batch"].value), timeout_s=600)
+        except (real_runs.launch.RunFailed, ValueError) as exc:
             self.progress.bar_style = "danger"
             self.result, self.error = None, _sentence(exc)
             self.render()
@@ -182,8 +185,6 @@ class OverlayPanel:
     # ------------------------------------------------------------------ drawing
 
     def render(self) -> None:
-        from zero_sim.ui.plots import plot_overlay
-
         fig = self.figure
         if self.error:
             self.errors.value = error_sentence_html(self.error)
@@ -207,11 +208,10 @@ class OverlayPanel:
             frame = comp.pretty(table)
             boxes.append(f"<div style='margin-right:1.5em'><b>{html.escape(title)}</b>"
                          f"{frame.to_html(classes='zs-overlay-table', border=0)}</div>")
-        self.tables.value = f"<div style='display:flex;flex-wrap:wrap;font-size:0.9em'>{''.join(boxes)}</div>"
+        style = "display:flex;flex-wrap:wrap;font-size:0.9em"
+        self.tables.value = f"<div style='{style}'>{''.join(boxes)}</div>"
 
     def _ipython_display_(self):
-        from IPython.display import display
-
         display(self.widget)
 
 

@@ -88,8 +88,10 @@ def jupyter_lab(tmp_path):
         f = settings / "@jupyterlab" / f"{plugin}.jupyterlab-settings"
         f.parent.mkdir(parents=True, exist_ok=True)
         f.write_text(values)
-    env.update({"JUPYTER_CONFIG_DIR": str(tmp_path / "config"), "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"),
-                "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path / "workspaces"), "JUPYTERLAB_SETTINGS_DIR": str(settings),
+    env.update({"JUPYTER_CONFIG_DIR": str(tmp_path / "config"),
+                "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"),
+                "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path / "workspaces"),
+                "JUPYTERLAB_SETTINGS_DIR": str(settings),
                 "JUPYTER_PLATFORM_DIRS": "1"})
     log = open(tmp_path / "jupyterlab.log", "w")  # noqa: SIM115 - closed in the finalizer below
     proc = subprocess.Popen(
@@ -103,7 +105,8 @@ def jupyter_lab(tmp_path):
         deadline = time.monotonic() + 60
         while True:
             if proc.poll() is not None:
-                pytest.fail(f"JupyterLab exited with {proc.returncode}:\n{(tmp_path / 'jupyterlab.log').read_text()}")
+                log = (tmp_path / "jupyterlab.log").read_text()
+                pytest.fail(f"JupyterLab exited with {proc.returncode}:\n{log}")
             try:
                 with urllib.request.urlopen(f"{url}/api/status", timeout=2) as r:
                     if r.status == 200:
@@ -181,7 +184,8 @@ def test_moving_the_bandwidth_slider_changes_the_step_time(jupyter_lab, hard_dea
             metrics = page.locator(".zs-metrics").first
             metrics.wait_for(state="attached", timeout=90_000)
             page.wait_for_function(
-                "() => /step time\\s+[0-9.]+\\s*ms/.test(document.querySelector('.zs-metrics')?.textContent || '')",
+                "() => /step time\\s+[0-9.]+\\s*ms/"
+                ".test(document.querySelector('.zs-metrics')?.textContent || '')",
                 timeout=60_000)
             metrics.scroll_into_view_if_needed()
             before = _step_ms(page)

@@ -29,8 +29,8 @@ WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 
 def test_the_suite_has_its_notebooks():
     for stem in ("00_quickstart", "01_memory_for_engineers", "02_timeline_explorer",
-                 "03_ddp_buckets_and_interconnects", "04_zero2_backward_hooks", "05_zero3_on_slow_networks", "06_real_runs_overlay",
-                 "07_planner"):
+                 "03_ddp_buckets_and_interconnects", "04_zero2_backward_hooks", "05_zero3_on_slow_networks",
+                 "06_real_runs_overlay", "07_planner"):
         assert f"{stem}.ipynb" in NOTEBOOKS, f"notebooks/{stem}.ipynb is missing"
 
 
@@ -73,8 +73,10 @@ def test_notebook_runs_headless_within_budget(name, scratch):
             if out.output_type == "stream" and out.name == "stderr":
                 assert "Traceback" not in out.text, f"{name} cell {i} printed a traceback:\n{out.text}"
 
-    saved = nb.metadata.get("widgets", {}).get("application/vnd.jupyter.widget-state+json", {}).get("state", {})
+    widget_state = nb.metadata.get("widgets", {}).get("application/vnd.jupyter.widget-state+json", {})
+    saved = widget_state.get("state", {})
     views = [out.data[WIDGET_VIEW]["model_id"] for cell in nb.cells for out in cell.get("outputs", [])
              if out.output_type == "display_data" and WIDGET_VIEW in out.get("data", {})]
     missing = [v for v in views if v not in saved]
-    assert not missing, f"{name}: widget views without a saved model (broken in the reader's browser): {missing}"
+    assert not missing, (f"{name}: widget views without a saved model (broken in the reader's browser): "
+                         f"{missing}")

@@ -60,7 +60,8 @@ def test_a_directory_that_is_not_a_run_is_one_red_sentence(runs, tmp_path):
     panel.controls["run_dir"].value = str(tmp_path)
     panel.load_button.click()
     assert panel.result is None
-    assert panel.error == f"{tmp_path} has no run.json: the run did not finish, or this is not a run directory."
+    assert panel.error == (f"{tmp_path} has no run.json: the run did not finish, "
+                           f"or this is not a run directory.")
     assert "#b71c1c" in panel.errors.value and "Traceback" not in panel.errors.value
     assert panel.headline.value == "" and panel.tables.value == ""
 
@@ -106,7 +107,8 @@ def test_a_failed_or_refused_run_is_one_red_sentence(tmp_path, monkeypatch):
     assert panel.progress.bar_style == "danger" and "#b71c1c" in panel.errors.value
 
     def failing(*_a, **_k):
-        raise real_runs.launch.RunFailed("The run failed: rank 1 raised RuntimeError: injected fault at step 0.")
+        raise real_runs.launch.RunFailed("The run failed: rank 1 raised RuntimeError: "
+                                         "injected fault at step 0.")
 
     monkeypatch.setattr(real_runs.launch, "launch", failing)
     panel.controls["global_batch"].value = 8

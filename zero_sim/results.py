@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from zero_sim.breakdown import step_breakdown
+from zero_sim.trace import to_chrome_trace
 from zero_sim.vocabulary import (
     ACTIVATIONS,
     BACKWARD,
@@ -77,10 +78,9 @@ class SimResult:
         return rank if rank in self.simulated_ranks else self.simulated_ranks[0]
 
     def to_chrome_trace(self, path=None):
-        from zero_sim.trace import to_chrome_trace
-
         return to_chrome_trace(self, path)
 
+    # Drawing loads matplotlib, which a simulation never needs: it is imported when a plot is asked for.
     def plot_timeline(self, **kw):
         from zero_sim.ui.plots import plot_timeline
 

@@ -3,6 +3,9 @@
 Colours follow op categories everywhere (simulated and measured), so a reader learns
 them once: forward blue, backward orange, recompute yellow, optimizer green, all_reduce
 red, reduce_scatter purple, all_gather brown, broadcast pink, waits and stalls grey.
+
+matplotlib is imported inside the drawing functions: :class:`~zero_sim.results.SimResult`
+and the CLI reach this module, and a simulation that draws nothing should not load it.
 """
 
 from __future__ import annotations
@@ -25,13 +28,14 @@ def op_color(name: str) -> str:
         return "#8C8C8C"
 
 
-def lanes(result, max_ranks: int = 8) -> list[tuple[int, str]]:
-    streams = []
-    for op in result.ops:
-        if op["stream"] not in streams:
-            streams.append(op["stream"])
+def stream_order(streams) -> list[str]:
+    """Streams top to bottom as every chart lays them out: host, compute, then the comm streams by name."""
     order = {"host": 0, "compute": 1}
-    streams.sort(key=lambda s: (order.get(s, 2), s))
+    return sorted(set(streams), key=lambda s: (order.get(s, 2), s))
+
+
+def lanes(result, max_ranks: int = 8) -> list[tuple[int, str]]:
+    streams = stream_order(op["stream"] for op in result.ops)
     return [(rank, s) for rank in range(min(result.world_size, max_ranks)) for s in streams]
 
 
@@ -54,8 +58,9 @@ def plot_timeline(result, ax=None, max_ranks: int = 8, title: str | None = None,
             continue
         y = index[lane]
         spans = [(op["start_s"] * 1e3, max(op["end_s"] - op["start_s"], 0) * 1e3) for op in ops]
-        ax.broken_barh(spans, (y - height / 2 + offset, height), facecolors=[op_color(op["name"]) for op in ops],
-                       edgecolor="white", linewidth=0.2, alpha=alpha)
+        ax.broken_barh(spans, (y - height / 2 + offset, height),
+                       facecolors=[op_color(op["name"]) for op in ops], edgecolor="white", linewidth=0.2,
+                       alpha=alpha)
     ax.set_yticks(range(len(index)))
     ax.set_yticklabels([f"rank {r} {s}" for r, s in index])
     ax.invert_yaxis()
@@ -129,8 +134,8 @@ def plot_memory(result, ax=None, rank: int = 0, show_capacity: bool = True):
                    label=f"{result.metrics['gpu']} capacity")
     ax.set_xlabel("time in step (ms)")
     ax.set_ylabel(f"GB on rank {rank}")
-    ax.set_title(f"memory: peak {mem['peak_bytes'] / 1e9:.2f} GB"
-                 + ("" if mem["fits"] else f" — does NOT fit, short by {mem['shortfall_bytes'] / 1e9:.2f} GB"))
+    short = "" if mem["fits"] else f" — does NOT fit, short by {mem['shortfall_bytes'] / 1e9:.2f} GB"
+    ax.set_title(f"memory: peak {mem['peak_bytes'] / 1e9:.2f} GB" + short)
     ax.legend(loc="upper left", fontsize=8, ncol=6, frameon=False)
     ax.set_xlim(0, times[-1] if times else 1)
     return ax
@@ -152,6 +157,35 @@ def plot_overview(result, path=None, max_ranks: int = 4):
     return fig
 
 
+def plot_measured_step(ops, ax=None, step: int | None = None, rank: int = 0, heading: str = "measured"):
+    """Gantt of one rank's streams in one measured step (the last by default), times from its start.
+
+    ``ops`` are op records (:data:`zero_sim.vocabulary.OP_FIELDS`) of any ranks; the title
+    is ``heading`` followed by the step shown."""
+    import matplotlib.pyplot as plt
+
+    ops = [op for op in ops if op.get("end_s") is not None and op.get("rank", rank) == rank]
+    if ax is None:
+        _, ax = plt.subplots(figsize=(10, 1.6))
+    if not ops:
+        ax.text(0.5, 0.5, "this run recorded no ops", ha="center", transform=ax.transAxes)
+        return ax
+    step = max(op["step"] for op in ops) if step is None else step
+    ops = [op for op in ops if op["step"] == step]
+    t0 = min(op["start_s"] for op in ops)
+    streams = stream_order(op["stream"] for op in ops)
+    for y, stream in enumerate(streams):
+        mine = [op for op in ops if op["stream"] == stream]
+        ax.broken_barh([((op["start_s"] - t0) * 1e3, (op["end_s"] - op["start_s"]) * 1e3) for op in mine],
+                       (y - 0.4, 0.8), facecolors=[op_color(op["name"]) for op in mine],
+                       edgecolor="white", linewidth=0.2)
+    ax.set_yticks(range(len(streams)), [f"rank {rank} {s}" for s in streams])
+    ax.invert_yaxis()
+    ax.set_xlabel("time in step (ms), measured")
+    ax.set_title(f"{heading}, step {step}", fontsize=9)
+    return ax
+
+
 # ----------------------------------------------------------------------------- measured over predicted
 
 PREDICTED_HATCH = "////"
@@ -160,12 +194,11 @@ PREDICTED_HATCH = "////"
 def overlay_lanes(comparison, ranks=None) -> list[tuple[int, str]]:
     """(rank, stream) rows of an overlay: every stream either side used, host, compute, then comm."""
     ranks = list(range(min(comparison.run.world_size, 4))) if ranks is None else list(ranks)
-    order = {"host": 0, "compute": 1}
     out = []
     for rank in ranks:
         streams = {op["stream"] for op in comparison.predicted_ops(rank)}
         streams |= {op["stream"] for op in comparison.measured_ops(rank)}
-        out += [(rank, s) for s in sorted(streams, key=lambda s: (order.get(s, 2), s))]
+        out += [(rank, s) for s in stream_order(streams)]
     return out
 
 
@@ -216,7 +249,8 @@ def plot_overlay(comparison, ax=None, fig=None, ranks=None, title: str | None = 
             pred, meas = comparison.timing(rank)
             ax.vlines(pred["backward_end_s"] * 1e3, min(ys) - 0.5, max(ys) + 0.5, color="#444444",
                       linestyle="--", linewidth=1.1)
-            ax.vlines(meas["backward_end_s"] * 1e3, min(ys) - 0.5, max(ys) + 0.5, color="black", linewidth=1.1)
+            ax.vlines(meas["backward_end_s"] * 1e3, min(ys) - 0.5, max(ys) + 0.5, color="black",
+                      linewidth=1.1)
         for y in range(1, len(lane_list)):
             if lane_list[y][0] != lane_list[y - 1][0]:
                 ax.axhline(y - 0.5, color="#cccccc", linewidth=0.8)
@@ -224,7 +258,8 @@ def plot_overlay(comparison, ax=None, fig=None, ranks=None, title: str | None = 
     if legend:
         from matplotlib.transforms import offset_copy
 
-        # A fixed distance under the axis, below the tick labels and the x label, whatever the figure's height.
+        # A fixed distance under the axis, below the tick labels and the x label, whatever the figure's
+        # height.
         below = offset_copy(ax.transAxes, fig=ax.figure, y=-34, units="points")
         ax.legend(handles=overlay_legend_handles([comparison], mark_backward), loc="upper center",
                   bbox_to_anchor=(0.5, 0.0), bbox_transform=below, ncol=6, fontsize=8, frameon=False)
@@ -252,7 +287,8 @@ def overlay_legend_handles(comparisons, mark_backward: bool = True) -> list:
     from matplotlib.patches import Patch
 
     grey = "#8C8C8C"
-    handles = [Patch(facecolor=_light(grey), edgecolor=grey, hatch=PREDICTED_HATCH, label="predicted (hatched, tall)"),
+    handles = [Patch(facecolor=_light(grey), edgecolor=grey, hatch=PREDICTED_HATCH,
+                     label="predicted (hatched, tall)"),
                Patch(facecolor=grey, label="measured (solid, thin)")]
     if mark_backward:
         handles += [Line2D([], [], color="#444444", linestyle="--", label="backward ends, predicted"),

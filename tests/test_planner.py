@@ -1,0 +1,75 @@
+"""Sweeps and the planner's search, without a notebook: tables of scenarios, ranked candidates.
+
+:mod:`zero_sim.sweep` and :mod:`zero_sim.planner` are plain functions over ``simulate()``
+that return pandas frames; the widget library is needed only by the panels that show
+them, so these tests also check that importing the two modules leaves it unloaded.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+from zero_sim import ScenarioError, simulate
+from zero_sim.planner import PLANNER_SKIPS, candidates, knobs_label, plan
+from zero_sim.strategies import STRATEGIES
+from zero_sim.sweep import sweep
+
+PAIR = [{"topology": "pcie", "gpus": 2}, {"topology": "pcie", "gpus": 2, "bucket_mb": -1}]
+
+
+def test_a_sweep_tabulates_results_and_refusals():
+    df = sweep(PAIR, progress=False)
+    assert len(df) == 2
+    assert pd.isna(df.loc[0, "error"]) and df.loc[0, "step_ms"] > 0
+    assert "bucket" in df.loc[1, "error"]
+
+
+def test_a_sweep_reports_each_finished_scenario_to_a_callback():
+    seen = []
+    sweep(PAIR, progress=lambda done, total: seen.append((done, total)))
+    assert seen == [(1, 2), (2, 2)]
+
+
+def test_a_sweep_advances_a_bar_it_is_given_and_marks_it_done():
+    class Bar:
+        value = 0
+        bar_style = ""
+
+    bar = Bar()
+    sweep(PAIR, progress=bar)
+    assert bar.value == 2 and bar.bar_style == "success"
+
+
+def test_scenario_errors_are_one_sentence():
+    with pytest.raises(ScenarioError) as exc:
+        simulate(strategy="ddp", bucket_mb=0)
+    assert "\n" not in str(exc.value)
+
+
+def test_candidates_cover_every_strategy_and_vary_each_knob():
+    names = {c["strategy"] for c in candidates(recompute=("none",))}
+    assert names == set(STRATEGIES)
+    zero2 = [c for c in candidates(["zero2"], recompute=("none",))]
+    assert {"zero2_launch": "step", "strategy": "zero2", "recompute": "none"} in zero2
+    assert not any(skipped in c for c in candidates() for skipped in PLANNER_SKIPS)
+
+
+def test_a_plan_ranks_the_candidates_that_fit_first_fastest_first():
+    df = plan(model="gpt2-124m", gpus=2, topology="pcie", micro_batch=1, strategies=["ddp", "zero2"],
+              recompute=("none",), progress=False)
+    assert list(df.index) == list(range(1, len(df) + 1)) and df.index.name == "rank"
+    assert set(df["strategy"]) == {"ddp", "zero2"} and df["fits"].all()
+    assert list(df["tokens_per_s"]) == sorted(df["tokens_per_s"], reverse=True)
+    assert knobs_label({"strategy": "ddp", "recompute": "none"}) == "defaults"
+    assert "defaults" in set(df["knobs"])
+
+
+def test_sweeps_and_plans_need_no_widget_library():
+    script = "import sys, zero_sim.planner, zero_sim.sweep; print('ipywidgets' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split()[-1] == "False"

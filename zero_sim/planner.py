@@ -1,0 +1,86 @@
+"""Which strategies and knobs fit one model on one cluster, and which of those is fastest.
+
+:func:`candidates` lists the settings worth trying: every strategy at its defaults, then
+each of its knobs varied one at a time, each under every activation-recompute mode.  The
+variations come from the strategies' own knob declarations (booleans flipped, every other
+choice of a multiple-choice knob), so a newly registered strategy is explored without
+changes here.  :func:`plan` simulates them all with :func:`zero_sim.sweep.sweep` and ranks
+the table: candidates that fit in memory first, fastest (tokens per second) first.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import pandas as pd
+
+from zero_sim.strategies import STRATEGIES, all_knobs, get_strategy
+from zero_sim.sweep import Progress, sweep
+from zero_sim.system.workload import RECOMPUTE_MODES
+
+# Knobs the planner leaves at their defaults: they change number formats, not the schedule.
+PLANNER_SKIPS = ("param_dtype", "reduce_dtype")
+
+
+def candidates(strategies: Iterable[str] | None = None, recompute: Iterable[str] = RECOMPUTE_MODES,
+               skip: Iterable[str] = PLANNER_SKIPS) -> list[dict]:
+    """Settings worth trying: every strategy at its defaults, and each knob varied one at a time.
+
+    Variations come from the knobs themselves (booleans flipped, every other choice of a
+    multiple-choice knob), so a new strategy's knobs are explored without changes here.
+    Each is tried under every activation-recompute mode in ``recompute``.
+    """
+    out = []
+    for name in strategies or STRATEGIES:
+        strategy = get_strategy(name)
+        variants: list[dict] = [{}]
+        for knob in strategy.knobs:
+            if knob.name in skip:
+                continue
+            if knob.kind is bool:
+                variants.append({knob.name: not knob.default})
+            elif knob.choices:
+                variants.extend({knob.name: c} for c in knob.choices if c != knob.default)
+        for variant in variants:
+            for mode in recompute:
+                out.append({"strategy": name, **variant, "recompute": mode})
+    return out
+
+
+def knobs_label(row: Mapping[str, Any]) -> str:
+    """The knobs a planned row sets, as ``name=value`` pairs (``defaults`` when it sets none)."""
+    owners = all_knobs()
+    parts = [f"{k}={v}" for k, v in row.items() if k in owners and v is not None and not _isnan(v)]
+    return ", ".join(parts) or "defaults"
+
+
+def _isnan(v) -> bool:
+    return isinstance(v, float) and math.isnan(v)
+
+
+def plan(model: str = "gpt2-1.5b", gpus: int = 8, topology: str = "dgx-a100", gpu: str | None = None,
+         micro_batch: int = 4, strategies: Iterable[str] | None = None,
+         recompute: Iterable[str] = RECOMPUTE_MODES, progress: Progress = None, **extra) -> pd.DataFrame:
+    """Simulate every candidate for one model on one cluster; fastest that fits first.
+
+    ``progress`` is passed to :func:`zero_sim.sweep.sweep`; ``extra`` are further
+    ``simulate()`` settings shared by every candidate.
+    """
+    base = {"model": model, "gpus": gpus, "topology": topology, "micro_batch": micro_batch, **extra}
+    if gpu:
+        base["gpu"] = gpu
+    scenarios = [base | c for c in candidates(strategies, recompute)]
+    df = sweep(scenarios, progress=progress)
+    df.insert(1, "knobs", [knobs_label(r) for r in df.to_dict("records")])
+    if "fits" not in df:
+        df["fits"] = False
+    df["fits"] = df["fits"].fillna(False).astype(bool)
+    df = df.sort_values(["fits", "tokens_per_s"], ascending=[False, False], na_position="last")
+    df.index = range(1, len(df) + 1)
+    df.index.name = "rank"
+    return df
+
+
+__all__ = ["PLANNER_SKIPS", "candidates", "knobs_label", "plan"]

@@ -1,0 +1,83 @@
+"""Many simulations into one pandas table: one row per scenario, its settings then its headline metrics.
+
+The notebooks compare scenarios by the dozen (bucket sizes, bandwidths, N, strategies);
+:func:`sweep` runs each through ``simulate()`` and flattens the metrics with
+:func:`summary_row` into milliseconds and decimal gigabytes, the units the suite reports.
+A scenario the simulator refuses still gets its row, with the one-sentence reason in
+``error``, so one bad corner of a grid does not lose the rest.
+
+Progress is optional: a callback ``progress(done, total)`` or a progress bar (anything with a
+``value`` to advance, such as an ``ipywidgets.IntProgress``).  This module imports no widget
+library, so sweeps run in scripts and tests; the notebooks' bar is
+:func:`zero_sim.ui.controls.sweep_with_bar`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import pandas as pd
+
+from zero_sim.scenario import ScenarioError, simulate
+from zero_sim.system.hardware import GB
+
+# How a sweep reports each finished scenario: None or False, silently; a callable, by calling it
+# with (done, total); anything else is a bar whose ``value`` is advanced.
+Progress = Any
+
+
+def summary_row(result) -> dict:
+    """One flat row of a result's headline metrics, in ms and GB (for tables and charts)."""
+    m = result.metrics
+    mem = m["memory"]
+    ov = m["comm_overlap_fraction"]
+    return {
+        "params": m["params"],
+        "step_ms": m["step_time_s"] * 1e3,
+        "compute_ms": m["compute_time_s"] * 1e3,
+        "exposed_comm_ms": m["exposed_comm_s"] * 1e3,
+        "overlap": ov,
+        "forward_ms": m["phases"]["forward_s"] * 1e3,
+        "backward_ms": m["phases"]["backward_s"] * 1e3,
+        "optimizer_ms": m["phases"]["optimizer_s"] * 1e3,
+        "tflops_per_gpu": m["tflops_per_gpu"],
+        "tokens_per_s": m["tokens_per_s"],
+        "comm_GB": m["comm_volume_bytes"] / GB,
+        "collectives": m.get("collectives_per_step"),
+        "model_states_GB": mem["model_states_bytes"] / GB,
+        "activations_GB": mem["activations_bytes"] / GB,
+        "buffers_GB": mem["buffers_bytes"] / GB,
+        "peak_GB": mem["peak_bytes"] / GB,
+        "capacity_GB": mem["capacity_bytes"] / GB,
+        "fits": mem["fits"],
+    }
+
+
+def sweep(scenarios: Iterable[Mapping[str, Any]], progress: Progress = None) -> pd.DataFrame:
+    """Simulate each scenario (a dict of ``simulate()`` keywords) into one pandas frame.
+
+    Each row holds the scenario's keywords, then :func:`summary_row`'s metrics; a refused
+    scenario gets its sentence in ``error`` instead of metrics.  ``progress`` says how to
+    report each finished scenario (see :data:`Progress`).
+    """
+    scenarios = [dict(s) for s in scenarios]
+    if progress is False:
+        progress = None
+    rows = []
+    for done, s in enumerate(scenarios, start=1):
+        try:
+            row = dict(s) | summary_row(simulate(**s)) | {"error": None}
+        except (ScenarioError, ValueError) as exc:
+            row = dict(s) | {"error": str(exc)}
+        rows.append(row)
+        if callable(progress):
+            progress(done, len(scenarios))
+        elif progress is not None:
+            progress.value += 1
+    if progress is not None and not callable(progress):
+        progress.bar_style = "success"
+    return pd.DataFrame(rows)
+
+
+__all__ = ["Progress", "summary_row", "sweep"]

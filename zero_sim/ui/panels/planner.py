@@ -1,0 +1,131 @@
+"""The planner panel: pick a model, GPUs and a topology, press plan, read which setup to use.
+
+The search itself is :func:`zero_sim.planner.plan`; this panel adds the controls, a
+progress bar over the candidates, a one-paragraph verdict (the fastest candidate that
+fits, or how far the leanest one is from fitting), the ranked table, and a chart of every
+candidate's peak memory against its step time.  Planning simulates dozens of scenarios,
+so it runs when the reader presses **plan**, not on every control change.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import ipywidgets as W
+from IPython.display import display
+
+from zero_sim.planner import candidates, plan
+from zero_sim.system.workload import RECOMPUTE_MODES
+from zero_sim.ui.controls import STYLE, error_html, kind_of, read_control, setting_control
+from zero_sim.ui.figure import Figure, in_kernel
+from zero_sim.ui.panel import Panel
+from zero_sim.ui.plots import COLORS
+
+TABLE_COLUMNS = ["strategy", "knobs", "recompute", "fits", "step_ms", "exposed_comm_ms", "tokens_per_s",
+                 "tflops_per_gpu", "peak_GB", "model_states_GB", "activations_GB", "error"]
+
+
+class Planner(Panel):
+    """Pick a model, GPUs and a topology; press plan: a ranked table and a chart of the candidates."""
+
+    def __init__(self, model: str = "gpt2-1.5b", gpus: int = 8, topology: str = "dgx-a100",
+                 micro_batch: int = 4, recompute: Iterable[str] = RECOMPUTE_MODES,
+                 figsize=(10, 4), auto: bool = True, top: int = 12):
+        super().__init__()
+        self.recompute = tuple(recompute)
+        self.top = top
+        self.controls = {name: setting_control(name, value) for name, value in
+                         (("model", model), ("gpus", gpus), ("topology", topology),
+                          ("gpu", None), ("micro_batch", micro_batch))}
+        self.button = W.Button(description="plan", icon="search", button_style="primary")
+        self.button.on_click(lambda _: self.update())
+        self.progress = W.IntProgress(value=0, min=0, max=1, description="candidates", style=STYLE)
+        self.progress.add_class("zs-progress")
+        self.summary = W.HTML()
+        self.summary.add_class("zs-metrics")
+        self.table = W.Output()
+        self.figure = Figure(figsize)
+        self.figure.fig.subplots_adjust(left=0.1, right=0.75, top=0.9, bottom=0.13)
+        c = self.controls
+        self.widget = W.VBox([
+            W.HBox([W.VBox([c["model"], c["topology"], c["gpu"]]), W.VBox([c["gpus"], c["micro_batch"]])]),
+            W.HBox([self.button, self.progress]), self.summary, self.figure.widget, self.table])
+        if auto:
+            self.update()
+
+    def settings(self) -> dict:
+        return {name: read_control(w, kind_of(name)) for name, w in self.controls.items()}
+
+    def update(self, *_):
+        s = self.settings()
+        n = len(candidates(None, self.recompute))
+        self.progress.max, self.progress.value, self.progress.bar_style = n, 0, ""
+        self.result = plan(**s, recompute=self.recompute, progress=self.progress)
+        errors = self.result["error"]
+        self.error = None if errors.isna().any() else f"no candidate could be simulated: {errors.iloc[0]}"
+        self.render()
+        return self.result
+
+    def best(self):
+        """The fastest candidate that fits, as a row (None when nothing fits)."""
+        df = self.result
+        fitting = df[df["fits"]]
+        return None if fitting.empty else fitting.iloc[0]
+
+    def render(self):
+        df = self.result
+        best = self.best()
+        self.summary.value = self._verdict(best)
+        shown = df[[c for c in TABLE_COLUMNS if c in df]].head(self.top)
+        if in_kernel():
+            self.table.clear_output(wait=True)
+            with self.table:
+                display(shown.round(2))
+        self._chart(best)
+
+    def _verdict(self, best) -> str:
+        df = self.result
+        if self.error:
+            return error_html(self.error)
+        if best is None:
+            least = df.dropna(subset=["peak_GB"]).sort_values("peak_GB").iloc[0]
+            return (f"<b>nothing fits</b>: the leanest candidate ({least['strategy']}, "
+                    f"{least['knobs']}, recompute {least['recompute']}) still needs "
+                    f"{least['peak_GB']:.1f} GB of {least['capacity_GB']:.1f} GB. "
+                    f"Try more GPUs, a smaller micro-batch, or a bigger GPU.")
+        n_fit = int(df["fits"].sum())
+        return (f"{n_fit} of {len(df)} candidates fit. Fastest that fits: "
+                f"<b>{best['strategy']}</b> ({best['knobs']}, recompute {best['recompute']}): "
+                f"step {best['step_ms']:.1f} ms, {best['tokens_per_s']:,.0f} tokens/s, "
+                f"peak {best['peak_GB']:.1f} of {best['capacity_GB']:.1f} GB")
+
+    def _chart(self, best):
+        df, s = self.result, self.settings()
+        fig = self.figure
+        fig.clear()
+        ax = fig.axes[0]
+        palette = list(COLORS.values())
+        ok = df.dropna(subset=["step_ms"])
+        for i, (name, group) in enumerate(ok.groupby("strategy", sort=False)):
+            color = palette[i % len(palette)]
+            fit = group[group["fits"]]
+            nofit = group[~group["fits"]]
+            if len(fit):
+                ax.scatter(fit["peak_GB"], fit["step_ms"], color=color, label=f"{name} (fits)", s=30)
+            if len(nofit):
+                ax.scatter(nofit["peak_GB"], nofit["step_ms"], facecolors="none", edgecolors=color,
+                           label=f"{name} (does not fit)", s=30)
+        if len(ok):
+            ax.axvline(ok["capacity_GB"].iloc[0], color="black", linestyle="--", linewidth=1,
+                       label="GPU memory")
+        if best is not None:
+            ax.annotate("fastest that fits", (best["peak_GB"], best["step_ms"]), xytext=(10, 10),
+                        textcoords="offset points", fontsize=8, arrowprops={"arrowstyle": "->"})
+        ax.set_xlabel("peak memory per GPU (GB)")
+        ax.set_ylabel("step time (ms)")
+        ax.set_title(f"{s['model']} on {s['gpus']} GPUs, {s['topology']}: every candidate", fontsize=10)
+        ax.legend(fontsize=7, frameon=False, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+        fig.show()
+
+
+__all__ = ["Planner"]
