@@ -13,8 +13,9 @@ from real_runs.microbench import main as microbench_main
 pytestmark = pytest.mark.slow
 
 
-def zero_sim(*args, timeout=900):
-    return subprocess.run([sys.executable, "-m", "zero_sim.cli", *args], capture_output=True, text=True,
+def zero_sim_command(*args, timeout=900):
+    """The installed `zero-sim` command (sim2real.cli: the simulator's commands plus calibrate, validate)."""
+    return subprocess.run([sys.executable, "-m", "sim2real.cli", *args], capture_output=True, text=True,
                           timeout=timeout)
 
 
@@ -74,13 +75,13 @@ def test_microbenchmark_bad_input_is_one_sentence_and_status_2(argv, fragment, c
     (["calibrate", "--out", "x.json", "--nccl-tests", "missing.txt"], "does not exist"),
 ])
 def test_validate_and_calibrate_bad_input_is_one_sentence_and_status_2(argv, fragment):
-    proc = zero_sim(*argv, timeout=120)
+    proc = zero_sim_command(*argv, timeout=120)
     assert proc.returncode == 2
     assert fragment in proc.stderr and proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
 
 
 def test_quick_validation_predicts_every_case_before_running_it_and_reports_the_errors(tmp_path, figures):
-    proc = zero_sim("validate", "--quick", "--json", "--report", str(tmp_path))
+    proc = zero_sim_command("validate", "--quick", "--json", "--report", str(tmp_path))
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads(proc.stdout)
     log = proc.stderr
