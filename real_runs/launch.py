@@ -64,10 +64,10 @@ def without_nproc(argv: list[str]) -> list[str]:
 
 
 # glibc hands a freed buffer above its mmap threshold back to the OS, and the next step
-# faults the same pages in again: the per-parameter strategies free and reallocate every
-# gradient and gathered shard each step, and lost about 6% of a step to it here.  A GPU's
-# caching allocator keeps freed blocks for reuse, and so does the simulator's model, so
-# ranks run with glibc told to keep what it frees (memory is accounted per tensor, not RSS).
+# faults the same pages in again; the per-parameter strategies free and reallocate every
+# gradient and gathered shard each step.  A GPU's caching allocator keeps freed blocks for
+# reuse, and so does the simulator's model, so ranks run with glibc told to keep what it
+# frees (memory is accounted per tensor, not RSS).
 KEEP_FREED_MEMORY = {"MALLOC_MMAP_THRESHOLD_": str(1 << 30), "MALLOC_TRIM_THRESHOLD_": str((1 << 32) - 1)}
 
 

@@ -40,8 +40,8 @@ def measure_compute(nproc: int, model: str, micro_batch: int, seq_len: int | Non
         found[1] = {"by_kind": alone.layer_seconds}
     for ranks in sorted({1, nproc} - set(found)):
         path = Path(workdir) / f"layers_{model}_mb{micro_batch}_r{ranks}{label and '_' + label}.json"
-        # Ten iterations, each rank's median, then the mean over ranks: ranks sharing cores get
-        # them unevenly over any one pass (10-15% apart with 4 ranks on 2 cores).
+        # Ten iterations, each rank's median, then the mean over ranks: ranks that share cores
+        # get them unevenly over any one pass, and a step waits on all of them.
         argv = ["layers", "--model", model, "--micro-batch", str(micro_batch), "--iters", "10", "--out", str(path)]
         if seq_len:
             argv += ["--seq-len", str(seq_len)]
@@ -55,8 +55,8 @@ def measure_network(runner, nproc: int, workdir: Path, max_bytes: str = "32M", b
                     ) -> tuple[dict[str, CollectiveFit], CpuCalibration, dict]:
     """Sweep collectives on ``runner`` (an EmulatedCluster, or anything with its ``run_module``);
     returns the fits, what the calls' CPU time says communication costs compute, and the raw
-    sweep (kept in ``workdir``, named by ``label``).  From 1 KB: six sizes up to 32 KB give
-    the latency's median."""
+    sweep (kept in ``workdir``, named by ``label``).  From 1 KB, so that the sizes up to
+    32 KB give the latency (their trimmed mean, see :func:`zero_sim.calibration.fit_sweep`)."""
     path = Path(workdir) / f"sweep_n{nproc}{label and '_' + label}_{os.getpid()}.json"
     runner.run_module("real_runs.microbench", ["collectives", "--min-bytes", "1K", "--max-bytes", max_bytes,
                                                "--budget-s", str(budget_s), "--out", str(path)],

@@ -11,7 +11,7 @@ emulated link bandwidth x bucket size) on this machine it:
    all N ranks computing at once (they share this machine's cores exactly as in
    training).  Once per group the same is measured on one rank alone, only to report
    how much of the time is that sharing.  Per case, because on a shared machine the
-   speed of compute drifts by 10-30% within a minute;
+   speed of compute drifts within minutes;
 3. **predicts the case** from that calibration and the case's configuration alone
    (:func:`sim2real.replay.predict_run` on the run's *planned* ``run.json`` fields), and
    writes the prediction down;
@@ -62,9 +62,9 @@ class Case:
 
 
 # The judged grid: every strategy that records its collectives, two rank counts, two
-# bandwidths at which communication is exposed for the small model (23 MB of fp32
-# gradients: 0.37 s per all-reduce at 0.5 Gbit/s, 0.09 s at 2 Gbit/s, against about
-# 0.2 s of compute), and two bucket sizes where buckets exist.
+# bandwidths at which the small model's gradient all-reduce takes about as long as a CPU
+# step's compute or longer (so communication is exposed), and two bucket sizes where
+# buckets exist.
 FULL_GRID = tuple(
     Case(s, n, bw, b)
     for n in (2, 4) for bw in (0.5, 2.0)
@@ -80,8 +80,8 @@ QUICK_GRID = tuple(Case(s, n, 1.0, None) for n in (2, 4) for s in ("ddp", "zero2
 class Options:
     model: str = "small"
     global_batch: int = 8
-    # With ranks sharing 2 cores one step differs from the next by 5-10% (more now and then):
-    # the median of 11 steps after the first.
+    # Ranks that share cores make one step differ from the next: the median of the steps
+    # after the first.
     steps: int = 12
     shape: str = "uniform"
     sweep_max_bytes: str = "32M"
@@ -168,8 +168,8 @@ def run_validation(cases, opts: Options = Options(), workdir: str | os.PathLike 
             for c in group:
                 tag = f"{c.strategy}_n{n}_bw{bw}_b{c.bucket_mb}"
                 # Compute is measured again just before every case: on a shared machine how fast N
-                # ranks compute together drifts by 10-30% within a minute, and neighbouring
-                # minutes agree far better than the start and end of a group.
+                # ranks compute together drifts within minutes, and a measurement taken just before
+                # a case matches it better than one taken at the start of its group.
                 compute = measure_compute(n, opts.model, micro_of[n], seq_len, workdir, opts.timeout_s,
                                           label=tag, alone=alone)
                 cal = replace(network, compute=compute)
@@ -240,8 +240,8 @@ def _exposed_comm(run_dir: Path, sim) -> dict:
     """Exposed communication, measured vs predicted, by the overlay's definitions (results.py's).
 
     Measured over the same steps as step time (after the first), the ranks' mean per step and
-    the median over steps (:func:`sim2real.overlay.steady_timing`): one step of one rank moves
-    by tens of percent from the next on a shared CPU."""
+    the median over steps (:func:`sim2real.overlay.steady_timing`): one rank's exposed
+    communication in one step is the difference of two longer spans, too noisy to compare alone."""
     measured = steady_timing(load_run(run_dir))["exposed_comm_s"]
     predicted = sim.metrics["exposed_comm_s"]
     return {"measured_exposed_comm_s": measured,

@@ -73,8 +73,8 @@ class AdamState:
         return self.m.nbytes + self.v.nbytes
 
     # Elements per slice of the update: 1 MiB of fp32.  The update reads and writes each
-    # tensor several times; on a whole bucket every pass would go to main memory, while
-    # a slice stays in cache between passes (twice as fast on CPU, and the same numbers).
+    # tensor several times; on a whole bucket every pass would go to main memory, while a
+    # slice stays in cache between passes, and slicing does not change the numbers.
     SLICE = 1 << 18
 
     @torch.no_grad()

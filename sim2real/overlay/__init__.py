@@ -25,8 +25,8 @@ Every time is seconds from the start of the step on *that rank*.  The recorder
 (:mod:`real_runs.record`) already makes measured times step-relative per rank: t = 0 is
 the instant the rank entered the step (``Recorder.begin_step``).  "Aligned" means
 exactly that, and no more: ranks are not synchronised at the step start, so two ranks'
-zeros differ by the skew between their step starts (on one machine usually well under a
-millisecond, since the previous step ended in a collective every rank waited on).  The
+zeros differ by the skew between their step starts (small, since the previous step ended
+in a collective every rank waited on).  The
 simulated step is the last one simulated (the steady state), shifted so that it starts
 at 0 on rank 0 (``SimResult.window``).  The measured step is chosen by
 :func:`measured_step`: by default the step of median duration among steps >= 1 (step 0

@@ -93,8 +93,7 @@ def steady_timing(run: MeasuredRun, first_step: int = 1) -> dict[str, float]:
     steps from ``first_step`` (step 0 pays one-off costs).
 
     One step on one rank is a noisy measurement: exposed communication in particular is a
-    difference of two longer spans, and from step to step it moves by tens of percent on a
-    shared CPU.  The simulator runs its ranks alike, so the ranks' mean is what it predicts,
+    difference of two longer spans, so it moves from step to step on a shared CPU.  The simulator runs its ranks alike, so the ranks' mean is what it predicts,
     and the median over steps is how validation reads step time too."""
     per_step = []
     for step in sorted(s for s in set(run.ops["step"]) if s >= first_step):

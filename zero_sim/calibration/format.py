@@ -109,9 +109,9 @@ class CollectiveFit:
         """What one collective of ``nbytes`` takes by itself: between two swept sizes from
         1 MB up, the measured times interpolated (log-log); elsewhere the fit.
 
-        Large sizes are measured reliably and a two-parameter line misses them by up to
-        15% where per-byte cost grows with size (socket buffers, caches); small sizes are
-        noisy one by one, so there the fit's median latency is the better figure."""
+        Large sizes are measured reliably, and a two-parameter line misses them where per-byte
+        cost grows with size (socket buffers, caches); small sizes are noisy one by one, so
+        there the fit's latency (a trimmed mean over the small sizes) is the better figure."""
         pts = [(s, t) for s, t in zip(self.sizes, self.times_s, strict=False) if s >= BANDWIDTH_MIN_BYTES]
         if len(pts) < 2 or not pts[0][0] <= nbytes <= pts[-1][0]:
             return self.time(nbytes)

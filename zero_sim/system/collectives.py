@@ -19,7 +19,7 @@ The model, per collective on ``n`` ranks over a buffer of ``S`` bytes:
   all_gather inside each node.  Bounded by whichever stage's slowest link.
 
 Backends differ (``BACKENDS``): gloo implements reduce_scatter as a full all_reduce
-followed by a local chunk, so it moves all-reduce bytes (measured on torch 2.13).
+followed by a local chunk, so it moves all-reduce bytes.
 
 ``busbw`` as nccl-tests defines it is ``factor * S / t``; :func:`fit_nccl_tests` fits
 ``launch+latency`` and bus bandwidth from an ``all_reduce_perf`` table.

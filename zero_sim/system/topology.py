@@ -122,11 +122,12 @@ PRESETS: dict[str, TopologySpec] = {
         "cpu-gloo", "processes on one CPU host talking gloo over loopback TCP",
         64, Fabric("loopback", 2.0, 60.0, subgroups=1, bus_gbps=4.0, bus_latency_us=20.0),
         None, "CPU",
-        "order of magnitude for loopback TCP on a small VM; not yet calibrated",
+        "order of magnitude for loopback TCP; calibrate with `zero-sim calibrate` for real figures",
     ),
     # The emulated clusters of real_runs.cluster: processes on one CPU host whose traffic is
-    # shaped with tc.  Loopback inside a namespace is fast (figures as cpu-gloo's, generous);
-    # the shaped link is the bottleneck, and --bandwidth-gbps sets it to the rate given to tc.
+    # shaped with tc.  Loopback inside a namespace is fast (port and bus figures set well above
+    # any shaped rate); the shaped link is the bottleneck, and --bandwidth-gbps sets it to the
+    # rate given to tc.
     "emu-uniform": TopologySpec(
         "emu-uniform", "one rank per network namespace, each on its own shaped veth link (full duplex) to a bridge",
         1, Fabric("loopback", 20.0, 20.0, subgroups=1, bus_gbps=40.0, bus_latency_us=5.0),
