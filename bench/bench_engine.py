@@ -53,8 +53,8 @@ def time_case(model: str, gpus: int, strategy: str, repeats: int = 3):
 def main() -> None:
     bare = bare_simpy_events_per_s()
     print(f"bare simpy: {bare:,.0f} events/s (one process yielding timeouts)")
-    print(f"{'model':10s} {'N':>5s} {'strategy':8s} {'ms/step':>9s} {'goal':>6s} {'events/s':>12s} {'vs bare':>8s} "
-          f"{'ranks simulated':>16s}")
+    print(f"{'model':10s} {'N':>5s} {'strategy':8s} {'ms/step':>9s} {'goal':>6s} {'events/s':>12s} "
+          f"{'vs bare':>8s} {'ranks simulated':>16s}")
     for model, gpus, strategy, goal in CASES:
         per_step, rate, r = time_case(model, gpus, strategy)
         print(f"{model:10s} {gpus:5d} {strategy:8s} {per_step * 1e3:9.1f} {goal:6d} {rate:12,.0f} "

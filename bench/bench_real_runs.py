@@ -86,7 +86,8 @@ def worker(args: argparse.Namespace) -> None:
         print()
         for mine, theirs, bound in PAIRS:
             ratio = slowest[mine] / slowest[theirs]
-            print(f"{mine} / {theirs}: {ratio:.3f}   (bound {bound:.2f}: {'ok' if ratio <= bound else 'OVER'})")
+            print(f"{mine} / {theirs}: {ratio:.3f}   "
+                  f"(bound {bound:.2f}: {'ok' if ratio <= bound else 'OVER'})")
     dist.destroy_process_group()
 
 

@@ -117,7 +117,8 @@ def supervise(procs: Sequence[subprocess.Popen], on_line: Callable[[str], None] 
             except queue.Empty:
                 if failed_rc is not None:
                     break
-                raise RunFailed(f"The run did not finish within {timeout_s:.0f} s and was stopped.", output) from None
+                raise RunFailed(f"The run did not finish within {timeout_s:.0f} s and was stopped.",
+                                output) from None
             if line is None:
                 open_ -= 1
                 try:

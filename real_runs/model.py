@@ -118,7 +118,8 @@ def count_params(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def global_batch(cfg: GPTConfig, seed: int, step: int, batch: int, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+def global_batch(cfg: GPTConfig, seed: int, step: int, batch: int,
+                 seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Inputs and next-token targets, ``(batch, seq_len)`` each, for one training step."""
     g = torch.Generator().manual_seed(seed * 1_000_003 + step)
     start = torch.randint(cfg.vocab, (batch, 1), generator=g)

@@ -47,7 +47,8 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--strategy", required=True, help=", ".join(REAL_STRATEGIES))
     p.add_argument("--model", default="tiny", help=", ".join(PRESETS))
     p.add_argument("--global-batch", type=int, default=8, help="sequences per step, split across ranks")
-    p.add_argument("--seq-len", type=int, default=None, help="tokens per sequence (default: the preset's maximum)")
+    p.add_argument("--seq-len", type=int, default=None,
+                   help="tokens per sequence (default: the preset's maximum)")
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
@@ -56,7 +57,8 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--out", default="out/real_run")
     p.add_argument("--trace", action="store_true", help="also write a torch.profiler Chrome trace per rank")
-    p.add_argument("--save-state", action="store_true", help="write whole params and Adam moments to state.pt")
+    p.add_argument("--save-state", action="store_true",
+                   help="write whole params and Adam moments to state.pt")
     p.add_argument("--timeout-s", type=float, default=90.0, help="give up on a collective after this long")
     p.add_argument("--nproc", type=int, default=1, help="ranks to start when not already under torchrun")
     p.add_argument("--fail-rank", type=int, default=None, help="fault injection: the rank that fails")

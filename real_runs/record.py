@@ -57,7 +57,8 @@ class Recorder:
         self._watch: queue.Queue | None = None
         if not self.cuda:
             self._watch = queue.Queue()
-            self._watcher_thread = threading.Thread(target=self._watcher, daemon=True, name=f"comm-watch-{rank}")
+            self._watcher_thread = threading.Thread(target=self._watcher, daemon=True,
+                                                    name=f"comm-watch-{rank}")
             self._watcher_thread.start()
 
     # --- clocks ---------------------------------------------------------------

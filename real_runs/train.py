@@ -119,7 +119,8 @@ def train(args) -> dict | None:
         rec.end_step()
         losses.append(loss.item())
         if rank == 0:
-            print(f"step {step + 1}/{args.steps} loss {losses[-1]:.4f} time {step_times[-1]:.3f}s", flush=True)
+            print(f"step {step + 1}/{args.steps} loss {losses[-1]:.4f} time {step_times[-1]:.3f}s",
+                  flush=True)
 
     if profiler is not None:
         profiler.__exit__(None, None, None)

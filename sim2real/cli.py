@@ -33,7 +33,8 @@ def _calibrate_args(cal) -> None:
     cal.add_argument("--micro-batch", type=int, default=4, help="sequences per rank when timing layers")
     cal.add_argument("--max-bytes", default="32M", help="largest collective in the sweep")
     cal.add_argument("--nccl-tests", type=Path, action="append", default=[],
-                     help="import an nccl-tests output file instead of measuring (repeatable: one per collective)")
+                     help="import an nccl-tests output file instead of measuring "
+                          "(repeatable: one per collective)")
     cal.add_argument("--nvidia-smi-topo", type=Path, default=None,
                      help="with --nccl-tests: also build a topology from `nvidia-smi topo -m` output")
 
@@ -42,14 +43,16 @@ def _imported(args) -> Calibration:
     fits = {}
     for path in args.nccl_tests:
         if not path.is_file():
-            raise cli.UsageError(f"nccl-tests file {str(path)!r} does not exist; pass the path of saved output")
+            raise cli.UsageError(f"nccl-tests file {str(path)!r} does not exist; "
+                                 f"pass the path of saved output")
         text = path.read_text(errors="replace")
         kind = next((k for k in FITTED_COLLECTIVES if f"{k}_perf" in text or k in path.name), "all_reduce")
         fits[kind] = fit_nccl_tests_text(text, kind)
     topology = None
     if args.nvidia_smi_topo is not None:
         if not args.nvidia_smi_topo.is_file():
-            raise cli.UsageError(f"file {str(args.nvidia_smi_topo)!r} does not exist; save `nvidia-smi topo -m` there")
+            raise cli.UsageError(f"file {str(args.nvidia_smi_topo)!r} does not exist; "
+                                 f"save `nvidia-smi topo -m` there")
         topology = topology_from_imports(args.nvidia_smi_topo.read_text(errors="replace"), fits)
     return Calibration(fits, None, "nccl", {"source": ", ".join(str(p) for p in args.nccl_tests)}, topology)
 
@@ -76,12 +79,13 @@ def _calibrate(args) -> int:
 
 def _validate_args(val) -> None:
     val.add_argument("--quick", action="store_true", help="a small grid fit for CI")
-    val.add_argument("--report", type=Path, default=None, help="write report.md, validation.json and figures here")
+    val.add_argument("--report", type=Path, default=None,
+                     help="write report.md, validation.json and figures here")
     val.add_argument("--json", action="store_true", help="print the result as one JSON object")
     val.add_argument("--model", default="small")
     val.add_argument("--steps", type=int, default=None,
-                     help=f"steps per run (default {v.Options.steps}); the first is dropped and the median of "
-                          f"the rest is measured")
+                     help=f"steps per run (default {v.Options.steps}); "
+                          f"the first is dropped and the median of the rest is measured")
     val.add_argument("--shape", choices=SHAPES, default="uniform")
 
 
@@ -94,7 +98,8 @@ def _validate(args) -> int:
     if args.json:
         print(json.dumps(result, default=str))
     else:
-        print(f"median |error| of step time: {result['median_abs_error']:.1%} over {len(result['cases'])} cases")
+        print(f"median |error| of step time: {result['median_abs_error']:.1%} "
+              f"over {len(result['cases'])} cases")
         if args.report:
             print(f"wrote {args.report / 'report.md'}")
     return 0
@@ -104,7 +109,8 @@ COMMANDS: dict[str, cli.Command] = {
     **cli.COMMANDS,
     "calibrate": cli.Command("measure (or import) collective and compute times into a calibration file",
                              _calibrate_args, _calibrate),
-    "validate": cli.Command("predict, then run, a grid of real runs; report the errors", _validate_args, _validate),
+    "validate": cli.Command("predict, then run, a grid of real runs; report the errors",
+                            _validate_args, _validate),
 }
 
 

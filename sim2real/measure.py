@@ -42,7 +42,8 @@ def measure_compute(nproc: int, model: str, micro_batch: int, seq_len: int | Non
         path = Path(workdir) / f"layers_{model}_mb{micro_batch}_r{ranks}{label and '_' + label}.json"
         # Ten iterations, each rank's median, then the mean over ranks: ranks that share cores
         # get them unevenly over any one pass, and a step waits on all of them.
-        argv = ["layers", "--model", model, "--micro-batch", str(micro_batch), "--iters", "10", "--out", str(path)]
+        argv = ["layers", "--model", model, "--micro-batch", str(micro_batch), "--iters", "10",
+                "--out", str(path)]
         if seq_len:
             argv += ["--seq-len", str(seq_len)]
         run_module("real_runs.microbench", argv, ranks, on_line=on_line, timeout_s=timeout_s)
@@ -63,7 +64,8 @@ def measure_network(runner, nproc: int, workdir: Path, max_bytes: str = "32M", b
                       on_line=on_line, timeout_s=timeout_s)
     sweep = json.loads(path.read_text())
     cores = sweep.get("cores") or os.cpu_count() or 1
-    return (fit_sweep(sweep["rows"], nproc), cpu_from_sweep(sweep["rows"], nproc, cores, sweep.get("under_compute")),
+    return (fit_sweep(sweep["rows"], nproc),
+            cpu_from_sweep(sweep["rows"], nproc, cores, sweep.get("under_compute")),
             sweep)
 
 
@@ -102,6 +104,7 @@ def measure(nproc: int, model: str = "small", micro_batch: int = 4, seq_len: int
         runner = Loopback(nproc)
     with runner as r:
         where = r.describe()
-        fits, cpu, _ = measure_network(r, nproc, workdir, max_bytes, on_line=on_line) if nproc > 1 else ({}, None, {})
+        fits, cpu, _ = (measure_network(r, nproc, workdir, max_bytes, on_line=on_line) if nproc > 1
+                        else ({}, None, {}))
     return Calibration(fits, compute, "gloo", machine_facts(ranks=nproc, network=where, model=model,
                                                           micro_batch=micro_batch), cpu=cpu)

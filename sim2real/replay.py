@@ -32,8 +32,8 @@ REAL_TO_SIM: dict[str, tuple[str, dict, str]] = {
     "zero2": ("zero2", {"zero2_launch": "hook"}, ""),
     "zero2-step": ("zero2", {"zero2_launch": "step", "bucket_mb": 0.0}, ""),
     "zero2-hook": ("zero2", {"zero2_launch": "hook", "bucket_mb": 0.0}, ""),
-    "fsdp": ("fsdp", {"wrap": "blocks", "reshard_after_forward": True, "backward_prefetch": "pre", "forward_prefetch": True,
-                       "limit_all_gathers": False},
+    "fsdp": ("fsdp", {"wrap": "blocks", "reshard_after_forward": True, "backward_prefetch": "pre",
+                       "forward_prefetch": True, "limit_all_gathers": False},
               "the real FSDP keeps embeddings and head gathered from forward to backward, as FSDP's root "
               "unit; it gathers them as two collectives where the simulated root is one"),
     "fsdp-torch": ("fsdp", {"wrap": "blocks", "reshard_after_forward": True}, "FSDP2's collectives are not "
@@ -78,7 +78,8 @@ def real_workload(model_config: dict, micro_batch: int, seq_len: int, name: str 
     last = len(w.layers) - 1
     kinds = ["embedding" if i == 0 else "head" if i == last else "block" for i in range(len(w.layers))]
     layers = tuple(Layer(lay.index, kind, lay.tensors, lay.fwd_flops, lay.activation_bytes,
-                         lay.checkpointed_activation_bytes) for lay, kind in zip(w.layers, kinds, strict=True))
+                         lay.checkpointed_activation_bytes)
+                   for lay, kind in zip(w.layers, kinds, strict=True))
     return Workload(w.name, layers, w.seq_len, w.micro_batch, w.recompute)
 
 

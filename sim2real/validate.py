@@ -155,13 +155,15 @@ def run_validation(cases, opts: Options = Options(), workdir: str | os.PathLike 
         ctx = emu.EmulatedCluster(n, shape) if shape is not None else Loopback(n)
         # One rank alone, once per group: only to report how much of each case's compute time
         # is ranks sharing cores.
-        alone = measure_compute(1, opts.model, micro_of[n], seq_len, workdir, opts.timeout_s, label=f"n{n}_bw{bw}")
+        alone = measure_compute(1, opts.model, micro_of[n], seq_len, workdir, opts.timeout_s,
+                                label=f"n{n}_bw{bw}")
         with ctx as cluster:
             where = cluster.describe()
             say(f"calibrating the network: {where}")
             fits, cpu, _ = measure_network(cluster, n, workdir, opts.sweep_max_bytes, opts.sweep_budget_s,
                                            opts.timeout_s, label=f"bw{bw}")
-            network = Calibration(fits, None, "gloo", machine_facts(ranks=n, network=where, emulated=emulated),
+            network = Calibration(fits, None, "gloo",
+                                  machine_facts(ranks=n, network=where, emulated=emulated),
                                   cpu=cpu)
             calibrations[f"n{n}_bw{bw}"] = network.to_dict() | {"summary": network.describe()}
             record = cluster.cluster_record() if shape is not None else None
@@ -176,8 +178,10 @@ def run_validation(cases, opts: Options = Options(), workdir: str | os.PathLike 
                 cal.save(workdir / f"calibration_{tag}.json")
                 sim = predict_run(planned_run(c, opts, record), cal)
                 say(f"calibrated compute: block fwd {compute.layer_seconds['block']['fwd'] * 1e3:.2f} ms, "
-                    f"{compute.sharing_factor or 1:.2f}x one rank alone; slowest rank {compute.slowest_rank_factor:.3f}x the mean")
-                say(f"predicted {c.strategy} N={n} bw={bw} bucket={c.bucket_mb}: {sim.metrics['step_time_s']:.4f} s")
+                    f"{compute.sharing_factor or 1:.2f}x one rank alone; "
+                    f"slowest rank {compute.slowest_rank_factor:.3f}x the mean")
+                say(f"predicted {c.strategy} N={n} bw={bw} bucket={c.bucket_mb}: "
+                    f"{sim.metrics['step_time_s']:.4f} s")
                 out = workdir / tag
                 cluster.run_module("real_runs.train", _train_argv(c, opts, out), timeout_s=opts.timeout_s)
                 # Stamped with the cluster, the run directory replays on its own links (overlay, notebook 06).
@@ -186,8 +190,9 @@ def run_validation(cases, opts: Options = Options(), workdir: str | os.PathLike 
                 else:
                     run = json.loads((out / "run.json").read_text())
                 if run["params"] != sim.scenario["params"]:
-                    raise ValidationError(f"the run trained {run['params']} parameters but the prediction assumed "
-                                          f"{sim.scenario['params']}; the replay's model does not match real_runs")
+                    raise ValidationError(f"the run trained {run['params']} parameters "
+                                          f"but the prediction assumed {sim.scenario['params']}; "
+                                          f"the replay's model does not match real_runs")
                 measured = measured_step_s(run)
                 predicted = sim.metrics["step_time_s"]
                 row = asdict(c) | {
@@ -210,19 +215,20 @@ def run_validation(cases, opts: Options = Options(), workdir: str | os.PathLike 
         "cases": results,
         "median_abs_error": statistics.median(errors) if errors else None,
         "median_abs_exposed_comm_error": statistics.median(comm_errors) if comm_errors else None,
-        "emulated": emulated, "emulation_note": reason, "model": opts.model, "global_batch": opts.global_batch,
+        "emulated": emulated, "emulation_note": reason, "model": opts.model,
+        "global_batch": opts.global_batch,
         "steps": opts.steps, "shape": opts.shape if emulated else None,
         "calibrations": calibrations, "machine": machine_facts(), "wall_s": time.monotonic() - t_start,
         "calibrated_inputs": (
             "compute: per-layer forward/backward and optimizer times of the real model, measured with all N "
             "ranks computing at once on this machine (real_runs.microbench layers), just before each case "
-            "(each case's row has its own under 'compute'), with how much later than the mean rank the slowest "
-            "ends a pass started together (slowest_rank_factor, which stretches forward and backward); network: latency and bus "
-            "bandwidth of all_reduce, reduce_scatter, all_gather fitted to a size sweep in the same emulated "
-            "cluster (real_runs.microbench collectives); cpu: compute time lost per collective and compute "
-            "slowdown while collectives stream and how fast collectives progress while the ranks compute, from "
-            "the CPU time the same sweep's calls used and a queue of its collectives timed idle and while every "
-            "rank computed. "
+            "(each case's row has its own under 'compute'), with how much later than the mean rank the "
+            "slowest ends a pass started together (slowest_rank_factor, which stretches forward and "
+            "backward); network: latency and bus bandwidth of all_reduce, reduce_scatter, all_gather fitted "
+            "to a size sweep in the same emulated cluster (real_runs.microbench collectives); cpu: compute "
+            "time lost per collective and compute slowdown while collectives stream and how fast collectives "
+            "progress while the ranks compute, from the CPU time the same sweep's calls used and a queue of "
+            "its collectives timed idle and while every rank computed. "
             "Nothing else was fitted; no case's measurement was used."),
     }
     if report_dir is not None:
@@ -269,7 +275,8 @@ def _overlay_png(run_dir: Path, sim, report_dir: Path, row: dict) -> None:
 def write_report(summary: dict, report_dir: Path) -> Path:
     report_dir.mkdir(parents=True, exist_ok=True)
     lines = ["# zero-sim validation", "",
-             f"Model `{summary['model']}`, global batch {summary['global_batch']}, {summary['steps']} steps per run; "
+             f"Model `{summary['model']}`, global batch {summary['global_batch']}, "
+             f"{summary['steps']} steps per run; "
              f"emulated cluster: {summary['shape'] or 'no (' + str(summary['emulation_note']) + ')'}.", "",
              f"**Median absolute error of step time: {_pct(summary['median_abs_error'])}**; "
              f"exposed communication: {_pct(summary['median_abs_exposed_comm_error'])}. Measured figures are "
@@ -279,17 +286,21 @@ def write_report(summary: dict, report_dir: Path) -> Path:
     for key, cal in summary["calibrations"].items():
         lines.append(f"- `{key}`: {cal['summary']}")
     lines += ["", "## Cases (each predicted before it ran)", "",
-              "| strategy | N | Gbit/s | bucket MB | block fwd ms (calibrated) | slowest rank x | predicted s | measured s "
+              "| strategy | N | Gbit/s | bucket MB | block fwd ms (calibrated) | slowest rank x "
+              "| predicted s | measured s "
               "| error | exposed comm pred / meas s | model states exact |",
               "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in summary["cases"]:
         meas_comm = r.get("measured_exposed_comm_s")
         block = ((r.get("compute") or {}).get("layer_seconds") or {}).get("block", {}).get("fwd")
         slowest = (r.get("compute") or {}).get("slowest_rank_factor")
-        lines.append(f"| {r['strategy']} | {r['gpus']} | {r['bandwidth_gbps'] or '-'} | {r['bucket_mb'] or '-'} | "
-                     f"{'-' if block is None else f'{block * 1e3:.2f}'} | {'-' if slowest is None else f'{slowest:.3f}'} | "
+        lines.append(f"| {r['strategy']} | {r['gpus']} | {r['bandwidth_gbps'] or '-'} | "
+                     f"{r['bucket_mb'] or '-'} | "
+                     f"{'-' if block is None else f'{block * 1e3:.2f}'} | "
+                     f"{'-' if slowest is None else f'{slowest:.3f}'} | "
                      f"{r['predicted_step_s']:.4f} | {r['measured_step_s']:.4f} | {r['error']:+.1%} | "
-                     f"{r['predicted_exposed_comm_s']:.4f} / {'-' if meas_comm is None else f'{meas_comm:.4f}'} | "
+                     f"{r['predicted_exposed_comm_s']:.4f} / "
+                     f"{'-' if meas_comm is None else f'{meas_comm:.4f}'} | "
                      f"{'yes' if r['model_states_exact'] else 'NO'} |")
     figures = [r for r in summary["cases"] if r.get("figure")]
     if figures:

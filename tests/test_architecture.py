@@ -46,12 +46,14 @@ def imports_of(path: Path) -> set[str]:
 
 def graph() -> dict[str, set[str]]:
     modules = {module_name(p): p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")}
-    return {name: {m for m in imports_of(path) if m in modules and m != name} for name, path in modules.items()}
+    return {name: {m for m in imports_of(path) if m in modules and m != name}
+            for name, path in modules.items()}
 
 
 def external(prefixes: tuple[str, ...]) -> dict[str, set[str]]:
     modules = {module_name(p): p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")}
-    return {name: {m for m in imports_of(path) if m.split(".")[0] in prefixes} for name, path in modules.items()}
+    return {name: {m for m in imports_of(path) if m.split(".")[0] in prefixes}
+            for name, path in modules.items()}
 
 
 def in_package(name: str, package: str) -> bool:
@@ -68,7 +70,8 @@ def test_the_real_runs_know_only_the_shared_vocabulary():
     for module, targets in external(("zero_sim", "sim2real")).items():
         if in_package(module, "real_runs"):
             foreign = {t for t in targets if not in_package(t, "zero_sim.vocabulary") and t != "zero_sim"}
-            assert not foreign, f"{module} imports {sorted(foreign)}; real_runs may import only zero_sim.vocabulary"
+            assert not foreign, (f"{module} imports {sorted(foreign)}; "
+                                 f"real_runs may import only zero_sim.vocabulary")
 
 
 def test_there_are_no_import_cycles():
@@ -125,6 +128,7 @@ for info in pkgutil.walk_packages(zero_sim.__path__, 'zero_sim.'):
         __import__(info.name)
 print(round(zero_sim.simulate(model='gpt2-124m', strategy='zero3', gpus=8).metrics['step_time_s'], 6))
 """
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT,
+                          timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert float(done.stdout.split()[-1]) > 0

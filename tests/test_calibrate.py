@@ -25,24 +25,28 @@ from zero_sim.system.topology import build_topology
 
 
 @pytest.mark.parametrize("table", ["seed002_pcie_pair.txt", "seed002_host_bridge.txt"])
-def test_a_calibration_from_seed_002_reproduces_every_measured_size_within_5_percent(data_dir, table, figures):
+def test_a_calibration_from_seed_002_reproduces_every_measured_size_within_5_percent(
+        data_dir, table, figures):
     text = (data_dir / table).read_text()
     fit = fit_nccl_tests_text(text, "all_reduce")
     rows = parse_nccl_tests(text).rows
     errors = [fit.time(r.size_bytes) / (r.time_us * 1e-6) - 1 for r in rows]
     figures(f"{table}: {fit.latency_s * 1e6:.0f} us + {fit.busbw / 1e9:.2f} GB/s; worst error "
-            f"{max(map(abs, errors)):.1%} over {len(rows)} sizes ({rows[0].size_bytes:,} to {rows[-1].size_bytes:,} B)")
+            f"{max(map(abs, errors)):.1%} over {len(rows)} sizes "
+            f"({rows[0].size_bytes:,} to {rows[-1].size_bytes:,} B)")
     assert max(map(abs, errors)) <= 0.05
 
 
 def sweep_rows(kind, n, latency_s, busbw, sizes):
-    return [{"collective": kind, "size_bytes": s, "time_us": (latency_s + bus_factor(kind, n) * s / busbw) * 1e6,
+    return [{"collective": kind, "size_bytes": s,
+             "time_us": (latency_s + bus_factor(kind, n) * s / busbw) * 1e6,
              "algbw_gbps": 0.0, "busbw_gbps": 0.0} for s in sizes]
 
 
 def test_a_sweep_fit_reads_latency_from_small_sizes_and_bandwidth_from_large_ones():
     sizes = [4096 << i for i in range(14)]  # 4 KB .. 32 MB
-    rows = sweep_rows("all_reduce", 4, 300e-6, 0.5e9, sizes) + sweep_rows("all_gather", 4, 200e-6, 0.8e9, sizes)
+    rows = (sweep_rows("all_reduce", 4, 300e-6, 0.5e9, sizes)
+            + sweep_rows("all_gather", 4, 200e-6, 0.8e9, sizes))
     fits = fit_sweep(rows, 4)
     assert set(fits) == {"all_reduce", "all_gather"}
     assert fits["all_reduce"].latency_s == pytest.approx(300e-6, rel=0.05)
@@ -69,8 +73,10 @@ def test_a_sweep_with_one_size_cannot_be_fitted():
 
 
 def calibration(n=2, latency_s=1e-3, busbw=50e6):
-    fits = {k: CollectiveFit(k, n, latency_s, busbw, 0.0) for k in ("all_reduce", "reduce_scatter", "all_gather")}
-    compute = ComputeCalibration({"embedding": {"fwd": 1e-3, "bwd": 2e-3}, "block": {"fwd": 10e-3, "bwd": 20e-3},
+    fits = {k: CollectiveFit(k, n, latency_s, busbw, 0.0)
+            for k in ("all_reduce", "reduce_scatter", "all_gather")}
+    compute = ComputeCalibration({"embedding": {"fwd": 1e-3, "bwd": 2e-3},
+                                  "block": {"fwd": 10e-3, "bwd": 20e-3},
                                   "head": {"fwd": 5e-3, "bwd": 10e-3}}, 4096, 1e-8, n, 2, 1.1, "small")
     return Calibration(fits, compute, "gloo", {"host": "test"})
 
@@ -138,7 +144,8 @@ def test_a_calibrated_gloo_reduce_scatter_loads_the_link_with_an_all_reduces_byt
     # sees twice a reduce-scatter's bytes, so two at once cannot both run at full speed.
     cal = calibration(latency_s=0.0, busbw=50e6)  # 100 MB/s on the wire: within the 1 Gbit/s link
     topo = build_topology("emu-uniform", 2, 1).with_bandwidth(1.0)
-    plan = CollectiveModel(topo, "gloo", "auto", cal).plan("reduce_scatter", 8e6, process_groups(topo, "world"))
+    plan = CollectiveModel(topo, "gloo", "auto", cal).plan("reduce_scatter", 8e6,
+                                                           process_groups(topo, "world"))
     (stage,) = plan.stages
     assert stage.edge_bytes == pytest.approx(bus_factor("all_reduce", 2) * 8e6)
     assert plan.isolated_time(topo) == pytest.approx(cal.collectives["reduce_scatter"].time(8e6))
@@ -179,7 +186,8 @@ def test_a_queue_timed_while_every_rank_computes_says_how_fast_collectives_progr
     # Four ranks on two cores: the queue took 4x as long while the ranks computed (gloo's
     # threads barely got a core).
     loaded = [{"collective": k, "idle_s": 0.2, "loaded_s": 0.2 * f, "compute_slowdown": s}
-              for k, f, s in (("all_reduce", 4.0, 0.10), ("reduce_scatter", 5.0, 3.4), ("all_gather", 2.0, 0.0))]
+              for k, f, s in (("all_reduce", 4.0, 0.10), ("reduce_scatter", 5.0, 3.4),
+                              ("all_gather", 2.0, 0.0))]
     four = cpu_from_sweep(cpu_rows(200e-6, 0.1), 4, cores=2, under_compute=loaded)
     assert four.comm_rate_while_computing == pytest.approx(0.25)  # the median of 1/4, 1/5, 1/2
     # Moving at a quarter of its pace, communication takes a quarter of its idle CPU from the
@@ -227,8 +235,9 @@ def test_the_simulator_uses_calibrated_layer_times_scaled_by_tokens(tmp_path):
     cal = calibration()
     path = tmp_path / "cal.json"
     cal.save(path)
-    result = simulate(model="gpt2-124m", micro_batch=2, seq_len=1024, strategy="ddp", gpus=2, topology="emu-uniform",
-                      gpus_per_node=1, gpu="CPU", backend="gloo", precision="fp32", calibration=str(path))
+    result = simulate(model="gpt2-124m", micro_batch=2, seq_len=1024, strategy="ddp", gpus=2,
+                      topology="emu-uniform", gpus_per_node=1, gpu="CPU", backend="gloo", precision="fp32",
+                      calibration=str(path))
     fwd_block = next(op for op in result.ops if op["name"] == "fwd L1")
     assert fwd_block["end_s"] - fwd_block["start_s"] == pytest.approx(10e-3 * 2048 / 4096, rel=0.01)
     assert "all_reduce n=2" in result.scenario["calibration"]
@@ -249,12 +258,14 @@ def test_a_calibration_survives_a_round_trip_through_its_file(tmp_path):
 @pytest.mark.parametrize("content,fragment", [
     ("not json", "is not JSON"),
     ('{"format": "something-else"}', "is not a zero-sim calibration file"),
-    ('{"format": "zero-sim-calibration/1", "collectives": {"all_reduce": {"world_size": 2}}}', "missing or garbles"),
+    ('{"format": "zero-sim-calibration/1", "collectives": {"all_reduce": {"world_size": 2}}}',
+     "missing or garbles"),
     ('{"format": "zero-sim-calibration/1", "collectives": {"all_reduce": {"world_size": 2, "latency_s": 0, '
      '"busbw_gbps": -1}}}', "non-positive bus bandwidth"),
     ('{"format": "zero-sim-calibration/1", "cpu": {"collective_cpu_s": 0, "overlap_slowdown": 0, '
      '"comm_rate_while_computing": 0}}', "above 0 and at most 1"),
-    ('{"format": "zero-sim-calibration/1", "compute": {"layer_seconds": {"block": {"fwd": 0.01, "bwd": 0.02}}, '
+    ('{"format": "zero-sim-calibration/1", "compute": '
+     '{"layer_seconds": {"block": {"fwd": 0.01, "bwd": 0.02}}, '
      '"tokens": 512, "slowest_rank_factor": 0.5}}', "at least 1"),
 ])
 def test_a_bad_calibration_file_gets_one_sentence(tmp_path, content, fragment):
@@ -275,7 +286,8 @@ def test_compute_calibration_reports_how_much_sharing_the_cores_costs():
     def layers(block_fwd, ranks):
         by_kind = {"embedding": {"fwd": 1e-4, "bwd": 2e-4}, "block": {"fwd": block_fwd, "bwd": 2 * block_fwd},
                    "head": {"fwd": 1e-3, "bwd": 2e-3}}
-        return {"by_kind": by_kind, "tokens": 512, "world_size": ranks, "cores": 2, "optimizer_s_per_param": 1e-9}
+        return {"by_kind": by_kind, "tokens": 512, "world_size": ranks, "cores": 2,
+                "optimizer_s_per_param": 1e-9}
 
     comp = compute_from_layers(layers(0.027, 4), alone=layers(0.010, 1))
     assert comp.ranks == 4 and comp.sharing_factor == pytest.approx(2.7)
@@ -288,8 +300,8 @@ def test_the_slowest_rank_stretches_forward_and_backward_but_not_the_optimizer()
         cal = calibration()
         cal = replace(cal, compute=replace(cal.compute, slowest_rank_factor=factor))
         result = simulate(model="gpt2-124m", micro_batch=2, seq_len=1024, strategy="ddp", gpus=2,
-                          topology="emu-uniform", gpus_per_node=1, gpu="CPU", backend="gloo", precision="fp32",
-                          calibration=cal)
+                          topology="emu-uniform", gpus_per_node=1, gpu="CPU", backend="gloo",
+                          precision="fp32", calibration=cal)
         took = {op["name"]: op["end_s"] - op["start_s"] for op in result.step_ops(0)}
         return took["fwd L1"], took["bwd L1"], sum(t for n, t in took.items() if n.startswith("opt"))
 
@@ -329,7 +341,8 @@ def test_nvidia_smi_topo_and_nccl_tests_make_a_topology_whose_links_reproduce_th
 
 def test_an_imported_topology_is_simulated_by_name_calibrated(tmp_path, data_dir):
     fit = fit_nccl_tests_text((data_dir / "seed002_host_bridge.txt").read_text())
-    cal = Calibration({"all_reduce": fit}, None, "nccl", {}, topology_from_imports(PCIE_TWO_GROUPS, {"all_reduce": fit}))
+    cal = Calibration({"all_reduce": fit}, None, "nccl", {},
+                      topology_from_imports(PCIE_TWO_GROUPS, {"all_reduce": fit}))
     cal.save(tmp_path / "box.json")
     assert json.loads((tmp_path / "box.json").read_text())["topology"]["fabric"]["kind"] == "pcie"
     result = simulate(calibration=str(tmp_path / "box.json"), topology="calibrated", gpus=4, gpus_per_node=4,

@@ -9,18 +9,21 @@ import pytest
 from zero_sim.cli import main
 
 CONTRACT = {"params", "strategy", "gpus", "step_time_s", "compute_time_s", "exposed_comm_s",
-            "comm_overlap_fraction", "comm_volume_bytes", "phases", "memory", "tflops_per_gpu", "tokens_per_s"}
+            "comm_overlap_fraction", "comm_volume_bytes", "phases", "memory", "tflops_per_gpu",
+            "tokens_per_s"}
 MEMORY = {"params_bytes", "grads_bytes", "optimizer_bytes", "model_states_bytes", "activations_bytes",
           "buffers_bytes", "peak_bytes", "capacity_bytes", "fits"}
 
 
 def run_cli(*args):
-    return subprocess.run([sys.executable, "-m", "zero_sim.cli", *args], capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-m", "zero_sim.cli", *args], capture_output=True, text=True,
+                          timeout=120)
 
 
 def test_simulate_json_has_the_contracted_fields(tmp_path):
     trace, plot = tmp_path / "t.json", tmp_path / "t.png"
-    out = run_cli("simulate", "--model", "gpt2-124m", "--strategy", "ddp", "--gpus", "8", "--topology", "pcie",
+    out = run_cli("simulate", "--model", "gpt2-124m", "--strategy", "ddp", "--gpus", "8",
+                  "--topology", "pcie",
                   "--bucket-mb", "25", "--json", "--trace", str(trace), "--plot", str(plot))
     assert out.returncode == 0, out.stderr
     metrics = json.loads(out.stdout)

@@ -151,7 +151,8 @@ def test_a_whole_runs_timing_is_the_median_over_steps_of_the_ranks_mean(runs):
     for key in ("step_time_s", "exposed_comm_s", "compute_time_s", "backward_s"):
         assert steady[key] == pytest.approx(second[key], rel=1e-12)
         # From step 0 on, the median of two steps is their mean.
-        assert steady_timing(run, first_step=0)[key] == pytest.approx((first[key] + second[key]) / 2, rel=1e-12)
+        assert steady_timing(run, first_step=0)[key] == pytest.approx((first[key] + second[key]) / 2,
+                                                                      rel=1e-12)
     with pytest.raises(OverlayError) as err:
         steady_timing(run, first_step=2)
     assert "run more steps" in one_sentence(str(err.value))
@@ -244,7 +245,8 @@ def test_the_overlay_draws_measured_and_predicted_bars_on_every_rank_and_stream(
         assert (y, False) in bars, f"no measured bars on {lane}"
     assert "predicted" in ax.get_title() and "measured" in ax.get_title()
     labels = [t.get_text() for t in ax.get_legend().get_texts()]
-    assert any(lbl.startswith("predicted") for lbl in labels) and any(lbl.startswith("measured") for lbl in labels)
+    assert (any(lbl.startswith("predicted") for lbl in labels)
+            and any(lbl.startswith("measured") for lbl in labels))
 
 
 def _reduce_scatter_starts(c, rank, side):

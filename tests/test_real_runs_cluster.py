@@ -193,7 +193,8 @@ def hold_a_cluster() -> tuple[subprocess.Popen, list[str]]:
 
 def sleepers_in(names: list[str]) -> list[int]:
     return [int(p) for ns in names if ns in our_namespaces("zsim-")
-            for p in subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split()]
+            for p in subprocess.run(["ip", "netns", "pids", ns], capture_output=True,
+                                    text=True).stdout.split()]
 
 
 @needs_cluster

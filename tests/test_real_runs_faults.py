@@ -83,7 +83,8 @@ def test_a_run_that_outlives_its_timeout_is_stopped(tmp_path):
     assert not (tmp_path / "run.json").exists()
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (NCCL, CUDA events, CUDA memory stats)")
+@pytest.mark.skipif(not torch.cuda.is_available(),
+                    reason="needs a CUDA device (NCCL, CUDA events, CUDA memory stats)")
 def test_one_rank_on_cuda_records_events_and_peak_memory(tmp_path):
     run = launch("fsdp", nproc=1, out=tmp_path, device="cuda", **RUN)
     assert run["backend"] == "nccl"

@@ -73,7 +73,8 @@ def test_model_state_bytes_per_rank_equal_the_zero_formula(strategy):
 
 
 def test_sharding_shrinks_model_states_in_the_order_of_the_stages():
-    held = {s: real_run(s, 2)[0]["model_states_formula"]["measured"]["0"] for s in ("ddp", "zero1", "zero2", "fsdp")}
+    held = {s: real_run(s, 2)[0]["model_states_formula"]["measured"]["0"]
+            for s in ("ddp", "zero1", "zero2", "fsdp")}
     assert held["ddp"] > held["zero1"] > held["zero2"] > held["fsdp"]
 
 

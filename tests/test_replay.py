@@ -11,8 +11,8 @@ from zero_sim.vocabulary.model_states import formula
 
 def planned(strategy, world=2, model="tiny", cluster=None, **extra):
     cfg = PRESETS[model]
-    run = {"strategy": strategy, "world_size": world, "global_batch": 8, "seq_len": cfg.max_seq, "model": model,
-           "model_config": cfg.to_dict(), "device": "cpu", "bucket_mb": 25.0, **extra}
+    run = {"strategy": strategy, "world_size": world, "global_batch": 8, "seq_len": cfg.max_seq,
+           "model": model, "model_config": cfg.to_dict(), "device": "cpu", "bucket_mb": 25.0, **extra}
     if cluster:
         run["cluster"] = cluster
     return run
@@ -44,11 +44,13 @@ def test_a_name_means_the_same_algorithm_on_both_sides(real):
 @pytest.mark.parametrize("strategy", sorted(STRATEGIES))
 @pytest.mark.parametrize("world", [2, 4])
 def test_predicted_model_states_are_exactly_the_real_runs_bytes(strategy, world):
-    """The real runs check their bytes against the ZeRO formulas; the simulator must land on the same bytes."""
+    """The real runs check their bytes against the ZeRO formulas; the simulator must land on the
+    same bytes."""
     sim = predict_run(planned(strategy, world))
     psi = sim.scenario["params"]
     expected = formula(STRATEGIES[strategy].stage, psi, world, elem_bytes=4, k=8)["bytes"]
-    assert sim.metrics["memory"]["model_states_bytes"] == pytest.approx(expected, rel=0.002)  # shard padding only
+    # shard padding only
+    assert sim.metrics["memory"]["model_states_bytes"] == pytest.approx(expected, rel=0.002)
 
 
 @pytest.mark.parametrize("strategy, collective", [("ddp", "all_reduce"), ("zero1", "all_reduce"),
@@ -82,9 +84,11 @@ def test_the_simulated_sharded_step_updates_and_gathers_bucket_by_bucket_as_the_
 
 
 def test_an_emulated_cluster_selects_its_topology_and_bandwidth():
-    kw, _ = scenario_for_run(planned("ddp", 4, cluster={"kind": "two-nodes", "bandwidth_gbps": 0.5, "nproc": 4}))
+    kw, _ = scenario_for_run(planned("ddp", 4,
+                                     cluster={"kind": "two-nodes", "bandwidth_gbps": 0.5, "nproc": 4}))
     assert (kw["topology"], kw["bandwidth_gbps"], kw["gpus_per_node"]) == ("emu-two-nodes", 0.5, 2)
-    kw, _ = scenario_for_run(planned("ddp", 2, cluster={"kind": "uniform", "bandwidth_gbps": 1.0, "nproc": 2}))
+    kw, _ = scenario_for_run(planned("ddp", 2,
+                                     cluster={"kind": "uniform", "bandwidth_gbps": 1.0, "nproc": 2}))
     assert (kw["topology"], kw["gpus_per_node"]) == ("emu-uniform", 1)
 
 

@@ -24,7 +24,8 @@ def test_bus_factors_are_nccl_tests_definitions():
 
 def test_gloo_reduce_scatter_moves_all_reduce_bytes():
     assert bytes_sent_per_rank("reduce_scatter", 1e6, 4, "gloo") == bytes_sent_per_rank("all_reduce", 1e6, 4)
-    assert bytes_sent_per_rank("reduce_scatter", 1e6, 4, "nccl") == bytes_sent_per_rank("all_reduce", 1e6, 4) / 2
+    assert (bytes_sent_per_rank("reduce_scatter", 1e6, 4, "nccl")
+            == bytes_sent_per_rank("all_reduce", 1e6, 4) / 2)
 
 
 def plan_time(topology, n, kind, nbytes, backend="nccl", algorithm="ring"):
@@ -43,8 +44,10 @@ def test_a_shared_pcie_bus_makes_each_gpu_slower_as_gpus_are_added():
     # Seed 002: 2 GPUs on one bus reach ~20 GB/s busbw; 4 on the same bus halve each share.
     two = build_topology("pcie-host-bridge", 2)
     four = build_topology("pcie-host-bridge", 4)
-    b2 = CollectiveModel(two, algorithm="ring").plan("all_reduce", 1 << 30, process_groups(two, "world")).busbw(two)
-    b4 = CollectiveModel(four, algorithm="ring").plan("all_reduce", 1 << 30, process_groups(four, "world")).busbw(four)
+    b2 = (CollectiveModel(two, algorithm="ring").plan("all_reduce", 1 << 30, process_groups(two, "world"))
+          .busbw(two))
+    b4 = (CollectiveModel(four, algorithm="ring").plan("all_reduce", 1 << 30, process_groups(four, "world"))
+          .busbw(four))
     assert 19e9 < b2 < 21e9
     assert b4 == pytest.approx(b2 / 2, rel=0.05)
 
@@ -75,15 +78,20 @@ def test_fitting_seed_002_tables_recovers_their_bandwidth_and_times(data_dir, fi
 
 
 def test_native_nccl_tests_output_parses():
-    text = """#  nThread 1 nGpus 1 minBytes 8 maxBytes 128 step: 2(factor) warmup iters: 5 iters: 20
-# Using devices
-#  Rank  0 Group  0 Pid  1 on host device  0 [0x07] NVIDIA A100
-#   nranks 8
-#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong
-     1048576        262144     float     sum      -1    60.12   17.44   30.52      0    59.80   17.53   30.68      0
-     4194304       1048576     float     sum      -1    98.40   42.63   74.60      0    97.90   42.84   74.97      0
-    16777216       4194304     float     sum      -1   205.10   81.80  143.15      0   204.30   82.12  143.71      0
-"""
+    text = (
+        "#  nThread 1 nGpus 1 minBytes 8 maxBytes 128 step: 2(factor) warmup iters: 5 iters: 20\n"
+        "# Using devices\n"
+        "#  Rank  0 Group  0 Pid  1 on host device  0 [0x07] NVIDIA A100\n"
+        "#   nranks 8\n"
+        "#       size         count      type   redop    root     time   algbw   busbw #wrong"
+        "     time   algbw   busbw #wrong\n"
+        "     1048576        262144     float     sum      -1    60.12   17.44   30.52      0"
+        "    59.80   17.53   30.68      0\n"
+        "     4194304       1048576     float     sum      -1    98.40   42.63   74.60      0"
+        "    97.90   42.84   74.97      0\n"
+        "    16777216       4194304     float     sum      -1   205.10   81.80  143.15      0"
+        "   204.30   82.12  143.71      0\n"
+    )
     parsed = parse_nccl_tests(text)
     assert parsed.n_ranks == 8
     assert [r.size_bytes for r in parsed.rows] == [1048576, 4194304, 16777216]

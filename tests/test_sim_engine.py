@@ -61,7 +61,8 @@ def test_two_groups_in_flight_together_share_the_link_they_both_cross():
                       EngineConfig(steps=1, host_overhead_s=0, explicit_ranks=True)).run()
     t_collapsed = collapsed.records[0].end_s
     t_explicit = max(r.end_s for r in explicit.records)
-    one_ring_alone = CollectiveModel(topo, algorithm="ring").plan("all_reduce", 1e9, ((0, 8),)).isolated_time(topo)
+    one_ring_alone = (CollectiveModel(topo, algorithm="ring").plan("all_reduce", 1e9, ((0, 8),))
+                      .isolated_time(topo))
     assert t_explicit == pytest.approx(t_collapsed, rel=1e-6)
     assert t_explicit > 6 * one_ring_alone  # 8 rings share each NIC
 

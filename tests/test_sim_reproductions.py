@@ -10,7 +10,8 @@ GB = 1e9
 def test_1_5b_parameters_need_24_gb_of_model_states_under_ddp(figures):
     m = simulate(params=1_500_000_000, strategy="ddp", gpus=8, micro_batch=1).metrics
     states = m["memory"]["model_states_bytes"]
-    figures(f"{m['params']:,} params x (2 + 2 + 12) B = {states / GB:.2f} GB of model states (seed 003: 24 GB)")
+    figures(f"{m['params']:,} params x (2 + 2 + 12) B = {states / GB:.2f} GB of model states "
+            f"(seed 003: 24 GB)")
     assert states == 16 * m["params"]
     assert states / GB == pytest.approx(24, rel=0.02)
 
@@ -36,7 +37,8 @@ def test_tiny_buckets_are_slow_while_25_and_100_mb_are_close(figures):
     # only how many launches (each paying latency) the bytes are split into and when the first starts.
     steps = {mb: simulate(model="gpt2-124m", gpus=8, topology="pcie", micro_batch=4, bucket_mb=mb).metrics
              for mb in (1, 25, 100)}
-    figures(*[f"bucket {mb:3d} MB: step {m['step_time_s'] * 1e3:7.2f} ms, {m['collectives_per_step']} all-reduces"
+    figures(*[f"bucket {mb:3d} MB: step {m['step_time_s'] * 1e3:7.2f} ms, "
+              f"{m['collectives_per_step']} all-reduces"
               for mb, m in steps.items()])
     t1, t25, t100 = (steps[mb]["step_time_s"] for mb in (1, 25, 100))
     assert t1 > 1.08 * t25  # every 1 MB bucket pays launch + ring latency
@@ -50,7 +52,8 @@ def test_zero2_hook_shortens_the_optimizer_phase_and_a_compiled_backward_takes_i
     compiled = simulate(**base, zero2_launch="hook", compiled_backward=True).metrics
     o_step, o_hook, o_comp = (m["phases"]["optimizer_s"] for m in (step, hook, compiled))
     figures(f"optimizer phase: step() launch {o_step * 1e3:.2f} ms, hook launch {o_hook * 1e3:.2f} ms "
-            f"({1 - o_hook / o_step:.0%} shorter; seed 000: 27%), hook + compiled backward {o_comp * 1e3:.2f} ms",
+            f"({1 - o_hook / o_step:.0%} shorter; seed 000: 27%), "
+            f"hook + compiled backward {o_comp * 1e3:.2f} ms",
             "why: hooks put reduce-scatters under backward; in step() every all-gather queues behind all "
             "reduce-scatters on the FIFO comm stream; a compiled backward fires all hooks at its end")
     assert o_hook < 0.85 * o_step
@@ -63,7 +66,8 @@ def test_four_gpus_on_a_shared_pcie_bus_train_slower_than_two(figures):
                         precision="fp32").metrics for n in (1, 2, 4)}
     figures(*[f"pcie-host-bridge, {n} GPU(s): step {m['step_time_s'] * 1e3:6.1f} ms, exposed comm "
               f"{m['exposed_comm_s'] * 1e3:5.1f} ms" for n, m in runs.items()],
-            "why: 4 GPUs on one bus each get half the bus while moving 1.5x the bytes: 3x the all-reduce time")
+            "why: 4 GPUs on one bus each get half the bus while moving 1.5x the bytes: "
+            "3x the all-reduce time")
     assert runs[4]["step_time_s"] > runs[2]["step_time_s"]
     assert runs[2]["step_time_s"] < runs[1]["step_time_s"]
 
@@ -77,7 +81,8 @@ def test_nvswitch_scales_the_same_model_near_linearly_to_8(figures):
 
 
 def test_zero3_optimizations_on_efa_gain_at_least_1_5x(figures):
-    base = dict(model="roberta-10b", gpus=64, topology="p4d-efa", micro_batch=8, strategy="zero3", recompute="full")
+    base = dict(model="roberta-10b", gpus=64, topology="p4d-efa", micro_batch=8, strategy="zero3",
+                recompute="full")
     off = dict(batch_collectives=False, fine_grained_sync=False, precomputed_fetch=False)
     unopt = simulate(**base, **off).metrics["hardware_tflops_per_gpu"]
     lines = [f"roberta-10b, 64 x A100 on EFA, unoptimized: {unopt:.0f} TFLOP/s per GPU (seed 004: 73)"]
@@ -98,7 +103,9 @@ def test_fsdp_without_resharding_keeps_more_memory_and_gathers_less(figures):
     for flag in (True, False):
         r = simulate(**base, reshard_after_forward=flag)
         gathers[flag] = sum(1 for op in r.step_ops() if op["name"].startswith("all_gather"))
-    figures(f"reshard_after_forward=True: peak {yes['memory']['peak_bytes'] / GB:.2f} GB, {gathers[True]} all-gathers",
-            f"reshard_after_forward=False: peak {no['memory']['peak_bytes'] / GB:.2f} GB, {gathers[False]} all-gathers")
+    figures(f"reshard_after_forward=True: peak {yes['memory']['peak_bytes'] / GB:.2f} GB, "
+            f"{gathers[True]} all-gathers",
+            f"reshard_after_forward=False: peak {no['memory']['peak_bytes'] / GB:.2f} GB, "
+            f"{gathers[False]} all-gathers")
     assert no["memory"]["peak_bytes"] > yes["memory"]["peak_bytes"]
     assert gathers[False] < gathers[True]

@@ -22,7 +22,8 @@ def test_gpt2_presets_have_their_published_sizes():
 def test_every_preset_is_embedding_blocks_head():
     for name, shape in PRESETS.items():
         w = preset(name)
-        assert [layer.kind for layer in w.layers] == ["embedding"] + ["block"] * shape.n_layer + ["head"], name
+        assert [layer.kind for layer in w.layers] == (["embedding"] + ["block"] * shape.n_layer
+                                                      + ["head"]), name
         assert [layer.index for layer in w.layers] == list(range(shape.n_layer + 2))
 
 

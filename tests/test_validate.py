@@ -30,7 +30,8 @@ def test_the_collective_sweep_prints_an_nccl_tests_table_and_writes_its_rows(tmp
     kinds = {r["collective"] for r in sweep["rows"]}
     assert kinds == {"all_reduce", "reduce_scatter", "all_gather"}
     for r in sweep["rows"]:
-        # nccl-tests' definitions: algbw = S/t, busbw = algbw * factor (1 for all_reduce on 2 ranks, 1/2 otherwise)
+        # nccl-tests' definitions: algbw = S/t, busbw = algbw * factor (1 for all_reduce on 2 ranks,
+        # 1/2 otherwise)
         assert r["algbw_gbps"] == pytest.approx(r["size_bytes"] / (r["time_us"] * 1e-6) / 1e9)
         factor = 1.0 if r["collective"] == "all_reduce" else 0.5
         assert r["busbw_gbps"] == pytest.approx(r["algbw_gbps"] * factor)
@@ -88,9 +89,10 @@ def test_quick_validation_predicts_every_case_before_running_it_and_reports_the_
     cases = result["cases"]
     assert len(cases) == 4
     for c in cases:
-        assert set(c) >= {"strategy", "gpus", "bandwidth_gbps", "bucket_mb", "predicted_step_s", "measured_step_s",
-                          "error"}
-        assert c["error"] == pytest.approx((c["predicted_step_s"] - c["measured_step_s"]) / c["measured_step_s"])
+        assert set(c) >= {"strategy", "gpus", "bandwidth_gbps", "bucket_mb", "predicted_step_s",
+                          "measured_step_s", "error"}
+        assert c["error"] == pytest.approx((c["predicted_step_s"] - c["measured_step_s"])
+                                           / c["measured_step_s"])
         assert c["model_states_exact"], c
         # Compute was calibrated for this very case, just before it: all its ranks at once.
         assert c["compute"]["ranks"] == c["gpus"] and c["compute"]["layer_seconds"]["block"]["fwd"] > 0
@@ -104,7 +106,8 @@ def test_quick_validation_predicts_every_case_before_running_it_and_reports_the_
     assert result["median_abs_error"] == pytest.approx((errors[1] + errors[2]) / 2)
     report = (tmp_path / "report.md").read_text()
     assert "What was calibrated, and on what" in report and "| ddp | 2 |" in report
-    figures(*(f"{c['strategy']:10s} N={c['gpus']} {c['bandwidth_gbps']} Gbit/s: predicted {c['predicted_step_s']:.3f} s, "
+    figures(*(f"{c['strategy']:10s} N={c['gpus']} {c['bandwidth_gbps']} Gbit/s: "
+              f"predicted {c['predicted_step_s']:.3f} s, "
               f"measured {c['measured_step_s']:.3f} s, error {c['error']:+.1%}" for c in cases),
             f"median |error| {result['median_abs_error']:.1%} (emulated: {result['emulated']}), "
             f"{result['wall_s']:.0f} s")

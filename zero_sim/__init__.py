@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import importlib
 
-_EXPORTS = {"simulate": "zero_sim.scenario", "ScenarioError": "zero_sim.scenario", "SimResult": "zero_sim.results"}
+_EXPORTS = {"simulate": "zero_sim.scenario", "ScenarioError": "zero_sim.scenario",
+            "SimResult": "zero_sim.results"}
 
 __all__ = sorted(_EXPORTS)
 

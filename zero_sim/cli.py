@@ -74,7 +74,8 @@ def _no_args(_parser) -> None:
 
 def _fit_args(fit) -> None:
     fit.add_argument("file", type=Path)
-    fit.add_argument("--collective", default="all_reduce", choices=["all_reduce", "reduce_scatter", "all_gather"])
+    fit.add_argument("--collective", default="all_reduce",
+                     choices=["all_reduce", "reduce_scatter", "all_gather"])
     fit.add_argument("--json", action="store_true")
 
 
@@ -86,13 +87,16 @@ def _human(m: dict) -> str:
     mem = m["memory"]
     ov = m["comm_overlap_fraction"]
     lines = [
-        f"{m['strategy']} · {m['model']} ({m['params']:,} params) · {m['gpus']} x {m['gpu']} on {m['topology']}",
+        f"{m['strategy']} · {m['model']} ({m['params']:,} params) · "
+        f"{m['gpus']} x {m['gpu']} on {m['topology']}",
         f"  step            {m['step_time_s'] * 1e3:10.2f} ms   ({m['tokens_per_s']:,.0f} tokens/s, "
         f"{m['tflops_per_gpu']:.1f} TFLOP/s per GPU)",
         f"  compute         {m['compute_time_s'] * 1e3:10.2f} ms",
         f"  exposed comm    {m['exposed_comm_s'] * 1e3:10.2f} ms   (overlap "
-        + (f"{ov:.0%}" if ov is not None else "n/a") + f", {m['comm_volume_bytes'] / 1e9:.3f} GB sent per rank)",
-        f"  phases          fwd {m['phases']['forward_s'] * 1e3:.2f} ms, bwd {m['phases']['backward_s'] * 1e3:.2f} ms, "
+        + (f"{ov:.0%}" if ov is not None else "n/a")
+        + f", {m['comm_volume_bytes'] / 1e9:.3f} GB sent per rank)",
+        f"  phases          fwd {m['phases']['forward_s'] * 1e3:.2f} ms, "
+        f"bwd {m['phases']['backward_s'] * 1e3:.2f} ms, "
         f"opt {m['phases']['optimizer_s'] * 1e3:.2f} ms",
         f"  memory          model states {mem['model_states_bytes'] / 1e9:.2f} GB, activations "
         f"{mem['activations_bytes'] / 1e9:.2f} GB, buffers {mem['buffers_bytes'] / 1e9:.2f} GB, "
@@ -145,12 +149,14 @@ def _fit(args) -> int:
     fit = fit_nccl_tests(table)
     out = {"n_ranks": table.n_ranks, "latency_us": fit.latency_s * 1e6, "busbw_gbps": fit.busbw / 1e9,
            "max_rel_error": fit.max_rel_error,
-           "rows": [{"size_bytes": r.size_bytes, "measured_us": r.time_us, "fitted_us": fit.time(r.size_bytes) * 1e6}
+           "rows": [{"size_bytes": r.size_bytes, "measured_us": r.time_us,
+                     "fitted_us": fit.time(r.size_bytes) * 1e6}
                     for r in table.rows]}
     if args.json:
         print(json.dumps(out))
     else:
-        print(f"{table.n_ranks} ranks: latency {out['latency_us']:.1f} us, bus bandwidth {out['busbw_gbps']:.2f} GB/s, "
+        print(f"{table.n_ranks} ranks: latency {out['latency_us']:.1f} us, "
+              f"bus bandwidth {out['busbw_gbps']:.2f} GB/s, "
               f"worst error {fit.max_rel_error:.1%}")
         print(f"{'size (B)':>14} {'measured us':>12} {'fitted us':>10}")
         for row in out["rows"]:
@@ -165,7 +171,8 @@ def _demo(args) -> int:
     result.to_chrome_trace(out / "demo_trace.json")
     _save_plot(result, out / "demo_timeline.png")
     print(_human(result.metrics))
-    print(f"wrote {out / 'demo_timeline.png'} and {out / 'demo_trace.json'} (open the trace at ui.perfetto.dev)")
+    print(f"wrote {out / 'demo_timeline.png'} and {out / 'demo_trace.json'} "
+          f"(open the trace at ui.perfetto.dev)")
     return 0
 
 
@@ -180,7 +187,8 @@ class Command:
 
 COMMANDS: dict[str, Command] = {
     "simulate": Command("simulate one configuration", _simulate_args, _simulate),
-    "presets": Command("list model, topology and GPU presets and strategies", _no_args, lambda _args: _presets()),
+    "presets": Command("list model, topology and GPU presets and strategies", _no_args,
+                       lambda _args: _presets()),
     "fit-nccl-tests": Command("fit latency and bus bandwidth from nccl-tests output", _fit_args, _fit),
     "demo": Command("simulate the default scenario; write a PNG and a trace", _demo_args, _demo),
 }

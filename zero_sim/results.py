@@ -92,7 +92,8 @@ class SimResult:
         return plot_memory(self, **kw)
 
 
-def compute_metrics(run, program, scenario, world_size: int, tokens_per_step: int, capacity_bytes: int) -> dict:
+def compute_metrics(run, program, scenario, world_size: int, tokens_per_step: int,
+                    capacity_bytes: int) -> dict:
     rank = run.simulated_ranks[0]
     ends = run.step_ends[rank]
     step = len(ends) - 1
@@ -104,7 +105,8 @@ def compute_metrics(run, program, scenario, world_size: int, tokens_per_step: in
     # Ops of this step that ran before the window (the host's run-ahead) are clipped to it.
     parts = step_breakdown([(r.start_s, r.end_s) for r in ops if r.stream == COMPUTE],
                            [(r.start_s, r.end_s) for r in ops if r.kind == "collective"],
-                           [(r.start_s, r.end_s) for r in ops if r.phase == BACKWARD and r.stream == COMPUTE], lo, hi)
+                           [(r.start_s, r.end_s) for r in ops if r.phase == BACKWARD and r.stream == COMPUTE],
+                           lo, hi)
     compute_s, comm_s, exposed = parts["compute_time_s"], parts["comm_time_s"], parts["exposed_comm_s"]
     volume = sum(run.plans[op.index].sent_bytes for op in program.ops if op.kind == "collective")
     hw_flops = sum(op.flops for op in program.ops)

@@ -64,7 +64,8 @@ COMMON: tuple[Setting, ...] = (
     Setting("seed", 0, "seed for straggler draws", int),
     Setting("steps", 2, "steps to simulate (the last is reported)", int),
     Setting("explicit_ranks", None, "simulate every rank (default: when N <= 8)", bool),
-    Setting("calibration", None, "calibration file (`zero-sim calibrate`): measured collective fits and layer times", str),
+    Setting("calibration", None,
+            "calibration file (`zero-sim calibrate`): measured collective fits and layer times", str),
 )
 COMMON_NAMES = {s.name for s in COMMON}
 
@@ -99,9 +100,11 @@ def _check(s: dict) -> None:
         raise ScenarioError(f"--optimizer-k must not be negative, got {s['optimizer_k']}")
     for setting in COMMON:
         if setting.choices and s[setting.name] is not None and s[setting.name] not in setting.choices:
-            raise ScenarioError(f"{setting.flag} {s[setting.name]!r} is not one of {', '.join(setting.choices)}")
+            raise ScenarioError(f"{setting.flag} {s[setting.name]!r} is not one of "
+                                f"{', '.join(setting.choices)}")
     if s["topology"] not in TOPOLOGIES and s["topology"] != "calibrated":
-        raise ScenarioError(f"unknown topology preset {s['topology']!r}; choose one of {', '.join(sorted(TOPOLOGIES))}")
+        raise ScenarioError(f"unknown topology preset {s['topology']!r}; "
+                            f"choose one of {', '.join(sorted(TOPOLOGIES))}")
 
 
 def _load_calibration(value):
@@ -156,12 +159,13 @@ def simulate(workload: Workload | None = None, **kwargs) -> SimResult:
     if workload is None:
         workload = _resolve_workload(s)
     elif workload.micro_batch != s["micro_batch"]:
-        raise ScenarioError(f"the workload was built for micro-batch {workload.micro_batch} but --micro-batch is "
-                            f"{s['micro_batch']}; pass the same value to both")
+        raise ScenarioError(f"the workload was built for micro-batch {workload.micro_batch} "
+                            f"but --micro-batch is {s['micro_batch']}; pass the same value to both")
     spec = s["topology"]
     if spec == "calibrated":
         if calibration is None or calibration.topology is None:
-            raise ScenarioError("--topology calibrated needs --calibration with an imported topology; make one with "
+            raise ScenarioError("--topology calibrated needs --calibration with an imported topology; "
+                                "make one with "
                                 "`zero-sim calibrate --nccl-tests FILE --nvidia-smi-topo FILE --out FILE`")
         spec = calibration.topology
     try:
@@ -180,7 +184,8 @@ def simulate(workload: Workload | None = None, **kwargs) -> SimResult:
         if calibration.compute is not None:
             c = calibration.compute
             compute = ComputeModel(gpu, efficiency=s["efficiency"], layer_seconds=c.layer_seconds,
-                                   calibrated_tokens=c.tokens, optimizer_seconds_per_param=c.optimizer_seconds_per_param,
+                                   calibrated_tokens=c.tokens,
+                                   optimizer_seconds_per_param=c.optimizer_seconds_per_param,
                                    slowest_rank_factor=c.slowest_rank_factor)
     precision = PRECISIONS[s["precision"]]
     if s["optimizer_k"] is not None:

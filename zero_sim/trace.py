@@ -28,8 +28,10 @@ def to_chrome_trace(result, path=None, max_ranks: int = 16) -> dict:
     ranks = list(range(min(result.world_size, max_ranks)))
     events: list[dict] = []
     for rank in ranks:
-        events.append({"ph": "M", "name": "process_name", "pid": rank, "tid": 0, "args": {"name": f"rank {rank}"}})
-        events.append({"ph": "M", "name": "process_sort_index", "pid": rank, "tid": 0, "args": {"sort_index": rank}})
+        events.append({"ph": "M", "name": "process_name", "pid": rank, "tid": 0,
+                       "args": {"name": f"rank {rank}"}})
+        events.append({"ph": "M", "name": "process_sort_index", "pid": rank, "tid": 0,
+                       "args": {"sort_index": rank}})
         source = result.rank_of_lane(rank)
         streams_seen = set()
         for op in result.ops:

@@ -108,7 +108,8 @@ class Flat:
     view into the flat buffer, so a collective on the buffer *is* a collective on the
     parameters, and autograd accumulates gradients straight into it."""
 
-    def __init__(self, params: list[nn.Parameter], index: int, layer: int | None, world: int = 1, rank: int = 0):
+    def __init__(self, params: list[nn.Parameter], index: int, layer: int | None, world: int = 1,
+                 rank: int = 0):
         self.params = params
         self.index, self.layer = index, layer
         self.numel = sum(p.numel() for p in params)
@@ -307,11 +308,13 @@ class Strategy:
         work = dist.all_reduce(buf, op=dist.ReduceOp.AVG, async_op=True)
         return self.rec.comm(work, name, buf.nbytes, layer)
 
-    def reduce_scatter(self, out: torch.Tensor, inp: torch.Tensor, name: str, layer: int | None = None) -> Pending:
+    def reduce_scatter(self, out: torch.Tensor, inp: torch.Tensor, name: str,
+                       layer: int | None = None) -> Pending:
         work = reduce_scatter_flat(out, inp, op=dist.ReduceOp.AVG, async_op=True)
         return self.rec.comm(work, name, inp.nbytes, layer)
 
-    def all_gather(self, out: torch.Tensor, inp: torch.Tensor, name: str, layer: int | None = None) -> Pending:
+    def all_gather(self, out: torch.Tensor, inp: torch.Tensor, name: str,
+                   layer: int | None = None) -> Pending:
         work = all_gather_flat(out, inp, async_op=True)
         return self.rec.comm(work, name, out.nbytes, layer)
 

@@ -53,7 +53,8 @@ class DDPTorch(Strategy):
             self.opt.step()
 
     def full_optimizer_state(self):
-        return {self.names[p]: (s["exp_avg"].clone(), s["exp_avg_sq"].clone()) for p, s in self.opt.state.items()}
+        return {self.names[p]: (s["exp_avg"].clone(), s["exp_avg_sq"].clone())
+                for p, s in self.opt.state.items()}
 
     def model_state_bytes(self) -> dict[str, int]:
         params = list(self.model.parameters())

@@ -78,6 +78,7 @@ from sim2real.overlay.measured import (
 from sim2real.overlay.runs import MeasuredRun, load_run
 from sim2real.overlay.traces import collectives_from_trace
 
-__all__ = ["CATEGORIES", "PHASE_ROWS", "Comparison", "MeasuredRun", "MeasuredStep", "OverlayError", "collectives_from_trace",
-           "compare", "load_run", "markdown_table", "measured_memory", "measured_step", "measured_timing",
+__all__ = ["CATEGORIES", "PHASE_ROWS", "Comparison", "MeasuredRun", "MeasuredStep", "OverlayError",
+           "collectives_from_trace", "compare", "load_run", "markdown_table", "measured_memory",
+           "measured_step", "measured_timing",
            "op_kind", "overlay", "steady_timing", "step_timing"]

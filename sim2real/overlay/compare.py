@@ -65,7 +65,8 @@ class Comparison:
         return [dict(op, rank=rank) for op in self.sim.step_ops(self.sim.rank_of_lane(rank))]
 
     def timing(self, rank: int) -> tuple[dict, dict]:
-        """(predicted, measured) :func:`step_timing` of one rank: phases, compute, exposed comm, backward end."""
+        """(predicted, measured) :func:`step_timing` of one rank: phases, compute, exposed comm,
+        backward end."""
         pred = step_timing(self.predicted_ops(rank), self.sim.metrics["step_time_s"])
         return pred, step_timing(self.measured_ops(rank), self.step.step_time_s[rank])
 
@@ -93,10 +94,13 @@ class Comparison:
             f"### {s['strategy']} on {s['world_size']} ranks ({s['model']}): measured {s['measured_step']} "
             f"vs predicted",
             "",
-            f"* simulated as `{s['simulated_strategy']}`" + (f": {s['mapping_note']}" if s["mapping_note"] else ""),
-            f"* step time: predicted {s['predicted_step_s'] * 1e3:.2f} ms, measured {s['measured_step_s'] * 1e3:.2f} ms"
+            f"* simulated as `{s['simulated_strategy']}`"
+            + (f": {s['mapping_note']}" if s["mapping_note"] else ""),
+            f"* step time: predicted {s['predicted_step_s'] * 1e3:.2f} ms, "
+            f"measured {s['measured_step_s'] * 1e3:.2f} ms"
             f" ({_pct(s['step_error'])})",
-            f"* ops paired: {s['ops_matched']} of {s['ops_predicted']} predicted and {s['ops_measured']} measured",
+            f"* ops paired: {s['ops_matched']} of {s['ops_predicted']} predicted and "
+            f"{s['ops_measured']} measured",
             f"* calibration: {s['calibration'] or 'none (analytical compute and network models)'}",
         ]
         lines += [f"* note: {n}" for n in s["notes"]]
@@ -118,9 +122,11 @@ def _pct(v) -> str:
 
 
 def markdown_table(frame: pd.DataFrame) -> str:
-    """A DataFrame as a GitHub markdown table (pandas' to_markdown needs tabulate, which we do not require)."""
+    """A DataFrame as a GitHub markdown table (pandas' to_markdown needs tabulate, which we do not
+    require)."""
     header = [str(frame.index.name or ""), *map(str, frame.columns)]
-    rows = [[str(i), *("" if v is None else str(v) for v in row)] for i, row in zip(frame.index, frame.values, strict=True)]
+    rows = [[str(i), *("" if v is None else str(v) for v in row)]
+            for i, row in zip(frame.index, frame.values, strict=True)]
     widths = [max(len(r[c]) for r in [header, *rows]) for c in range(len(header))]
 
     def line(cells):
@@ -136,7 +142,8 @@ def compare(run: MeasuredRun, sim, step: int | None = None, rank: int = 0) -> Co
         raise OverlayError(f"The run has {run.world_size} ranks but the prediction simulates {sim_world}; "
                            f"predict the run's own scenario (sim2real.replay.predict_run(run.run)).")
     if int(sim_params) != int(run.run.get("params", -1)):
-        raise OverlayError(f"The run trained the {run.run.get('model')} model ({int(run.run.get('params', 0)):,} "
+        raise OverlayError(f"The run trained the {run.run.get('model')} model "
+                           f"({int(run.run.get('params', 0)):,} "
                            f"parameters) but the prediction is for {sim.scenario.get('model')} "
                            f"({int(sim_params):,} parameters).")
     if not 0 <= rank < run.world_size:
@@ -176,8 +183,8 @@ def compare(run: MeasuredRun, sim, step: int | None = None, rank: int = 0) -> Co
         "calibration": _calibration_label(calibration),
         "notes": list(run.notes),
     }
-    return Comparison(run=run, sim=sim, step=ms, rank=rank, phases=phases, categories=categories, memory=memory,
-                      ops=ops, summary=summary)
+    return Comparison(run=run, sim=sim, step=ms, rank=rank, phases=phases, categories=categories,
+                      memory=memory, ops=ops, summary=summary)
 
 
 def _calibration_label(cal) -> str | None:
@@ -188,12 +195,13 @@ def _calibration_label(cal) -> str | None:
 
 
 def _phase_table(m: dict, meas: dict) -> pd.DataFrame:
-    pred = {"step time": m["step_time_s"], "compute": m["compute_time_s"], "exposed comm": m["exposed_comm_s"],
+    pred = {"step time": m["step_time_s"], "compute": m["compute_time_s"],
+            "exposed comm": m["exposed_comm_s"],
             "forward": m["phases"]["forward_s"], "backward": m["phases"]["backward_s"],
             "optimizer": m["phases"]["optimizer_s"]}
     got = {"step time": meas["step_time_s"], "compute": meas["compute_time_s"],
-           "exposed comm": meas["exposed_comm_s"], "forward": meas["forward_s"], "backward": meas["backward_s"],
-           "optimizer": meas["optimizer_s"]}
+           "exposed comm": meas["exposed_comm_s"], "forward": meas["forward_s"],
+           "backward": meas["backward_s"], "optimizer": meas["optimizer_s"]}
     frame = pd.DataFrame({"predicted_s": pred, "measured_s": got}).loc[list(PHASE_ROWS)]
     frame["error"] = [_err(p, q) for p, q in zip(frame["predicted_s"], frame["measured_s"], strict=True)]
     frame.index.name = "phase"
@@ -238,8 +246,10 @@ def _memory_table(mem: dict, run: MeasuredRun, step: int, rank: int) -> pd.DataF
             BUFFERS: mem["buffers_bytes"], "peak total": mem["peak_bytes"]}
     rows = list(pred)
     frame = pd.DataFrame({"predicted_bytes": [int(pred[r]) for r in rows],
-                          "measured_bytes": [int(got[r]) for r in rows]}, index=pd.Index(rows, name="category"))
-    frame["error"] = [_err(p, q) for p, q in zip(frame["predicted_bytes"], frame["measured_bytes"], strict=True)]
+                          "measured_bytes": [int(got[r]) for r in rows]},
+                         index=pd.Index(rows, name="category"))
+    frame["error"] = [_err(p, q)
+                      for p, q in zip(frame["predicted_bytes"], frame["measured_bytes"], strict=True)]
     return frame
 
 
@@ -261,7 +271,8 @@ def _pair(pred: list[dict], meas: list[dict]) -> list[dict]:
     """Pair ops by (stream, name, occurrence), then the leftovers by (stream, kind, layer, occurrence)."""
     pairs: list[tuple[dict | None, dict | None, str | None]] = []
     left_p, left_m = _match(pred, meas, lambda o: (o["stream"], o["name"]), "name", pairs)
-    left_p, left_m = _match(left_p, left_m, lambda o: (o["stream"], op_kind(o["name"]), _layer(o.get("layer"))),
+    left_p, left_m = _match(left_p, left_m,
+                            lambda o: (o["stream"], op_kind(o["name"]), _layer(o.get("layer"))),
                             "kind+layer", pairs)
     pairs += [(p, None, None) for p in left_p] + [(None, q, None) for q in left_m]
     rows = []

@@ -76,7 +76,8 @@ def measured_step(run: MeasuredRun, step: int | None = None) -> MeasuredStep:
 
 
 def step_timing(ops, step_time_s: float) -> dict[str, float]:
-    """Step metrics of one rank's ops (times from the step start) by :func:`zero_sim.results.compute_metrics`'s rules.
+    """Step metrics of one rank's ops (times from the step start) by
+    :func:`zero_sim.results.compute_metrics`'s rules.
 
     ``compute_s``: union of compute-stream spans clipped to the step; ``exposed_comm_s``:
     collective time not under compute; phases split at the first and last backward
@@ -84,7 +85,8 @@ def step_timing(ops, step_time_s: float) -> dict[str, float]:
     ops = list(ops)
     return step_breakdown([(o["start_s"], o["end_s"]) for o in ops if o["stream"] == COMPUTE],
                           [(o["start_s"], o["end_s"]) for o in ops if op_kind(o["name"]) in COLLECTIVES],
-                          [(o["start_s"], o["end_s"]) for o in ops if o["stream"] == COMPUTE and _is_backward(o)],
+                          [(o["start_s"], o["end_s"]) for o in ops
+                           if o["stream"] == COMPUTE and _is_backward(o)],
                           0.0, step_time_s)
 
 
@@ -93,8 +95,9 @@ def steady_timing(run: MeasuredRun, first_step: int = 1) -> dict[str, float]:
     steps from ``first_step`` (step 0 pays one-off costs).
 
     One step on one rank is a noisy measurement: exposed communication in particular is a
-    difference of two longer spans, so it moves from step to step on a shared CPU.  The simulator runs its ranks alike, so the ranks' mean is what it predicts,
-    and the median over steps is how validation reads step time too."""
+    difference of two longer spans, so it moves from step to step on a shared CPU.  The
+    simulator runs its ranks alike, so the ranks' mean is what it predicts, and the median
+    over steps is how validation reads step time too."""
     per_step = []
     for step in sorted(s for s in set(run.ops["step"]) if s >= first_step):
         ops = run.ops[run.ops["step"] == step]
@@ -103,8 +106,8 @@ def steady_timing(run: MeasuredRun, first_step: int = 1) -> dict[str, float]:
         if ranks:
             per_step.append({k: statistics.fmean(t[k] for t in ranks) for k in ranks[0]})
     if not per_step:
-        raise OverlayError(f"{run.path} recorded no steps from step {first_step} on, so there is nothing to compare; "
-                           f"run more steps.")
+        raise OverlayError(f"{run.path} recorded no steps from step {first_step} on, "
+                           f"so there is nothing to compare; run more steps.")
     return {k: statistics.median(t[k] for t in per_step) for k in per_step[0]}
 
 

@@ -77,5 +77,5 @@ def load_run(path) -> MeasuredRun:
     if world > 1 and not ops_df["stream"].astype(str).str.startswith(COMM).any():
         notes.append("the run recorded no collectives (fsdp-torch records compute only; run it with --trace "
                      "to read them from the profiler)")
-    return MeasuredRun(run=run, ops=ops_df, memory=memory_df, peaks=peaks, world_size=world, strategy=strategy,
-                       path=path, step_times_s=step_times, notes=notes)
+    return MeasuredRun(run=run, ops=ops_df, memory=memory_df, peaks=peaks, world_size=world,
+                       strategy=strategy, path=path, step_times_s=step_times, notes=notes)

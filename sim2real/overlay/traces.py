@@ -40,7 +40,8 @@ _GLOO_SPANS = {
 _FSDP_ANNOTATION = re.compile(r"^FSDP::(all_gather|post_backward_reduce)(?: \(layers\.(\d+)\))?$")
 
 
-def collectives_from_trace(trace_path, rank: int, rank_ops: list[dict], step_times: list[float]) -> list[dict]:
+def collectives_from_trace(trace_path, rank: int, rank_ops: list[dict],
+                           step_times: list[float]) -> list[dict]:
     """The collectives of a gloo torch.profiler trace as comm-stream ops in step-relative seconds.
 
     See the module docstring for the pairing and clock rules; anything that does not hold
@@ -57,7 +58,8 @@ def collectives_from_trace(trace_path, rank: int, rank_ops: list[dict], step_tim
     launches = sorted((e for e in spans if e.get("name") in _LAUNCH_KINDS), key=lambda e: e["ts"])
     workers = sorted((e for e in spans if e.get("name") in _GLOO_SPANS), key=lambda e: e["ts"])
     if len(launches) != len(workers):
-        raise OverlayError(f"{trace_path.name} launched {len(launches)} collectives but gloo ran {len(workers)}, "
+        raise OverlayError(f"{trace_path.name} launched {len(launches)} collectives "
+                           f"but gloo ran {len(workers)}, "
                            f"so they cannot be paired reliably and are not guessed.")
     annotations = [e for e in spans if _FSDP_ANNOTATION.match(e.get("name", ""))]
 
@@ -70,15 +72,18 @@ def collectives_from_trace(trace_path, rank: int, rank_ops: list[dict], step_tim
             recorded.setdefault(op["step"], op)
     steps = sorted(recorded)
     if len(anchors) != len(steps) or not steps:
-        raise OverlayError(f"{trace_path.name} has {len(anchors)} optimizer steps but rank{rank}.json recorded "
+        raise OverlayError(f"{trace_path.name} has {len(anchors)} optimizer steps "
+                           f"but rank{rank}.json recorded "
                            f"{len(steps)}, so the trace's clock cannot be tied to the record's.")
     offsets = {}
     for step, anchor in zip(steps, anchors, strict=True):
         op = recorded[step]
         rec_dur, trace_dur = op["end_s"] - op["start_s"], anchor["dur"] / 1e6
         if abs(rec_dur - trace_dur) > 2e-3 + 0.1 * rec_dur:
-            raise OverlayError(f"{trace_path.name}'s optimizer step {step} lasted {trace_dur * 1e3:.1f} ms but the "
-                               f"record says {rec_dur * 1e3:.1f} ms, so the two clocks cannot be tied together.")
+            raise OverlayError(f"{trace_path.name}'s optimizer step {step} lasted "
+                               f"{trace_dur * 1e3:.1f} ms but the "
+                               f"record says {rec_dur * 1e3:.1f} ms, "
+                               f"so the two clocks cannot be tied together.")
         offsets[step] = anchor["ts"] / 1e6 - op["start_s"]  # trace seconds at the step's t = 0
 
     ops = []

@@ -17,5 +17,6 @@ from zero_sim.calibration.format import (
     CpuCalibration,
 )
 
-__all__ = ["FORMAT", "Calibration", "CalibrationError", "CollectiveFit", "ComputeCalibration", "CpuCalibration",
-           "compute_from_layers", "cpu_from_sweep", "fit_nccl_tests_text", "fit_sweep", "topology_from_imports"]
+__all__ = ["FORMAT", "Calibration", "CalibrationError", "CollectiveFit", "ComputeCalibration",
+           "CpuCalibration", "compute_from_layers", "cpu_from_sweep", "fit_nccl_tests_text", "fit_sweep",
+           "topology_from_imports"]

@@ -53,7 +53,8 @@ def fit_sweep(rows: list[dict], world_size: int, min_bytes: int = 0) -> dict[str
         mine = sorted((r for r in rows if r["collective"] == kind), key=lambda r: r["size_bytes"])
         factor = bus_factor(kind, world_size)
         small = [(r["size_bytes"], r["time_us"] * 1e-6) for r in mine if r["size_bytes"] <= LATENCY_MAX_BYTES]
-        large = [(r["size_bytes"], r["time_us"] * 1e-6) for r in mine if r["size_bytes"] >= BANDWIDTH_MIN_BYTES]
+        large = [(r["size_bytes"], r["time_us"] * 1e-6) for r in mine
+                 if r["size_bytes"] >= BANDWIDTH_MIN_BYTES]
         if len(small) >= 2 and len(large) >= 2 and factor > 0:
             # Alternate: latency is what the small sizes take beyond their bytes; 1/busbw then
             # minimises sum(((latency + factor*S/busbw) - t) / t)^2 over the large sizes (closed form).
@@ -64,7 +65,8 @@ def fit_sweep(rows: list[dict], world_size: int, min_bytes: int = 0) -> dict[str
                 den = sum((factor * sz / t) ** 2 for sz, t in large)
                 inv_bw = num / den if num > 0 else 0.0
             if inv_bw > 0:
-                fit = CollectiveFit(kind, world_size, latency, 1.0 / inv_bw, 0.0, tuple(r["size_bytes"] for r in mine),
+                fit = CollectiveFit(kind, world_size, latency, 1.0 / inv_bw, 0.0,
+                                    tuple(r["size_bytes"] for r in mine),
                                     tuple(r["time_us"] * 1e-6 for r in mine))
                 worst = max(abs(fit.time(r["size_bytes"]) / (r["time_us"] * 1e-6) - 1) for r in mine)
                 fits[kind] = replace(fit, max_rel_error=worst)
@@ -72,12 +74,14 @@ def fit_sweep(rows: list[dict], world_size: int, min_bytes: int = 0) -> dict[str
         mine = [r for r in mine if r["size_bytes"] >= min_bytes]
         if len(mine) < 2:
             continue
-        table = NcclTestsTable(tuple(NcclTestsRow(int(r["size_bytes"]), float(r["time_us"]), float(r["algbw_gbps"]),
-                                                  float(r["busbw_gbps"]) or 1e-12) for r in mine),
+        table = NcclTestsTable(tuple(NcclTestsRow(int(r["size_bytes"]), float(r["time_us"]),
+                                                  float(r["algbw_gbps"]), float(r["busbw_gbps"]) or 1e-12)
+                                     for r in mine),
                                world_size, factor)
         fits[kind] = _from_lbfit(kind, world_size, fit_nccl_tests(table), table)
     if not fits:
-        raise CalibrationError("the sweep has fewer than two sizes of any collective; sweep a wider size range")
+        raise CalibrationError("the sweep has fewer than two sizes of any collective; "
+                               "sweep a wider size range")
     return fits
 
 
@@ -168,8 +172,9 @@ def topology_from_imports(nvidia_smi_text: str, fits: dict[str, CollectiveFit]) 
         fab = replace(fab, bridge_gbps=bw, bridge_latency_us=hop_us)
     else:
         fab = replace(fab, bus_gbps=bw * n, bus_latency_us=hop_us)
-    return replace(spec, fabric=fab, source=f"nvidia-smi topo -m; links fitted to nccl-tests all_reduce on {n} GPUs "
-                                            f"({fit.latency_s * 1e6:.0f} us + {bw:.2f} GB/s busbw)")
+    return replace(spec, fabric=fab,
+                   source=f"nvidia-smi topo -m; links fitted to nccl-tests all_reduce on {n} GPUs "
+                          f"({fit.latency_s * 1e6:.0f} us + {bw:.2f} GB/s busbw)")
 
 
 def compute_from_layers(layers: dict, alone: dict | None = None) -> ComputeCalibration:
@@ -178,7 +183,8 @@ def compute_from_layers(layers: dict, alone: dict | None = None) -> ComputeCalib
     by_kind = layers["by_kind"]
     missing = [k for k in LAYER_KINDS if k not in by_kind]
     if missing:
-        raise CalibrationError(f"the layer timings lack the {missing[0]!r} layer kind; rerun the layers benchmark")
+        raise CalibrationError(f"the layer timings lack the {missing[0]!r} layer kind; "
+                               "rerun the layers benchmark")
     sharing = None
     if alone is not None:
         sharing = by_kind["block"]["fwd"] / alone["by_kind"]["block"]["fwd"]

@@ -153,7 +153,8 @@ class Calibration:
     compute: ComputeCalibration | None = None
     backend: str | None = None
     measured_on: dict = field(default_factory=dict)
-    topology: TopologySpec | None = None  # a real box's, from nvidia-smi topo + nccl-tests (`--topology calibrated`)
+    # a real box's, from nvidia-smi topo + nccl-tests (`--topology calibrated`)
+    topology: TopologySpec | None = None
     cpu: CpuCalibration | None = None
 
     def fit_for(self, kind: str, world_size: int) -> CollectiveFit | None:
@@ -163,22 +164,25 @@ class Calibration:
     def describe(self) -> str:
         parts = []
         for kind, f in self.collectives.items():
-            parts.append(f"{kind} n={f.world_size}: {f.latency_s * 1e6:.0f} us + busbw {f.busbw / 1e9:.3f} GB/s "
-                         f"(fit within {f.max_rel_error:.1%})")
+            parts.append(f"{kind} n={f.world_size}: {f.latency_s * 1e6:.0f} us + "
+                         f"busbw {f.busbw / 1e9:.3f} GB/s (fit within {f.max_rel_error:.1%})")
         if self.compute:
             c = self.compute
             block = c.layer_seconds.get("block", {})
-            parts.append(f"compute: block fwd {block.get('fwd', 0) * 1e3:.2f} ms / bwd {block.get('bwd', 0) * 1e3:.2f} ms "
+            parts.append(f"compute: block fwd {block.get('fwd', 0) * 1e3:.2f} ms / "
+                         f"bwd {block.get('bwd', 0) * 1e3:.2f} ms "
                          f"at {c.tokens} tokens, {c.ranks} rank(s) on {c.cores} core(s), slowest rank "
                          f"{c.slowest_rank_factor:.3f}x the mean")
         if self.cpu:
-            parts.append(f"cpu: {self.cpu.collective_cpu_s * 1e6:.0f} us of compute lost per collective, compute "
-                         f"{self.cpu.overlap_slowdown:.0%} slower while a large collective streams, collectives "
-                         f"at {self.cpu.comm_rate_while_computing:.0%} of their pace while the ranks compute")
+            parts.append(f"cpu: {self.cpu.collective_cpu_s * 1e6:.0f} us of compute lost per collective, "
+                         f"compute {self.cpu.overlap_slowdown:.0%} slower while a large collective streams, "
+                         f"collectives at {self.cpu.comm_rate_while_computing:.0%} of their pace "
+                         f"while the ranks compute")
             u = self.cpu
             if u.call_cpu_s is not None and u.streaming_cores is not None:
-                parts[-1] += (f" (measured: {u.call_cpu_s * 1e6:.0f} us of CPU per small call, {u.streaming_cores:.2f} "
-                              f"of a core while streaming; {u.ranks} ranks on {u.cores} cores)")
+                parts[-1] += (f" (measured: {u.call_cpu_s * 1e6:.0f} us of CPU per small call, "
+                              f"{u.streaming_cores:.2f} of a core while streaming; "
+                              f"{u.ranks} ranks on {u.cores} cores)")
         where = self.measured_on
         src = ", ".join(f"{k} {v}" for k, v in where.items() if v not in (None, "", {}))
         return "; ".join(parts) + (f" [measured on: {src}]" if src else "")
@@ -189,7 +193,8 @@ class Calibration:
             "format": FORMAT,
             "backend": self.backend,
             "measured_on": self.measured_on,
-            "collectives": {k: {"world_size": f.world_size, "latency_s": f.latency_s, "busbw_gbps": f.busbw / 1e9,
+            "collectives": {k: {"world_size": f.world_size, "latency_s": f.latency_s,
+                                "busbw_gbps": f.busbw / 1e9,
                                 "max_rel_error": f.max_rel_error, "sizes": list(f.sizes),
                                 "times_s": list(f.times_s)}
                             for k, f in self.collectives.items()},
@@ -209,10 +214,12 @@ class Calibration:
     @classmethod
     def from_dict(cls, d: dict, source: str = "the calibration") -> Calibration:
         if not isinstance(d, dict) or d.get("format") != FORMAT:
-            raise CalibrationError(f"{source} is not a zero-sim calibration file (expected \"format\": \"{FORMAT}\"); "
+            raise CalibrationError(f"{source} is not a zero-sim calibration file "
+                                   f"(expected \"format\": \"{FORMAT}\"); "
                                    f"make one with `zero-sim calibrate`")
         try:
-            fits = {k: CollectiveFit(k, int(v["world_size"]), float(v["latency_s"]), float(v["busbw_gbps"]) * 1e9,
+            fits = {k: CollectiveFit(k, int(v["world_size"]), float(v["latency_s"]),
+                                     float(v["busbw_gbps"]) * 1e9,
                                      float(v.get("max_rel_error", 0.0)), tuple(v.get("sizes", ())),
                                      tuple(float(t) for t in v.get("times_s", ())))
                     for k, v in (d.get("collectives") or {}).items()}
@@ -224,8 +231,9 @@ class Calibration:
                 c.get("sharing_factor"), c.get("model"), float(c.get("slowest_rank_factor", 1.0)))
             u = d.get("cpu")
             cpu = None if u is None else CpuCalibration(
-                float(u["collective_cpu_s"]), float(u["overlap_slowdown"]), int(u.get("ranks", 1)), u.get("cores"),
-                u.get("call_cpu_s"), u.get("streaming_cores"), float(u.get("comm_rate_while_computing", 1.0)))
+                float(u["collective_cpu_s"]), float(u["overlap_slowdown"]), int(u.get("ranks", 1)),
+                u.get("cores"), u.get("call_cpu_s"), u.get("streaming_cores"),
+                float(u.get("comm_rate_while_computing", 1.0)))
         except (KeyError, TypeError, ValueError) as exc:
             raise CalibrationError(f"{source} is missing or garbles the field {exc}; regenerate it with "
                                    f"`zero-sim calibrate`") from None
@@ -249,12 +257,14 @@ class Calibration:
                 v <= 0 for t in compute.layer_seconds.values() for v in t.values())):
             raise CalibrationError(f"{source} has non-positive layer times or tokens")
         if compute is not None and not 1 <= compute.slowest_rank_factor < 10:
-            raise CalibrationError(f"{source} has slowest_rank_factor {compute.slowest_rank_factor}; it is the slowest "
-                                   f"rank's pass over the mean rank's, at least 1 (and below 10)")
+            raise CalibrationError(f"{source} has slowest_rank_factor {compute.slowest_rank_factor}; "
+                                   f"it is the slowest rank's pass over the mean rank's, "
+                                   f"at least 1 (and below 10)")
         if cpu is not None and (cpu.collective_cpu_s < 0 or cpu.overlap_slowdown < 0):
             raise CalibrationError(f"{source} has a negative cpu figure")
         if cpu is not None and not 0 < cpu.comm_rate_while_computing <= 1:
-            raise CalibrationError(f"{source} has comm_rate_while_computing {cpu.comm_rate_while_computing}; it is a "
+            raise CalibrationError(f"{source} has comm_rate_while_computing "
+                                   f"{cpu.comm_rate_while_computing}; it is a "
                                    f"fraction of the idle pace, above 0 and at most 1")
         return cls(fits, compute, d.get("backend"), d.get("measured_on") or {}, topology, cpu)
 
@@ -268,7 +278,8 @@ class Calibration:
         try:
             d = json.loads(text)
         except json.JSONDecodeError:
-            raise CalibrationError(f"{str(path)!r} is not JSON; pass a file written by `zero-sim calibrate`") from None
+            raise CalibrationError(f"{str(path)!r} is not JSON; "
+                                   f"pass a file written by `zero-sim calibrate`") from None
         return cls.from_dict(d, f"{str(path)!r}")
 
 

@@ -17,10 +17,12 @@ from zero_sim.system.topology import Topology
 
 
 class _Flow:
-    __slots__ = ("loads", "remaining", "rate", "last", "version", "done", "alone_rate", "cap", "caller", "ranks")
+    __slots__ = ("loads", "remaining", "rate", "last", "version", "done", "alone_rate", "cap", "caller",
+                 "ranks")
 
     def __init__(self, loads, remaining, done, alone_rate, cap, caller, ranks):
-        self.loads, self.remaining, self.done, self.alone_rate, self.cap = loads, remaining, done, alone_rate, cap
+        self.loads, self.remaining, self.done, self.alone_rate, self.cap = (
+            loads, remaining, done, alone_rate, cap)
         self.caller, self.ranks = caller, ranks
         self.rate, self.last, self.version = 0.0, 0.0, 0
 

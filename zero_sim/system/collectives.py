@@ -133,7 +133,8 @@ class CollectiveModel:
     @property
     def in_flight(self) -> int:
         """Collectives of one stream that run at once: the backend's worker threads.  The engine
-        still makes a process group pay its calls' latencies one at a time (see ``zero_sim.engine.engine``)."""
+        still makes a process group pay its calls' latencies one at a time (see
+        ``zero_sim.engine.engine``)."""
         return BACKENDS[self.backend].in_flight
 
     def plan(self, kind: str, nbytes: float, instances: tuple[tuple[int, ...], ...]) -> CollectivePlan:
@@ -165,7 +166,8 @@ class CollectiveModel:
             # what the backend really sends (gloo's reduce_scatter moves an all_reduce's bytes).
             edge_bytes = bus_factor(wire_kind, n) * nbytes
             streaming = fit.alone_time(nbytes) - fit.latency_s
-            cap = edge_bytes / streaming if streaming > 0 else fit.busbw * bus_factor(wire_kind, n) / bus_factor(kind, n)
+            cap = (edge_bytes / streaming if streaming > 0
+                   else fit.busbw * bus_factor(wire_kind, n) / bus_factor(kind, n))
             stage = Stage(fit.latency_s, edge_bytes, _merged_loads(self.topology, instances), cap)
             return CollectivePlan(kind, nbytes, n, "calibrated", self.backend, (stage,), sent)
         candidates = []

@@ -129,19 +129,22 @@ PRESETS: dict[str, TopologySpec] = {
     # any shaped rate); the shaped link is the bottleneck, and --bandwidth-gbps sets it to the
     # rate given to tc.
     "emu-uniform": TopologySpec(
-        "emu-uniform", "one rank per network namespace, each on its own shaped veth link (full duplex) to a bridge",
+        "emu-uniform",
+        "one rank per network namespace, each on its own shaped veth link (full duplex) to a bridge",
         1, Fabric("loopback", 20.0, 20.0, subgroups=1, bus_gbps=40.0, bus_latency_us=5.0),
         Network("ethernet", 0.125, 50.0), "CPU",
         "tc tbf rate on each veth, both directions (real_runs.cluster 'uniform'); latency order of magnitude",
     ),
     "emu-two-nodes": TopologySpec(
-        "emu-two-nodes", "two network namespaces ('nodes') of N/2 ranks on loopback, joined by one shaped link",
+        "emu-two-nodes",
+        "two network namespaces ('nodes') of N/2 ranks on loopback, joined by one shaped link",
         2, Fabric("loopback", 20.0, 20.0, subgroups=1, bus_gbps=40.0, bus_latency_us=5.0),
         Network("ethernet", 0.125, 50.0), "CPU",
         "tc tbf rate on each node's veth (real_runs.cluster 'two-nodes')",
     ),
     "emu-shared-bus": TopologySpec(
-        "emu-shared-bus", "every rank in one namespace whose loopback is shaped: all traffic shares one queue",
+        "emu-shared-bus",
+        "every rank in one namespace whose loopback is shaped: all traffic shares one queue",
         64, Fabric("loopback", 20.0, 20.0, subgroups=1, bus_gbps=0.125, bus_latency_us=20.0),
         None, "CPU",
         "tc tbf rate on the namespace's lo (real_runs.cluster 'shared-bus')",
@@ -240,12 +243,14 @@ def ring_step_latency(topo: Topology, members: tuple[int, ...]) -> float:
     return max(topo.path_latency(src, members[(i + 1) % n]) for i, src in enumerate(members))
 
 
-def build_topology(name_or_spec: str | TopologySpec, world_size: int, gpus_per_node: int | None = None) -> Topology:
+def build_topology(name_or_spec: str | TopologySpec, world_size: int,
+                   gpus_per_node: int | None = None) -> Topology:
     if isinstance(name_or_spec, TopologySpec):
         spec = name_or_spec
     else:
         if name_or_spec not in PRESETS:
-            raise TopologyError(f"unknown topology preset {name_or_spec!r}; choose one of {', '.join(preset_names())}")
+            raise TopologyError(f"unknown topology preset {name_or_spec!r}; "
+                                f"choose one of {', '.join(preset_names())}")
         spec = PRESETS[name_or_spec]
     if not isinstance(world_size, int) or world_size <= 0:
         raise TopologyError(f"--gpus must be a positive integer, got {world_size!r}")
@@ -256,7 +261,8 @@ def build_topology(name_or_spec: str | TopologySpec, world_size: int, gpus_per_n
         raise TopologyError(f"--gpus {world_size} is not divisible by --gpus-per-node {g}; "
                             f"use a multiple of {g} GPUs or change --gpus-per-node")
     if world_size > g and spec.network is None:
-        raise TopologyError(f"topology {spec.name!r} is a single host; use at most {g} ranks or another preset")
+        raise TopologyError(f"topology {spec.name!r} is a single host; "
+                            f"use at most {g} ranks or another preset")
     fab = spec.fabric
     if fab.kind == "pcie" and fab.subgroups > 1 and g % fab.subgroups:
         raise TopologyError(f"topology {spec.name!r} splits a node into {fab.subgroups} PCIe subgroups; "
@@ -284,7 +290,8 @@ def _links(topo: Topology) -> dict[str, Link]:
                 for b in range(fab.subgroups):
                     if a != b:
                         name = f"bridge{node}.{a}-{b}"
-                        links[name] = Link(name, "host-bridge", fab.bridge_gbps * GBps, fab.bridge_latency_us * US)
+                        links[name] = Link(name, "host-bridge", fab.bridge_gbps * GBps,
+                                           fab.bridge_latency_us * US)
         if spec.network is not None and topo.nodes > 1:
             for direction in ("out", "in"):
                 name = f"nic{node}.{direction}"

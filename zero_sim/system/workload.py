@@ -109,7 +109,8 @@ class Workload:
     def describe(self) -> str:
         s = self.shape
         shape = f", {s.n_layer} layers, d_model {s.d_model}, {s.n_head} heads, vocab {s.vocab}" if s else ""
-        return f"{self.name}: {self.params:,} parameters{shape}, seq {self.seq_len}, micro-batch {self.micro_batch}"
+        return (f"{self.name}: {self.params:,} parameters{shape}, seq {self.seq_len}, "
+                f"micro-batch {self.micro_batch}")
 
 
 # Preset shapes.  GPT-2 sizes are the published ones.  gpt-7.5b follows the ZeRO paper's

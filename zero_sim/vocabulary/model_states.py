@@ -60,4 +60,5 @@ def model_state_bytes(stage: int, psi: float, n: int, param_bytes: float = 2, gr
 def formula(stage: int, psi: int, n: int, elem_bytes: int, k: int) -> dict:
     """The formula for ``stage`` in words and its total, for a record to show beside measured bytes."""
     total = sum(model_state_bytes(stage, psi, n, elem_bytes, elem_bytes, k).values())
-    return {"formula": FORMULAS[stage], "b": elem_bytes, "K": k, "psi": psi, "N": n, "bytes": int(round(total))}
+    return {"formula": FORMULAS[stage], "b": elem_bytes, "K": k, "psi": psi, "N": n,
+            "bytes": int(round(total))}
