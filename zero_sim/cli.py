@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -214,6 +215,11 @@ def main(argv=None, commands: dict[str, Command] = COMMANDS) -> int:
     except (UsageError, ScenarioError, CollectiveError, ValueError) as exc:
         print(f"zero-sim: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # The reader left early (`zero-sim presets | head`): stop quietly, as shell tools do, and
+        # point stdout at /dev/null so the interpreter's final flush does not complain either.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
 
 
 if __name__ == "__main__":

@@ -245,7 +245,7 @@ class FSDPStep(Step):
     def landed(self, phase: str, u: Unit) -> tuple[int, ...]:
         """The unit's own gather in this pass, if any.  A prefetch starts once the unit about to
         compute has its own weights: on one NCCL stream that is the FIFO order anyway; gloo, with two
-        calls in flight, would otherwise split the link between the two gathers (real_runs' ZeRO-3
+        calls in flight, would otherwise split the link between the two gathers (real_runs' fsdp
         waits, then prefetches)."""
         own = self.gathers.get((phase, u.index))
         return (own,) if own is not None else ()
