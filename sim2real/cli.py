@@ -3,6 +3,7 @@
     zero-sim calibrate --nproc 2 --shape uniform --bandwidth-gbps 1 --out cal.json
     zero-sim calibrate --nccl-tests all_reduce_perf.txt --nvidia-smi-topo topo.txt --out box.json
     zero-sim validate --quick --report out/validation
+    zero-sim validate --published            # predict published GPU runs; no run is started
 
 A real run or an emulated cluster that fails ends with its one sentence and exit status 1;
 bad input, as everywhere, with one sentence and exit status 2.
@@ -21,6 +22,7 @@ from sim2real import validate as v
 from zero_sim import cli
 from zero_sim.calibration import Calibration, fit_nccl_tests_text, topology_from_imports
 from zero_sim.calibration.format import FITTED_COLLECTIVES
+from zero_sim.published import format_table, judge
 
 
 def _calibrate_args(cal) -> None:
@@ -79,6 +81,9 @@ def _calibrate(args) -> int:
 
 def _validate_args(val) -> None:
     val.add_argument("--quick", action="store_true", help="a small grid fit for CI")
+    val.add_argument("--published", action="store_true",
+                     help="predict published GPU measurements instead of running anything "
+                          "(see docs/published.md)")
     val.add_argument("--report", type=Path, default=None,
                      help="write report.md, validation.json and figures here")
     val.add_argument("--json", action="store_true", help="print the result as one JSON object")
@@ -89,7 +94,15 @@ def _validate_args(val) -> None:
     val.add_argument("--shape", choices=SHAPES, default="uniform")
 
 
+def _validate_published(args) -> int:
+    verdict = judge()
+    print(json.dumps(verdict.to_dict(), default=str) if args.json else format_table(verdict))
+    return 0
+
+
 def _validate(args) -> int:
+    if args.published:
+        return _validate_published(args)
     cases = v.QUICK_GRID if args.quick else v.FULL_GRID
     opts = v.Options(model=args.model, shape=args.shape,
                      **({} if args.steps is None else {"steps": args.steps}))

@@ -25,9 +25,12 @@ def test_model_state_memory_matches_the_zero_paper(strategy, formula):
 
 
 def test_zero3_moves_one_and_a_half_times_the_bytes_of_zero2(figures):
+    """The ZeRO paper's accounting: every parameter gathered in forward and again in backward.
+    DeepSpeed's default max_reuse_distance keeps recently used layers gathered instead, so the
+    paper's figure needs it off."""
     kw = dict(params=100_000_000, gpus=N, micro_batch=1)
     z2 = simulate(strategy="zero2", **kw).metrics
-    z3 = simulate(strategy="zero3", param_persistence_threshold=0, **kw).metrics
+    z3 = simulate(strategy="zero3", param_persistence_threshold=0, max_reuse_distance=0, **kw).metrics
     psi_bytes = 2 * z2["params"] * bus_factor("all_gather", N)
     figures(f"per rank per step: zero2 {z2['comm_volume_bytes'] / psi_bytes:.2f} x Psi, "
             f"zero3 {z3['comm_volume_bytes'] / psi_bytes:.2f} x Psi (bf16, ring factor (N-1)/N folded in)")
@@ -89,7 +92,10 @@ def test_prefetch_never_slows_a_step_when_memory_is_not_binding():
 def test_a_model_that_does_not_fit_is_a_result_not_an_error():
     m = simulate(model="gpt3-175b", gpus=8, micro_batch=1, strategy="ddp").metrics
     assert m["memory"]["fits"] is False
-    assert m["memory"]["shortfall_bytes"] == m["memory"]["peak_bytes"] - m["memory"]["capacity_bytes"] > 0
+    # Judged on what the allocator holds: the tensors' peak plus its reserve and the CUDA context.
+    held = m["memory"]["reserved_peak_bytes"]
+    assert held > m["memory"]["peak_bytes"]
+    assert m["memory"]["shortfall_bytes"] == held - m["memory"]["capacity_bytes"] > 0
 
 
 def test_a_flag_for_another_strategy_is_refused_by_name():
@@ -112,7 +118,7 @@ def test_impossible_settings_are_refused():
 
 def test_stragglers_hurt_more_as_n_grows(figures):
     def slowdown(n):
-        kw = dict(model="gpt2-350m", gpus=n, topology="p4d-efa", micro_batch=2, strategy="zero3")
+        kw = dict(model="gpt2-350m", gpus=n, topology="p4d-efa", micro_batch=2, strategy="fsdp")
         clean = simulate(**kw).metrics["step_time_s"]
         stalled = simulate(**kw, straggler_prob=0.002, straggler_ms=20, seed=3, steps=4)
         return stalled.metrics["step_time_s"] / clean

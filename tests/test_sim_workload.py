@@ -35,8 +35,9 @@ def test_block_activations_follow_korthikanti():
 
 
 def test_recompute_keeps_fewer_activations_but_not_fewer_flops():
-    full = preset("gpt2-124m", micro_batch=4, recompute="full")
-    none = preset("gpt2-124m", micro_batch=4)
+    # Eager attention, as Korthikanti et al. count it: the s x s scores dominate what is saved.
+    full = preset("gpt2-124m", micro_batch=4, recompute="full", attention="eager")
+    none = preset("gpt2-124m", micro_batch=4, attention="eager")
     assert full.saved_activation_bytes() < none.saved_activation_bytes() / 5
     assert full.model_flops() == none.model_flops()
 

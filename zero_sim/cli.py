@@ -30,8 +30,8 @@ from zero_sim.strategies import STRATEGIES, all_knobs
 from zero_sim.system.collectives import CollectiveError, fit_nccl_tests, parse_nccl_tests
 from zero_sim.system.hardware import GPUS
 from zero_sim.system.topology import PRESETS as TOPOLOGIES
+from zero_sim.system.workload import PRESET_SOURCES, preset
 from zero_sim.system.workload import PRESETS as MODELS
-from zero_sim.system.workload import preset
 
 
 class UsageError(Exception):
@@ -101,7 +101,8 @@ def _human(m: dict) -> str:
         f"opt {m['phases']['optimizer_s'] * 1e3:.2f} ms",
         f"  memory          model states {mem['model_states_bytes'] / 1e9:.2f} GB, activations "
         f"{mem['activations_bytes'] / 1e9:.2f} GB, buffers {mem['buffers_bytes'] / 1e9:.2f} GB, "
-        f"peak {mem['peak_bytes'] / 1e9:.2f} of {mem['capacity_bytes'] / 1e9:.1f} GB",
+        f"peak {mem['peak_bytes'] / 1e9:.2f} GB of tensors, "
+        f"{mem['reserved_peak_bytes'] / 1e9:.2f} reserved of {mem['capacity_bytes'] / 1e9:.1f} GB",
     ]
     if not mem["fits"]:
         lines.append(f"  DOES NOT FIT: short by {mem['shortfall_bytes'] / 1e9:.2f} GB")
@@ -132,7 +133,8 @@ def _save_plot(result, path: Path) -> None:
 def _presets() -> int:
     print("models:")
     for name in sorted(MODELS):
-        print(f"  {name:14s} {preset(name).params:>16,d} params")
+        source = PRESET_SOURCES[name].shape if name in PRESET_SOURCES else ""
+        print(f"  {name:14s} {preset(name).params:>16,d} params  {source}")
     print("topologies:")
     for name in sorted(TOPOLOGIES):
         print(f"  {name:17s} {TOPOLOGIES[name].description}")

@@ -13,11 +13,33 @@ the window from the end of the step before to the end of its own last op:
   (nccl-tests' bus factors; gloo's reduce-scatter counts as an all-reduce);
 * ``phases``: ``forward_s`` from step start to the first backward op, ``backward_s`` to
   the end of the last backward op, ``optimizer_s`` from there to the end of the step;
-* ``memory``: resident model states, peaks of activations and buffers, the peak total,
-  the GPU's capacity and whether the peak fits (``shortfall_bytes`` when it does not);
+* ``memory``: resident model states, peaks of activations and buffers, the tensors' peak
+  total (``peak_bytes``: what ``torch.cuda.max_memory_allocated`` reports), the reserved peak
+  (``reserved_peak_bytes``: what the GPU must hold, see below), the GPU's capacity and whether
+  the reserved peak fits (``shortfall_bytes`` when it does not);
 * ``tflops_per_gpu``: model FLOPs (forward + backward, recompute not counted) per second;
   ``hardware_tflops_per_gpu`` counts recompute too;
 * ``tokens_per_s``: tokens of the global batch per second.
+
+Memory beyond the tensors.  A GPU holds more than the tensors' peak: the caching allocator
+keeps freed blocks reserved, and split blocks fragment (``allocator_reserve``, a fraction of
+the peak), and every process has a CUDA context with its kernels, cuBLAS workspaces and NCCL's
+communication buffers (``cuda_context_gb``).  ``reserved_peak_bytes = peak_bytes * (1 +
+allocator_reserve) + context`` is what ``torch.cuda.max_memory_reserved`` plus the context
+reaches (what ``nvidia-smi`` shows), and it is what must fit.  Defaults and their sources:
+
+* context, by GPU (:data:`CONTEXT_GB`): the CUDA context is about 0.3-0.4 GB since CUDA 11.7
+  loads kernels lazily (over 1 GB before; PyTorch maintainers in pytorch/pytorch#107667 and
+  #109888); one NCCL communicator holds 0.54-0.69 GB on 4 x A100 over NVLink
+  (NVIDIA/nccl#964) and about 1.06 GB on 8 x H100 (NVIDIA/nccl#1685).  Sum: 1.1 GB on A100
+  (and older GPUs), 1.5 GB on H100, H200 and newer; nothing for CPU ranks (gloo).
+* allocator reserve 0.10: GMLake (Guo et al., ASPLOS 2024, "GMLake: Efficient and
+  Transparent GPU Memory Defragmentation for Large-scale DNN Training with Virtual Memory
+  Stitching"; evaluation also in the project's README) measures PyTorch's caching allocator
+  at up to 30% fragmentation (1 - peak active / peak reserved) when LLMs train with ZeRO-3,
+  FSDP, recompute, offload or LoRA on A100-80GB, 5-29 points above its own allocator's (under
+  10%).  Plain training repeats the same allocations every step and fragments less: we take
+  10%, the low end of that range, a judgement within the sourced range rather than a fit.
 """
 
 from __future__ import annotations
@@ -37,6 +59,20 @@ from zero_sim.vocabulary import (
     OPTIMIZER_STATE,
     PARAMS,
 )
+
+# GB per GPU outside the tensors (CUDA context with its kernels and cuBLAS workspaces, plus one
+# NCCL communicator's buffers); sources in the module docstring.  Unknown GPUs: the newest figure.
+CONTEXT_GB = {"V100": 1.1, "A100-40GB": 1.1, "A100-80GB": 1.1, "H100": 1.5, "H200": 1.5, "CPU": 0.0}
+DEFAULT_CONTEXT_GB = 1.5
+# Fraction of the tensors' peak the caching allocator holds reserved but unused (GMLake, low end).
+DEFAULT_ALLOCATOR_RESERVE = 0.10
+
+
+def context_gb(gpu_name: str, given: float | None = None) -> float:
+    """GB outside the tensors on one ``gpu_name`` rank: ``given`` when set, else the sourced default."""
+    if given is not None:
+        return float(given)
+    return CONTEXT_GB.get(gpu_name, DEFAULT_CONTEXT_GB)
 
 
 @dataclass
@@ -93,7 +129,7 @@ class SimResult:
 
 
 def compute_metrics(run, program, scenario, world_size: int, tokens_per_step: int,
-                    capacity_bytes: int) -> dict:
+                    capacity_bytes: int, context_bytes: int = 0, allocator_reserve: float = 0.0) -> dict:
     rank = run.simulated_ranks[0]
     ends = run.step_ends[rank]
     step = len(ends) - 1
@@ -111,7 +147,7 @@ def compute_metrics(run, program, scenario, world_size: int, tokens_per_step: in
     volume = sum(run.plans[op.index].sent_bytes for op in program.ops if op.kind == "collective")
     hw_flops = sum(op.flops for op in program.ops)
 
-    memory = memory_metrics(run, rank, capacity_bytes)
+    memory = memory_metrics(run, rank, capacity_bytes, context_bytes, allocator_reserve)
     return {
         "params": scenario["params"],
         "strategy": scenario["strategy"],
@@ -137,7 +173,10 @@ def compute_metrics(run, program, scenario, world_size: int, tokens_per_step: in
     }
 
 
-def memory_metrics(run, rank: int, capacity_bytes: int) -> dict:
+def memory_metrics(run, rank: int, capacity_bytes: int, context_bytes: int = 0,
+                   allocator_reserve: float = 0.0) -> dict:
+    """Rank ``rank``'s memory: the tensors' peak, the reserved peak (plus allocator reserve and
+    context) and whether the reserved peak fits in ``capacity_bytes``."""
     resident = run.resident
     peaks = {c: resident.get(c, 0) for c in MEMORY_CATEGORIES}
     current = {c: resident.get(c, 0) for c in MEMORY_CATEGORIES}
@@ -147,7 +186,8 @@ def memory_metrics(run, rank: int, capacity_bytes: int) -> dict:
         peaks[cat] = max(peaks[cat], total)
         peak_total = max(peak_total, sum(current.values()))
     model_states = resident.get(PARAMS, 0) + resident.get(GRADS, 0) + resident.get(OPTIMIZER_STATE, 0)
-    fits = peak_total <= capacity_bytes
+    reserved = int(round(peak_total * (1.0 + allocator_reserve))) + int(context_bytes)
+    fits = reserved <= capacity_bytes
     return {
         "params_bytes": resident.get(PARAMS, 0),
         "grads_bytes": resident.get(GRADS, 0),
@@ -156,7 +196,9 @@ def memory_metrics(run, rank: int, capacity_bytes: int) -> dict:
         "activations_bytes": peaks[ACTIVATIONS],
         "buffers_bytes": peaks[BUFFERS],
         "peak_bytes": peak_total,
+        "context_bytes": int(context_bytes),
+        "reserved_peak_bytes": reserved,
         "capacity_bytes": capacity_bytes,
         "fits": fits,
-        "shortfall_bytes": 0 if fits else peak_total - capacity_bytes,
+        "shortfall_bytes": 0 if fits else reserved - capacity_bytes,
     }

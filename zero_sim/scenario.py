@@ -11,9 +11,11 @@ with a sentence naming the strategies it belongs to.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from zero_sim.calibration import Calibration, CalibrationError
 from zero_sim.engine.engine import Engine, EngineConfig, Straggler
-from zero_sim.results import SimResult, compute_metrics
+from zero_sim.results import DEFAULT_ALLOCATOR_RESERVE, SimResult, compute_metrics, context_gb
 from zero_sim.strategies import PRECISIONS, Context, all_knobs, get_strategy
 from zero_sim.strategies.base import Knob, StrategyError
 from zero_sim.system.collectives import ALGORITHMS, BACKENDS, CollectiveModel
@@ -21,10 +23,15 @@ from zero_sim.system.hardware import GPUS, ComputeModel
 from zero_sim.system.topology import PRESETS as TOPOLOGIES
 from zero_sim.system.topology import build_topology
 from zero_sim.system.workload import (
+    ATTENTION_IMPLS,
+    DEFAULT_ATTENTION,
+    PRESETS,
     RECOMPUTE_MODES,
     Workload,
     WorkloadError,
     gpt_workload,
+    human_params,
+    parse_count,
     preset,
     synthesize_shape,
 )
@@ -39,8 +46,17 @@ Setting = Knob
 
 
 COMMON: tuple[Setting, ...] = (
-    Setting("model", "gpt2-124m", "model preset (see `zero-sim presets`)", str),
-    Setting("params", None, "synthesize a GPT of about this many parameters instead of a preset", int),
+    Setting("model", "gpt2-124m", "model preset (see `zero-sim presets`); with shape flags, the preset "
+            "their missing values come from", str),
+    Setting("params", None, "synthesize a GPT of about this many parameters instead of a preset "
+            "(7.5e9, 7.5B, 350M, 1.3b)", str),
+    Setting("layers", None, "custom shape: transformer blocks (default: the preset's)", int),
+    Setting("hidden", None, "custom shape: hidden size d_model (default: the preset's)", int),
+    Setting("heads", None, "custom shape: attention (query) heads (default: the preset's)", int),
+    Setting("kv_heads", None, "custom shape: key/value heads, fewer than heads for grouped-query "
+            "attention (default: the preset's)", int),
+    Setting("ffn_hidden", None, "custom shape: MLP width (default: the preset's)", int),
+    Setting("vocab", None, "custom shape: vocabulary size (default: the preset's)", int),
     Setting("seq_len", None, "sequence length (default: the preset's)", int),
     Setting("micro_batch", 8, "sequences per rank per micro-step", int),
     Setting("grad_accum", 1, "micro-steps per optimizer step (no gradient sync until the last)", int),
@@ -56,7 +72,14 @@ COMMON: tuple[Setting, ...] = (
     Setting("precision", "mixed", "mixed (bf16 + fp32 Adam, K=12) or fp32 (K=8)", str, tuple(PRECISIONS)),
     Setting("optimizer_k", None, "bytes of optimizer state per parameter (overrides the precision's K)", int),
     Setting("recompute", "none", "activation checkpointing", str, RECOMPUTE_MODES),
-    Setting("efficiency", 0.5, "fraction of peak FLOP/s that compute reaches", float),
+    Setting("attention", DEFAULT_ATTENTION, "attention kernel: flash (FlashAttention / SDPA: no s x s "
+            "scores kept) or eager (softmax over materialized scores)", str, ATTENTION_IMPLS),
+    Setting("efficiency", None, "a flat fraction of peak FLOP/s for all compute (default: the GPU's per-op "
+            "model)", float),
+    Setting("cuda_context_gb", None, "GB per GPU outside the tensors: CUDA context, cuBLAS and NCCL buffers "
+            "(default: by GPU, 1.1 on A100, 1.5 on H100/H200, 0 for CPU ranks)", float),
+    Setting("allocator_reserve", DEFAULT_ALLOCATOR_RESERVE, "fraction of the tensors' peak the caching "
+            "allocator holds reserved but unused (fragmentation)", float),
     Setting("host_overhead_us", 10.0, "host time to issue one op, microseconds", float),
     Setting("overlap_slowdown", 0.0, "compute slows by this fraction while a collective runs", float),
     Setting("straggler_prob", 0.0, "chance that a rank stalls before a collective", float),
@@ -67,16 +90,33 @@ COMMON: tuple[Setting, ...] = (
     Setting("calibration", None,
             "calibration file (`zero-sim calibrate`): measured collective fits and layer times", str),
 )
+# Custom-shape settings and the GPTShape fields they set.
+SHAPE_SETTINGS = {"layers": "n_layer", "hidden": "d_model", "heads": "n_head", "kv_heads": "kv_heads",
+                  "ffn_hidden": "ffn_hidden", "vocab": "vocab"}
 COMMON_NAMES = {s.name for s in COMMON}
 
 
 def _resolve_workload(s: dict):
+    """The workload the settings name: a synthesized size, a custom shape, or a preset."""
+    shape_given = {k: s[k] for k in SHAPE_SETTINGS if s[k] is not None}
     try:
         if s["params"] is not None:
-            shape = synthesize_shape(int(s["params"]), s["seq_len"] or 1024)
+            if set(shape_given) - {"vocab"}:
+                flags = ", ".join("--" + k.replace("_", "-") for k in shape_given)
+                raise ScenarioError(f"--params synthesizes its own shape, so it cannot be combined with "
+                                    f"{flags}; give either a size or a shape")
+            shape = synthesize_shape(s["params"], s["seq_len"] or 1024, s["vocab"] or 50257)
             return gpt_workload(shape, s["micro_batch"], None, s["recompute"],
-                                name=f"gpt-{shape.params() / 1e6:.0f}m")
-        return preset(s["model"], s["micro_batch"], s["seq_len"], s["recompute"])
+                                name=f"gpt-{shape.params() / 1e6:.0f}m", attention=s["attention"])
+        if shape_given:
+            if s["model"] not in PRESETS:
+                raise ScenarioError(f"unknown model preset {s['model']!r} to take the missing shape values "
+                                    f"from; choose one of {', '.join(sorted(PRESETS))}")
+            shape = replace(PRESETS[s["model"]], **{SHAPE_SETTINGS[k]: v for k, v in shape_given.items()})
+            workload = gpt_workload(shape, s["micro_batch"], s["seq_len"], s["recompute"], "custom",
+                                    s["attention"])
+            return replace(workload, name=f"custom-{human_params(workload.params)}")
+        return preset(s["model"], s["micro_batch"], s["seq_len"], s["recompute"], s["attention"])
     except WorkloadError as exc:
         raise ScenarioError(str(exc)) from None
 
@@ -86,9 +126,26 @@ def _check(s: dict) -> None:
         v = s[name]
         if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
             raise ScenarioError(f"--{name.replace('_', '-')} must be a positive integer, got {v!r}")
-    for name in ("efficiency",):
-        if not 0 < s[name] <= 1:
-            raise ScenarioError(f"--efficiency must be in (0, 1], got {s[name]}")
+    for name in ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "seq_len"):
+        v = s[name]
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v <= 0):
+            raise ScenarioError(f"--{name.replace('_', '-')} must be a positive integer, got {v!r}")
+    if s["params"] is not None:
+        try:
+            s["params"] = parse_count(s["params"])
+        except WorkloadError as exc:
+            raise ScenarioError(str(exc)) from None
+    for name in ("efficiency", "cuda_context_gb", "allocator_reserve"):
+        if s[name] is not None and (isinstance(s[name], bool) or not isinstance(s[name], int | float)):
+            raise ScenarioError(f"--{name.replace('_', '-')} must be a number, got {s[name]!r}")
+    if s["efficiency"] is not None and not 0 < s["efficiency"] <= 1:
+        raise ScenarioError(f"--efficiency must be in (0, 1], got {s['efficiency']}")
+    if s["cuda_context_gb"] is not None and not 0 <= s["cuda_context_gb"] < 1e4:
+        raise ScenarioError(f"--cuda-context-gb must be a non-negative number of GB, "
+                            f"got {s['cuda_context_gb']}")
+    if not 0 <= s["allocator_reserve"] <= 1:
+        raise ScenarioError(f"--allocator-reserve must be between 0 and 1 (a fraction of the peak), "
+                            f"got {s['allocator_reserve']}")
     for name in ("host_overhead_us", "overlap_slowdown", "straggler_ms"):
         if s[name] < 0:
             raise ScenarioError(f"--{name.replace('_', '-')} must not be negative, got {s[name]}")
@@ -175,6 +232,7 @@ def simulate(workload: Workload | None = None, **kwargs) -> SimResult:
     if s["bandwidth_gbps"] is not None:
         topo = topo.with_bandwidth(s["bandwidth_gbps"])
     gpu = GPUS[s["gpu"] or topo.spec.gpu]
+    # efficiency None is the GPU's per-op model; a float, the flat roofline at that fraction of peak.
     compute = ComputeModel(gpu, efficiency=s["efficiency"])
     coll_backend, coll_algorithm = s["backend"], s["algorithm"]
     if calibration is not None:
@@ -189,8 +247,6 @@ def simulate(workload: Workload | None = None, **kwargs) -> SimResult:
                                    slowest_rank_factor=c.slowest_rank_factor)
     precision = PRECISIONS[s["precision"]]
     if s["optimizer_k"] is not None:
-        from dataclasses import replace
-
         precision = replace(precision, optimizer_bytes=int(s["optimizer_k"]))
     ctx = Context(workload, s["gpus"], topo.ranks_per_node, compute, precision, s["grad_accum"],
                   s["host_overhead_us"] * 1e-6, knobs)
@@ -217,7 +273,9 @@ def simulate(workload: Workload | None = None, **kwargs) -> SimResult:
     engine = Engine(program, topo, CollectiveModel(topo, coll_backend, coll_algorithm, calibration), config)
     run = engine.run()
 
+    context = context_gb(gpu.name, s["cuda_context_gb"])
     scenario = dict(s) | knobs | {
+        "cuda_context_gb": context, "attention": workload.attention,
         "calibration": calibration.describe() if calibration is not None else None,
         "overlap_slowdown": overlap_slowdown, "collective_cpu_us": collective_cpu_s * 1e6,
         "comm_rate_while_computing": comm_rate,
@@ -226,7 +284,9 @@ def simulate(workload: Workload | None = None, **kwargs) -> SimResult:
         "topology_description": topo.describe(), "workload_description": workload.describe(),
     }
     tokens = s["gpus"] * workload.tokens_per_micro_batch * s["grad_accum"]
-    metrics = compute_metrics(run, program, scenario, s["gpus"], tokens, gpu.hbm_bytes)
+    metrics = compute_metrics(run, program, scenario, s["gpus"], tokens, gpu.hbm_bytes,
+                              context_bytes=int(round(context * 1e9)),
+                              allocator_reserve=s["allocator_reserve"])
     ops = [
         {"rank": r.rank, "stream": r.stream, "name": r.name, "start_s": r.start_s, "end_s": r.end_s,
          "bytes": r.bytes, "layer": r.layer, "phase": r.phase, "step": r.step, "kind": r.kind,

@@ -28,8 +28,17 @@ What is simulated, per rank:
   of its pace while a member rank computes: on a CPU with more ranks than cores, gloo's
   threads barely get a core until the compute pauses (calibrated from a queue timed idle
   and under compute);
-* a collective waits for the compute op issued just before it (torch's NCCL process
-  group makes its stream wait on the current stream), besides its explicit dependencies;
+* a collective waits for the compute op issued just before it when the program says so
+  (``Op.after_compute``, the default: torch's NCCL process group makes its stream wait on
+  the stream current at issue, which for DDP's hooks is the compute stream), besides its
+  explicit dependencies.  A collective issued from a side stream that never waited on
+  compute (FSDP's unshard stream, DeepSpeed's allgather stream) has ``after_compute=False``
+  and waits only for its dependencies and the collectives ahead of it on its comm stream.
+  With gloo every collective keeps the wait: gloo has no comm stream, a call is handed to
+  its worker threads when the host makes it, and on a CPU the host makes it only after the
+  compute before it has run (on a GPU, gloo's CUDA path also makes its streams wait on the
+  current stream: ``initializeStreamsEvents``, torch 2.13 ``c10d/ProcessGroupGlooDetail.hpp``
+  lines 100-108);
 * on a CPU (``host_runs_compute``) the host thread runs compute itself, so it cannot
   issue ahead of it; communication still runs asynchronously (gloo's own threads).
 
@@ -179,6 +188,8 @@ class Engine:
         self.step_ends: dict[int, list[float | None]] = {r: [None] * config.steps for r in self.ranks}
         self.rank_set = set(self.ranks)
         self.in_flight = collectives.in_flight
+        # gloo: every collective follows the compute issued before it (see the module docstring).
+        self.always_after_compute = getattr(collectives, "backend", "nccl") == "gloo"
         # One lock per process group and stream: the per-call part of a collective (see the module docstring).
         self.call_locks: dict[tuple, simpy.Resource] = {}
         self._remaining: dict[tuple[int, int], int] = {}
@@ -253,9 +264,11 @@ class Engine:
                     yield env.timeout(op.seconds)
                     self._finish(rank, step, op, start, env.now)
                 else:
-                    # A collective's stream first waits for the compute work issued before it (as
-                    # torch's NCCL process group makes its stream wait on the current stream).
-                    implicit = last_compute if op.kind == "collective" else None
+                    # A collective issued with the compute stream current first waits for the compute
+                    # work issued before it (torch's NCCL process group makes its stream wait on the
+                    # current stream); one issued from a side stream does not (Op.after_compute).
+                    waits = op.kind == "collective" and (op.after_compute or self.always_after_compute)
+                    implicit = last_compute if waits else None
                     stream = streams[op.stream]
                     stream.queue.append((step, op, implicit))
                     if stream.waiter is not None:

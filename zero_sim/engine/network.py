@@ -1,7 +1,9 @@
 """The fluid network: collectives' bytes as flows that share link capacity.
 
-Each link's capacity is split evenly among the ring edges of every transfer crossing it,
-and the split is recomputed whenever a transfer starts or ends.  Two process groups'
+Each link's capacity is split among the transfers crossing it in proportion to their loads
+(bytes on that link per byte of the transfer's edge: a ring edge counts 1, a channel of a
+ring striped over several NICs its share, an in-switch reduction what it moves through a
+port), and the split is recomputed whenever a transfer starts or ends.  Two process groups'
 collectives in flight together therefore slow each other exactly where their paths
 overlap, and nowhere else.  Flows are "fluid": bytes move continuously at the current
 rate, with no packets and no congestion control.
@@ -28,7 +30,7 @@ class _Flow:
 
 
 class FluidNetwork:
-    """Transfers share each link's capacity per ring edge; rates change as transfers come and go.
+    """Transfers share each link's capacity per unit of load; rates change as transfers come and go.
 
     A transfer alone on the network runs at its isolated rate (computed once per plan), so the
     per-link bookkeeping, which costs one step per link of a 1000-rank ring, is only paid while

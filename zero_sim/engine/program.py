@@ -15,6 +15,16 @@ Ops are issued by the host in list order and land on a stream:
 the same step) have finished.  Streams are FIFO, so
 an op also waits for everything issued before it on its stream.
 
+``after_compute`` (collectives only) says whether the collective also waits for the compute
+op issued just before it.  It is True where the collective is issued with the compute
+stream current: torch's NCCL process group makes its stream wait on the current stream
+(DDP's all-reduce from the autograd hook, FSDP's reduce-scatter after its post-backward
+stream waited on the compute stream).  It is False where the library issues it from a
+stream of its own that does not wait on compute (FSDP's unshard stream, DeepSpeed's
+allgather stream): then only ``deps`` and the FIFO order of its comm stream hold it back.
+Which strategy does which, with the library source for each, is in each strategy's file
+and in docs/engine.md.  The engine keeps the wait for gloo regardless (see its docstring).
+
 Memory effects: ``alloc`` at the op's start and ``free`` at its end, per category, so the
 engine can draw memory over time.  ``Program.resident`` is what stays allocated across
 steps (model states, persistent buffers); every step must free what it allocates.
@@ -47,6 +57,7 @@ class Op:
     free: tuple[tuple[str, int], ...] = ()
     host_s: float | None = None  # host time to issue; None: the scenario's per-op overhead
     flops: float = 0.0  # hardware FLOPs executed (recompute included)
+    after_compute: bool = True  # collectives: also wait for the compute op issued just before
 
 
 @dataclass
@@ -86,12 +97,14 @@ class ProgramBuilder:
 
     def collective(self, kind: str, name: str, nbytes: float, phase: str, *, group: str = "world",
                    stream: str = COMM, layer: int | None = None, deps=(), alloc=(), free=(),
-                   host_s=None) -> int:
+                   host_s=None, after_compute: bool = True) -> int:
+        """A collective; ``after_compute=False`` when it is issued from a stream that does not wait
+        for the compute op issued before it (see the module docstring)."""
         if group not in GROUPS:
             raise ValueError(f"unknown process group {group!r}")
         return self._add(name=name, stream=stream, kind="collective", phase=phase, layer=layer,
                          collective=kind, group=group, nbytes=float(nbytes), deps=tuple(deps),
-                         alloc=tuple(alloc), free=tuple(free), host_s=host_s)
+                         alloc=tuple(alloc), free=tuple(free), host_s=host_s, after_compute=after_compute)
 
     def sync(self, name: str, phase: str, deps, *, host_s=None, free=()) -> int:
         return self._add(name=name, stream=HOST, kind="sync", phase=phase, deps=tuple(deps),

@@ -101,12 +101,12 @@ class Context:
         return self.knobs[name]
 
     def fwd_seconds(self, layer: Layer) -> float:
-        tokens = self.workload.tokens_per_micro_batch
-        return self.compute.layer_time(layer.kind, "fwd", layer.fwd_flops, tokens)
+        tokens, work = self.workload.tokens_per_micro_batch, layer.work
+        return self.compute.layer_time(layer.kind, "fwd", layer.fwd_flops, tokens, work)
 
     def bwd_seconds(self, layer: Layer) -> float:
-        tokens = self.workload.tokens_per_micro_batch
-        return self.compute.layer_time(layer.kind, "bwd", layer.bwd_flops, tokens)
+        tokens, work = self.workload.tokens_per_micro_batch, layer.work
+        return self.compute.layer_time(layer.kind, "bwd", layer.bwd_flops, tokens, work)
 
     def recompute_flops(self, layer: Layer) -> float:
         """Forward FLOPs re-run in backward: all of it (full), or attention's core (selective)."""
@@ -120,11 +120,10 @@ class Context:
         return 4.0 * b * s * s * h
 
     def recompute_seconds(self, layer: Layer) -> float:
-        flops = self.recompute_flops(layer)
-        if not flops:
-            return 0.0
-        full = self.fwd_seconds(layer)
-        return full if self.workload.recompute == "full" else full * flops / max(layer.fwd_flops, 1.0)
+        """The forward again (full), or the attention core alone (selective)."""
+        tokens = self.workload.tokens_per_micro_batch
+        return self.compute.recompute_time(layer.kind, self.workload.recompute, layer.fwd_flops,
+                                           self.recompute_flops(layer), tokens, layer.work)
 
 
 def shard(numel: int, world_size: int) -> int:

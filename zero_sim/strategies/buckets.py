@@ -4,6 +4,10 @@ that reduces each bucket as soon as it fills.
 Buckets are laid out in *reverse* parameter order, so they fill in the order backward
 produces gradients; the real runs cut the same model into the same buckets
 (``bucketize`` there, :func:`zero_sim.vocabulary.buckets.fill_buckets` for both).
+
+Every collective here is issued from the host with the compute stream current (a backward
+hook, or the step after the update it gathers), so it follows the compute issued before it:
+the program's default ``after_compute=True`` (see ``zero_sim/engine/program.py``).
 """
 
 from __future__ import annotations

@@ -19,6 +19,14 @@ One step on one rank, in the order the host issues it:
 Gradient accumulation: the first ``K-1`` micro-steps run forward and backward with no
 communication (``no_sync``); the last one all-reduces.
 
+What an all-reduce waits for: torch's reducer launches it from the autograd hook that marks
+the bucket's last gradient ready (``torch/csrc/distributed/c10d/reducer.cpp``:
+``Reducer::mark_bucket_ready`` -> ``all_reduce_bucket`` -> ``run_comm_hook``), with the
+backward's stream current; ``ProcessGroupNCCL::collective`` then makes the NCCL stream wait
+on the current stream (``syncStream``).  So each all-reduce follows the backward compute
+issued before it (the program's default, ``after_compute=True``), and the FIFO comm stream
+keeps buckets in order.
+
 Memory: weights, gradients and optimizer state are all replicated, ``(2 + 2 + K) Psi``.
 Bucket storage is a second copy of the gradients unless ``gradient_as_bucket_view``
 (torch's default is a copy).

@@ -33,6 +33,24 @@ process group, sharing links with the first).  Memory is sharded over ``G`` GPUs
 
 Mixed precision: ``param_dtype`` sets the bytes gathered per element, ``reduce_dtype``
 the bytes reduced (default: the precision's).
+
+What each collective waits for (torch 2.13.0, ``torch/distributed/fsdp/_runtime_utils.py``):
+
+* **all-gathers** run on FSDP's unshard stream (``_unshard``, lines 277-307), which waits on
+  the computation stream only once per forward, in the root's pre-forward
+  (``_root_pre_forward`` -> ``_wait_for_computation_stream``, lines 588-592 and 1543-1560):
+  the first gather of a forward follows the compute before it (the optimizer, or the last
+  micro-step's backward); every other gather waits only for its explicit dependencies, the
+  rate limiter's host wait (``event.synchronize()``, lines 297-303) and the collectives ahead
+  of it on the process group's stream.  So with the host running ahead, unit ``u+1``'s
+  gather overlaps unit ``u``'s forward even without ``forward_prefetch``.  FSDP2 is alike:
+  its all-gather streams wait on the current stream only in the root's pre-forward
+  (``_fully_shard/_fsdp_state.py`` lines 147-154).
+* **reduce-scatters** run on the post-backward stream, which waits on the computation stream
+  right before each one (``_post_backward_hook``, lines 748-753): it follows the unit's
+  backward.  FSDP2's reduce-scatter stream does the same (``_fsdp_collectives.py`` line 607).
+* **HSDP's all-reduce** runs on its own stream after waiting on the post-backward stream only
+  (``_reduce_grad``, lines 863-872): it follows its reduce-scatter, not the compute.
 """
 
 from __future__ import annotations
@@ -192,8 +210,9 @@ class FSDPStep(Step):
         self.reduce(u, op)
 
     def reduce(self, u: Unit, op: int) -> None:
-        """Reduce-scatter within the group; with ``hybrid`` the shard is then all-reduced across
-        nodes on a second stream."""
+        """Reduce-scatter within the group, after the unit's backward (the post-backward stream waits
+        on the compute stream); with ``hybrid`` the shard is then all-reduced across nodes on a
+        second stream that waits on the reduce-scatter only."""
         grad = u.numel * self.reduce_bytes
         rs = self.b.collective(REDUCE_SCATTER, layer_collective(REDUCE_SCATTER, u.label), grad, BACKWARD,
                                group=self.group, layer=u.label, deps=(op,), free=((BUFFERS, grad),))
@@ -201,7 +220,7 @@ class FSDPStep(Step):
         if self.hybrid:
             self.reduces.append(self.b.collective(
                 ALL_REDUCE, layer_collective(ALL_REDUCE, u.label), shard(u.numel, self.n) * self.reduce_bytes,
-                BACKWARD, group="inter", stream="comm:inter", layer=u.label, deps=(rs,)))
+                BACKWARD, group="inter", stream="comm:inter", layer=u.label, deps=(rs,), after_compute=False))
 
     def optimizer(self) -> None:
         """The local shard of every layer, once the last micro-step's reductions have landed."""
@@ -220,15 +239,18 @@ class FSDPStep(Step):
         return order[k] if k < len(order) else None
 
     def gather(self, u: Unit, phase: str, deps: tuple[int, ...] = ()) -> None:
-        """All-gather a unit once per pass (a prefetched unit is not gathered again)."""
+        """All-gather a unit once per pass (a prefetched unit is not gathered again), on the unshard
+        stream: only the first gather of a forward waits for the compute issued before it (the root's
+        pre-forward makes the unshard stream wait on the computation stream once)."""
         key = (phase, u.index)
         if key in self.gathers or u.numel == 0:
             return
         if self.ctx.knob("limit_all_gathers"):
             self.rate_limit(u, phase)
+        first_of_forward = phase == FORWARD and not any(p == FORWARD for p, _ in self.gathers)
         self.gathers[key] = self.b.collective(
             ALL_GATHER, layer_collective(ALL_GATHER, u.label), self.nbytes(u), phase, group=self.group,
-            layer=u.label, deps=deps, alloc=((BUFFERS, self.nbytes(u)),))
+            layer=u.label, deps=deps, alloc=((BUFFERS, self.nbytes(u)),), after_compute=first_of_forward)
 
     def rate_limit(self, u: Unit, phase: str) -> None:
         """FSDP1's limiter: at most two gathered blocks, so the host waits until the block two

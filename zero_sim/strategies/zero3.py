@@ -4,18 +4,65 @@ Each rank keeps ``1/N`` of every weight, gradient and optimizer state, ``(2+2+K)
 bytes.  To compute a layer it needs the whole layer, so it all-gathers it, uses it, and
 drops it again.  One step on one rank:
 
-1. **Forward**, layer by layer: ``all_gather L<i>`` (plus up to ``prefetch`` layers
-   ahead, so the next gather overlaps this layer's compute), then ``fwd L<i>``, then the
-   gathered copy is freed.
-2. **Backward**, last layer first: gather the layer *again* (it was freed after
-   forward), ``bwd L<i>``, free it, and ``reduce_scatter L<i>`` its gradients so each
-   rank keeps the sum of its own slice.  Three collectives of ``Psi`` elements per step
-   in all: 1.5x the traffic of DDP or ZeRO-2.
+1. **Forward**, layer by layer: fetch the layer (``all_gather`` of what is not already
+   gathered), prefetch what comes next, ``fwd L<i>``, then release the gathered copy unless
+   it is used again soon.
+2. **Backward**, last layer first: fetch the layer again if forward released it,
+   ``bwd L<i>``, release it, and put its gradients in the reduce bucket; a full bucket is
+   ``reduce_scatter B<k>``-ed so each rank keeps the sum of its own slice.  Without reuse,
+   three collectives of ``Psi`` elements per step in all: 1.5x the traffic of ZeRO-2.
 3. **Optimizer** on the local slice only; nothing to gather afterwards (next forward does).
+
+DeepSpeed's rules, as its stage 3 runs them (DeepSpeed commit edaa722, ``deepspeed/runtime/zero/``;
+the defaults are ``config.py``'s, lines 102-244):
+
+* **fetch** (``partitioned_param_coordinator.py``, ``_fetch_sub_module_impl``, lines 353-492):
+  DeepSpeed fetches per submodule.  It all-gathers the submodule's parameters that are not
+  available, waits for them, then **prefetches**: it walks the parameter trace from where it
+  stands and adds parameters (each whole, the last one may overshoot) while the elements
+  added are fewer than ``min(max_live_params - elements available, prefetch_bucket_size)``
+  (lines 452-458); one coalesced all-gather per call.  ``prefetch_bucket_size`` 0 turns
+  prefetch off.  The simulator's grain is a layer; its fetch makes one such call per
+  gathered tensor of the layer (a transformer layer's weights sit in one submodule each),
+  counting as available the layer's tensors from that call on (DeepSpeed releases a
+  layer's submodules one by one as they compute) plus everything gathered ahead or kept.
+* **release** (``release_sub_module`` and ``__params_to_release``, lines 494-535 and
+  634-665): after a layer computes, its gathered tensors are freed unless the trace reuses
+  them within ``max_reuse_distance`` elements; with DeepSpeed's default (1e9) a model whose
+  forward and backward together gather fewer elements than that keeps every layer from
+  forward to backward and gathers nothing in backward.
+* **host throttle** (lines 400-411): after waiting on a gathered tensor the host records an
+  event; with more than two outstanding it blocks on the oldest.
+* **persistence** (``parameter_offload.py`` line 319): tensors of at most
+  ``param_persistence_threshold`` elements stay whole on every rank and are never gathered.
+* **reduce** (``stage3.py``, ``reduce_independent_p_g_buckets_and_remove_grads`` and
+  ``__add_grad_to_ipg_bucket``, lines 1519-1568): gradients are copied into a resident bucket
+  of ``reduce_bucket_size`` elements (line 733); when the next gradient would overflow it,
+  the bucket is reduce-scattered (one coalesced collective).  A gradient bigger than the
+  bucket is reduced on its own, from its own memory.  More than two reductions outstanding
+  block the host on the oldest (lines 1587-1589).  At the end of every backward the rest
+  is reduced and the host synchronises with the reduce stream (``independent_gradient_
+  partition_epilogue``, lines 1357-1364).
+
+What each collective waits for (``overlap_comm``, default True for stage 3, ``config.py``
+lines 383-386):
+
+* an all-gather runs from DeepSpeed's allgather stream (``parameter_offload.py`` lines 189-190;
+  ``partitioned_param_coordinator.py`` lines 606-610), which never waits on the compute
+  stream: it waits only for the collectives ahead of it on the process group's stream.  The
+  first gather of a forward still follows the optimizer: ``_post_step`` all-gathers the
+  persistent parameters on the compute stream after the update (``stage3.py`` lines
+  2566-2573), and the next gathers queue behind that call;
+* a reduce-scatter runs on ``reduce_and_partition_stream``, which waited on the compute
+  stream when the bucket's last gradient was added (``stage3.py`` line 1545): it follows the
+  backward that produced that gradient, not the compute issued since.
+* with ``overlap_comm`` off both streams are the compute stream itself (``stage3.py`` lines
+  335-336, ``parameter_offload.py`` lines 189-190): every collective follows the compute
+  before it, and the compute after a reduce-scatter waits for it.
 
 What seed 004 changed, each a knob here (with a ``--no-`` form):
 
-* ``batch_collectives``: one flat all-gather / reduce-scatter per layer instead of one per
+* ``batch_collectives``: one flat all-gather / reduce-scatter per call instead of one per
   tensor; every collective pays a launch and the ring's latency, so many small ones on
   a slow, high-latency network (EFA) waste most of the time;
 * ``fine_grained_sync``: a layer's compute waits only on *its own* gather's event.
@@ -26,14 +73,15 @@ What seed 004 changed, each a knob here (with a ``--no-`` form):
   and replayed.  Without it Python walks the module tree before every layer, costing
   ``fetch_decision_us`` of host time per layer per pass, during which nothing is issued.
 
-DeepSpeed's limits: ``param_persistence_threshold`` (tensors smaller than this many
-elements stay whole on every rank and are never gathered), ``prefetch_bucket_mb`` (how
-many MiB of weights may be gathered ahead) and ``max_live_params`` (elements gathered at
-once, beyond which prefetch stops).  Gathered weights and unsharded gradients count as
-``buffers``.
+``prefetch`` (not a DeepSpeed setting) caps how many layers ahead a prefetch may reach; by
+default there is no cap and DeepSpeed's element limits alone decide.  Gathered weights,
+gradients waiting for their reduction and the reduce bucket count as ``buffers``.
 """
 
 from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
 
 from zero_sim.strategies.base import Alloc, Context, Knob, Step, Strategy, StrategyError, shard
 from zero_sim.system.workload import Layer
@@ -50,22 +98,27 @@ from zero_sim.vocabulary import (
     wait,
 )
 
-MIB = 1024 * 1024
+Key = tuple[int, int]  # a partitioned tensor: (layer that owns it, its index in that layer)
+MAX_ONGOING_FETCH_EVENTS = 2  # partitioned_param_coordinator.py line 142
+MAX_PARAM_REDUCE_EVENTS = 2  # stage3.py line 449
 
 
-class Pass:
-    """One pass over the layers (forward, or backward) in the order they compute."""
+@dataclass
+class Bucket:
+    """DeepSpeed's reduce (ipg) bucket: gradients waiting for one reduce-scatter."""
 
-    def __init__(self, order: list[Layer], phase: str):
-        self.order, self.phase = order, phase
-        self.position = {layer.index: k for k, layer in enumerate(order)}
-        self.pending: dict[int, list[int]] = {}  # layer -> its gather ops, once issued in this pass
-        self.live: dict[int, int] = {}  # layer -> elements gathered ahead and not yet computing
+    sizes: list[int] = field(default_factory=list)
+    oversize_bytes: int = 0  # gradients too big to be copied in, reduced from their own memory
+    last_op: int | None = None  # the backward that produced the last gradient added
+
+    @property
+    def elements(self) -> int:
+        return sum(self.sizes)
 
 
 class ZeRO3Step(Step):
-    """Gather each layer before it computes (prefetching ahead), free it after, reduce-scatter its
-    gradients; the optimizer updates the local slice."""
+    """Fetch each layer before it computes (prefetching by DeepSpeed's element limits), release it
+    unless reused soon, reduce-scatter gradients in buckets; the optimizer updates the local slice."""
 
     stage = 3
 
@@ -73,47 +126,93 @@ class ZeRO3Step(Step):
         ctx, w = self.ctx, self.w
         self.threshold = ctx.knob("param_persistence_threshold")
         self.persistent = sum(t.numel for layer in w.layers for t in layer.tensors
-                              if t.numel < self.threshold)
-        self.gathered = {layer.index: self.gathered_tensors(layer) for layer in w.layers}
-        self.numel = {i: sum(sizes) for i, sizes in self.gathered.items()}
+                              if t.numel <= self.threshold)
+        self.size: dict[Key, int] = {(layer.index, i): t.numel for layer in w.layers
+                                     for i, t in enumerate(layer.tensors) if t.numel > self.threshold}
+        self.uses = {layer.index: self.gathered_keys(layer) for layer in w.layers}
         self.fine = ctx.knob("fine_grained_sync")
         self.batch = ctx.knob("batch_collectives")
+        self.overlap = ctx.knob("overlap_comm")
+        self.cap = ctx.knob("reduce_bucket_size")
+        # The parameter trace of one forward and backward: module positions, and every use of a
+        # partitioned tensor in order (DeepSpeed's prefetch queue).
+        self.trace = [layer.index for layer in w.layers] + [layer.index for layer in reversed(w.layers)]
+        self.queue = [(pos, key) for pos, li in enumerate(self.trace) for key in self.uses[li]]
+        self.kept = [self.kept_after(pos) for pos in range(len(self.trace))]
         self.issued: list[int] = []  # every comm op of every micro-step so far: what a coarse sync waits for
         self.reduces: list[int] = []  # every micro-step's reduce-scatters: what the optimizer waits for
-        self.pass_: Pass | None = None
 
-    def gathered_tensors(self, layer: Layer) -> list[int]:
-        """Sizes of the tensors ``layer`` must gather: its own, plus any it reads (tied weights),
-        except those small enough to persist whole on every rank."""
-        sizes = [t.numel for t in layer.tensors if t.numel >= self.threshold]
+    def gathered_keys(self, layer: Layer) -> list[Key]:
+        """The partitioned tensors ``layer`` uses: its own, plus any it reads (tied weights)."""
+        keys = [(layer.index, i) for i in range(len(layer.tensors)) if (layer.index, i) in self.size]
         if layer.reads_layer is not None:
-            sizes += [t.numel for t in self.w.layers[layer.reads_layer].tensors if t.numel >= self.threshold]
-        return sizes
+            other = self.w.layers[layer.reads_layer]
+            keys += [(other.index, i) for i in range(len(other.tensors)) if (other.index, i) in self.size]
+        return keys
+
+    def module_numel(self, li: int) -> int:
+        """Elements of every tensor the layer uses, persistent ones too (what the reuse walk counts)."""
+        layer = self.w.layers[li]
+        read = self.w.layers[layer.reads_layer].numel if layer.reads_layer is not None else 0
+        return layer.numel + read
+
+    def kept_after(self, pos: int) -> set[Key]:
+        """Tensors the layer at trace position ``pos`` does not release: those the trace uses again
+        within ``max_reuse_distance`` elements (``__params_to_release``)."""
+        limit, traversed, kept = self.ctx.knob("max_reuse_distance"), 0, set()
+        mine = set(self.uses[self.trace[pos]])
+        for li in self.trace[pos + 1:]:
+            if traversed >= limit:
+                break
+            kept |= mine & set(self.uses[li])
+            traversed += self.module_numel(li)
+        return kept
 
     def resident(self) -> dict[str, int]:
-        """Stage 3's shards, except that persistent tensors are held whole on every rank:
-        only the rest of the weights is sharded."""
+        """Stage 3's shards, except that persistent tensors are held whole on every rank (only the
+        rest of the weights is sharded); plus the reduce bucket, allocated once (stage3.py line 733)."""
         states = super().resident()
         psi, n, persistent = self.w.params, self.n, self.persistent
         states[PARAMS] += self.p.param_bytes * (persistent + shard(psi - persistent, n) - shard(psi, n))
+        states[BUFFERS] = states.get(BUFFERS, 0) + self.cap * self.p.grad_bytes
         return states
 
-    # --- forward and backward: gather before, free after ------------------------------------
+    # --- a micro-step: forward, backward, reductions ------------------------------------------
+
+    def micro_step(self) -> None:
+        """What is gathered, and the reduce bucket, live for one forward and backward (one trace)."""
+        self.available: dict[Key, int] = {}  # gathered (or in flight) -> the all-gather carrying it
+        self.inflight: set[Key] = set()  # gathered, not yet waited on
+        self.events: deque[int] = deque()  # all-gathers the host recorded an event after
+        self.n_available = 0
+        self.next_in_queue = 0
+        self.first_gather = True
+        self.bucket, self.buckets = Bucket(), 0
+        self.reduce_events: deque[int] = deque()
+        self.micro_reduces: list[int] = []
+        self.blocking: tuple[int, ...] = ()  # without overlap_comm: reductions the next compute waits for
+        super().micro_step()
 
     def forward(self) -> None:
-        self.pass_ = Pass(list(self.w.layers), FORWARD)
+        self.pos, self.phase = -1, FORWARD
         super().forward()
 
     def backward(self) -> None:
-        self.pass_ = Pass(list(reversed(self.w.layers)), BACKWARD)
+        self.phase = BACKWARD
         super().backward()
+        self.flush()  # the epilogue: reduce the rest, then wait for the reduce stream
+        if self.micro_reduces:
+            self.b.sync(wait("reduce_and_partition_stream"), BACKWARD, tuple(self.micro_reduces))
 
     def before_forward(self, layer: Layer) -> tuple[int, ...]:
+        self.pos += 1
         return self.fetch(layer)
 
     def before_backward(self, layer: Layer) -> tuple[int, ...]:
-        """Gathered again: forward freed it."""
-        return self.fetch(layer)
+        self.pos += 1
+        deps = self.fetch(layer) + self.blocking
+        self.blocking = ()
+        return deps
 
     def forward_frees(self, layer: Layer) -> Alloc:
         return self.release(layer)
@@ -122,24 +221,59 @@ class ZeRO3Step(Step):
         return self.release(layer)
 
     def release(self, layer: Layer) -> Alloc:
-        """The gathered copy is dropped as soon as the layer has computed."""
-        return ((BUFFERS, self.numel[layer.index] * self.p.param_bytes),)
+        """Free the layer's gathered tensors once it has computed, except those reused soon."""
+        freed = 0
+        for key in self.uses[layer.index]:
+            if key in self.available and key not in self.kept[self.pos]:
+                del self.available[key]
+                self.n_available -= self.size[key]
+                freed += self.size[key]
+        return ((BUFFERS, freed * self.p.param_bytes),) if freed else ()
 
     def backward_allocs(self, layer: Layer) -> Alloc:
-        """The layer's unsharded gradients, until their reduce-scatter lands."""
-        return ((BUFFERS, layer.numel * self.p.grad_bytes),)
+        """Gradients bigger than the bucket keep their own memory until reduced; the rest are copied
+        into the resident bucket."""
+        oversize = sum(t.numel for t in layer.tensors if t.numel > self.cap)
+        return ((BUFFERS, oversize * self.p.grad_bytes),) if oversize else ()
 
     def after_backward(self, layer: Layer, op: int) -> None:
-        """Reduce-scatter the layer's gradients (one flat collective, or one per tensor)."""
-        sizes = [layer.numel] if self.batch else [t.numel for t in layer.tensors]
-        for size in sizes:
-            if size == 0:
+        """Each gradient goes into the bucket; one that would overflow it first reduces the bucket."""
+        for t in reversed(layer.tensors):
+            if t.numel == 0:
                 continue
-            nbytes = size * self.p.grad_bytes
-            rs = self.b.collective(REDUCE_SCATTER, layer_collective(REDUCE_SCATTER, layer.index), nbytes,
-                                   BACKWARD, layer=layer.index, deps=(op,), free=((BUFFERS, nbytes),))
-            self.reduces.append(rs)
-            self.issued.append(rs)
+            if self.bucket.elements + t.numel > self.cap and self.bucket.elements > 0:
+                self.flush()
+            self.bucket.sizes.append(t.numel)
+            if t.numel > self.cap:
+                self.bucket.oversize_bytes += t.numel * self.p.grad_bytes
+            self.bucket.last_op = op
+
+    def flush(self) -> None:
+        """Reduce-scatter the bucket on the reduce stream, after the backward that filled it."""
+        bucket = self.bucket
+        if not bucket.sizes:
+            return
+        self.bucket = Bucket()
+        if len(self.reduce_events) > MAX_PARAM_REDUCE_EVENTS:
+            oldest = self.reduce_events.popleft()
+            self.b.sync(wait(self.b.program.ops[oldest].name), BACKWARD, (oldest,))
+        sizes = [bucket.elements] if self.batch else bucket.sizes
+        name = f"{REDUCE_SCATTER} B{self.buckets}"
+        self.buckets += 1
+        layer = self.b.program.ops[bucket.last_op].layer
+        ops = []
+        for k, size in enumerate(sizes):
+            last = k == len(sizes) - 1
+            free = ((BUFFERS, bucket.oversize_bytes),) if bucket.oversize_bytes and last else ()
+            ops.append(self.b.collective(REDUCE_SCATTER, name, size * self.p.grad_bytes, BACKWARD,
+                                         layer=layer, deps=(bucket.last_op,), free=free,
+                                         after_compute=not self.overlap))
+        self.reduce_events.append(ops[-1])
+        self.micro_reduces += ops
+        self.reduces += ops
+        self.issued += ops
+        if not self.overlap:
+            self.blocking += tuple(ops)
 
     def optimizer(self) -> None:
         """The local ``1/N`` of every layer, once every reduce-scatter has landed; nothing to gather
@@ -149,59 +283,81 @@ class ZeRO3Step(Step):
     # --- fetching ----------------------------------------------------------------------------
 
     def fetch(self, layer: Layer) -> tuple[int, ...]:
-        """Before a layer computes: decide what to fetch, gather it and what may be prefetched,
-        and return what its compute waits for."""
-        ctx, ps = self.ctx, self.pass_
+        """Before a layer computes: decide what to fetch, gather what is missing, wait for it,
+        prefetch, and return what its compute waits for."""
+        ctx, li, phase = self.ctx, layer.index, self.phase
         if not ctx.knob("precomputed_fetch"):  # Python walks the module tree, issuing nothing meanwhile
-            self.b.host(fetch(layer.index), ps.phase, ctx.knob("fetch_decision_us") * 1e-6, layer=layer.index)
-        self.gather_ahead(layer)
-        ps.live.pop(layer.index, None)
-        own = tuple(ps.pending.get(layer.index, ()))
-        if self.fine:  # wait on the gather's own event
+            self.b.host(fetch(li), phase, ctx.knob("fetch_decision_us") * 1e-6, layer=li)
+        missing = [key for key in self.uses[li] if key not in self.available]
+        if missing:
+            self.gather(missing)
+        own = tuple(dict.fromkeys(self.available[key] for key in self.uses[li]))
+        self.throttle(li)
+        while self.next_in_queue < len(self.queue) and self.queue[self.next_in_queue][0] <= self.pos:
+            self.next_in_queue += 1
+        gathered = self.uses[li]
+        for call in range(max(1, len(gathered))):
+            live = self.n_available - sum(self.size[key] for key in gathered[:call])
+            self.prefetch(live)
+        if self.fine:  # wait on the gathers' own events
             return own
         if self.issued:  # coarse: the host waits for everything on the comm stream so far
-            self.b.sync(wait(COMM), ps.phase, tuple(self.issued))
+            self.b.sync(wait(COMM), phase, tuple(self.issued))
         return ()
 
-    def gather_ahead(self, layer: Layer) -> None:
-        """Gather ``layer`` and up to ``prefetch`` layers after it, stopping at DeepSpeed's limits."""
-        ps = self.pass_
-        k = ps.position[layer.index]
-        for j in range(k, min(k + self.ctx.knob("prefetch") + 1, len(ps.order))):
-            li = ps.order[j].index
-            if li in ps.pending or self.numel[li] == 0:
+    def throttle(self, li: int) -> None:
+        """After waiting on each gathered tensor the host records an event; with more than two
+        outstanding it blocks on the oldest (``__max_ongoing_fetch_events``)."""
+        for key in self.uses[li]:
+            if key not in self.inflight:
                 continue
-            if j > k and not self.may_prefetch(li, k):
+            self.inflight.discard(key)
+            if len(self.events) > MAX_ONGOING_FETCH_EVENTS:
+                oldest = self.events.popleft()
+                self.b.sync(wait(self.b.program.ops[oldest].name), self.phase, (oldest,))
+            self.events.append(self.available[key])
+
+    def prefetch(self, live: int) -> None:
+        """One prefetch call: walk the trace, adding tensors not yet gathered until the elements added
+        reach ``min(max_live_params - live, prefetch_bucket_size)``; gather them together."""
+        bucket_size = self.ctx.knob("prefetch_bucket_size")
+        if bucket_size <= 0:
+            return
+        budget = min(self.ctx.knob("max_live_params") - live, bucket_size)
+        depth = self.ctx.knob("prefetch")
+        chosen: list[Key] = []
+        added = 0
+        while self.next_in_queue < len(self.queue) and added < budget:
+            pos, key = self.queue[self.next_in_queue]
+            if depth is not None and pos - self.pos > depth:
                 break
-            ps.pending[li] = self.gather(li)
-            ps.live[li] = self.numel[li]
+            self.next_in_queue += 1
+            if key not in self.available and key not in chosen:
+                chosen.append(key)
+                added += self.size[key]
+        if chosen:
+            self.gather(chosen)
 
-    def may_prefetch(self, li: int, k: int) -> bool:
-        """DeepSpeed's limits on a prefetch of layer ``li`` while position ``k`` computes: MiB of
-        weights gathered ahead (``prefetch_bucket_mb``), elements gathered at once (``max_live_params``)."""
-        ps, numel = self.pass_, self.numel
-        ahead = sum(numel[x] for x in ps.pending if ps.position[x] > k) + numel[li]
-        cap = self.ctx.knob("prefetch_bucket_mb") * MIB / self.p.param_bytes
-        if cap and ahead > cap:
-            return False
-        return sum(ps.live.values()) + numel[li] <= self.ctx.knob("max_live_params")
-
-    def gather(self, li: int) -> list[int]:
-        """All-gather layer ``li``'s partitioned tensors: one flat collective, or one per tensor."""
-        sizes = [sum(self.gathered[li])] if self.batch else self.gathered[li]
-        ops = []
-        for size in sizes:
-            if size == 0:
-                continue
-            nbytes = size * self.p.param_bytes
-            ops.append(self.b.collective(ALL_GATHER, layer_collective(ALL_GATHER, li), nbytes,
-                                         self.pass_.phase, layer=li, alloc=((BUFFERS, nbytes),)))
-        self.issued.extend(ops)
-        return ops
+    def gather(self, keys: list[Key]) -> None:
+        """All-gather ``keys``: one coalesced collective, or one per tensor."""
+        groups = [keys] if self.batch else [[key] for key in keys]
+        for group in groups:
+            nbytes = sum(self.size[key] for key in group) * self.p.param_bytes
+            # The first gather of a forward queues behind _post_step's persistent-parameter gather,
+            # which follows the optimizer; every other one waits on no compute (overlap_comm).
+            after_compute = not self.overlap or self.first_gather
+            self.first_gather = False
+            op = self.b.collective(ALL_GATHER, layer_collective(ALL_GATHER, group[0][0]), nbytes, self.phase,
+                                   layer=group[0][0], alloc=((BUFFERS, nbytes),), after_compute=after_compute)
+            for key in group:
+                self.available[key] = op
+                self.inflight.add(key)
+                self.n_available += self.size[key]
+            self.issued.append(op)
 
     def note(self) -> str:
         decided = "precomputed" if self.ctx.knob("precomputed_fetch") else "made in Python per layer"
-        return (f"{self.persistent:,} parameters persistent (< {self.threshold:,} elements per tensor); "
+        return (f"{self.persistent:,} parameters persistent (<= {self.threshold:,} elements per tensor); "
                 f"{'batched' if self.batch else 'per-tensor'} collectives, "
                 f"{'fine-grained' if self.fine else 'whole-stream'} sync, "
                 f"fetch decisions {decided}")
@@ -211,12 +367,21 @@ class ZeRO3(Strategy):
     name = "zero3"
     summary = "shard weights, gradients and optimizer state; all-gather each layer before use"
     knobs = (
-        Knob("prefetch", 1, "layers gathered ahead of the one computing", int),
-        Knob("prefetch_bucket_mb", 0.0, "cap on MiB of weights gathered ahead (0: no cap)"),
-        Knob("max_live_params", 1_000_000_000, "cap on elements gathered at once (DeepSpeed default 1e9)",
-             int),
-        Knob("param_persistence_threshold", 100_000, "tensors below this many elements stay whole", int),
-        Knob("batch_collectives", True, "one flat collective per layer instead of one per tensor", bool),
+        Knob("prefetch", None, "cap on layers a prefetch reaches ahead (default: none, DeepSpeed's element "
+             "limits decide; 0: no prefetch)", int),
+        Knob("prefetch_bucket_size", 50_000_000, "elements one prefetch call adds at most (DeepSpeed "
+             "stage3_prefetch_bucket_size, default 5e7; 0: no prefetch)", int),
+        Knob("max_live_params", 1_000_000_000, "elements gathered at once beyond which prefetch stops "
+             "(DeepSpeed stage3_max_live_parameters, default 1e9)", int),
+        Knob("max_reuse_distance", 1_000_000_000, "a gathered tensor used again within this many elements "
+             "of the trace is kept (DeepSpeed stage3_max_reuse_distance, default 1e9)", int),
+        Knob("param_persistence_threshold", 100_000, "tensors of at most this many elements stay whole "
+             "(DeepSpeed stage3_param_persistence_threshold, default 1e5)", int),
+        Knob("reduce_bucket_size", 500_000_000, "elements of gradients per reduce-scatter (DeepSpeed "
+             "reduce_bucket_size, default 5e8)", int),
+        Knob("overlap_comm", True, "collectives on DeepSpeed's own streams, overlapping compute (DeepSpeed "
+             "default for stage 3)", bool),
+        Knob("batch_collectives", True, "one flat collective per call instead of one per tensor", bool),
         Knob("fine_grained_sync", True, "wait on each gather's own event, not the whole comm stream", bool),
         Knob("precomputed_fetch", True, "fetch decisions computed once, not in Python every layer", bool),
         Knob("fetch_decision_us", 500.0,
@@ -225,8 +390,11 @@ class ZeRO3(Strategy):
     Step = ZeRO3Step
 
     def validate(self, ctx: Context) -> None:
-        for name in ("prefetch", "prefetch_bucket_mb", "max_live_params", "param_persistence_threshold",
-                     "fetch_decision_us"):
-            if ctx.knob(name) < 0:
+        for name in ("prefetch", "prefetch_bucket_size", "max_live_params", "max_reuse_distance",
+                     "param_persistence_threshold", "reduce_bucket_size", "fetch_decision_us"):
+            value = ctx.knob(name)
+            if value is not None and value < 0:
                 flag = "--" + name.replace("_", "-")
-                raise StrategyError(f"{flag} must not be negative for zero3, got {ctx.knob(name)}")
+                raise StrategyError(f"{flag} must not be negative for zero3, got {value}")
+        if ctx.knob("reduce_bucket_size") == 0:
+            raise StrategyError("--reduce-bucket-size must be positive for zero3, got 0")

@@ -1,25 +1,46 @@
-"""What a collective costs: latency plus bytes over the slowest share of a link.
+"""What a collective costs: a fixed cost, per-step latencies, and bytes over the slowest share of a link.
 
-The model, per collective on ``n`` ranks over a buffer of ``S`` bytes:
+NCCL (the form of NCCL's own tuning model, ``src/graph/tuning.cc``, with constants fitted
+to published nccl-tests curves; docs/engine.md "The collective model" lists the points):
+for an algorithm ``a`` and a protocol ``p``, one collective over a buffer of ``S`` bytes takes
 
-``time = launch + steps * step_latency + edge_bytes * max_link(load / capacity)``
+``t = base_p + steps x hop_p + wire_p(E) x max_link(load / capacity)``
 
-* **Ring** (NCCL's default for large buffers, gloo's only choice here): ranks form a
-  ring in rank order.  Each rank sends ``edge_bytes = factor * S`` to its neighbour,
-  where ``factor`` is nccl-tests' bus-bandwidth factor: ``2(n-1)/n`` for all_reduce,
-  ``(n-1)/n`` for reduce_scatter and all_gather (``S`` = the whole gathered buffer), 1
-  for broadcast.  ``steps`` is ``2(n-1)`` for all_reduce and ``n-1`` otherwise; each
-  step pays the ring's slowest hop latency.  A link's *load* is the number of ring edges
-  that cross it: on a shared PCIe bus every edge touching the bus counts, which is how
-  adding GPUs to one bus slows everyone (seed 002).
-* **Tree** (all_reduce only, NCCL): same bytes and links as the ring, but
-  ``2*ceil(log2 n)`` steps of latency, so it wins for small buffers on many ranks.
-* **Hierarchical** (all_reduce only, multi-node groups): reduce_scatter inside each
-  node, all_reduce of ``S/G`` across nodes (the G node-local rings share each NIC),
-  all_gather inside each node.  Bounded by whichever stage's slowest link.
+and NCCL runs the (algorithm, protocol) pair with the smallest ``t``, as its tuner does.
 
-Backends differ (``BACKENDS``): gloo implements reduce_scatter as a full all_reduce
-followed by a local chunk, so it moves all-reduce bytes.
+* ``E`` is the bytes per edge: ``factor x S`` for a ring (nccl-tests' bus factor, ``2(n-1)/n``
+  for all_reduce, ``(n-1)/n`` for reduce_scatter and all_gather), ``S`` for trees and NVLS.
+* **Protocols** (``PROTOCOLS``): LL sends 4 bytes of flag with every 4 bytes of data
+  (``wire = E / 0.5``), LL128 8 of every 128 (``E / 0.92``, NCCL's figure), Simple the data
+  alone but in chunks that fill a pipeline first: ``wire = E + min(E, Q)``, ``Q`` the fabric's
+  ``pipeline_mb``, so a message smaller than the pipeline moves at half speed and a larger one
+  pays a fixed fill.  LL128 runs on NVLink fabrics only; EFA v1 carries Simple only.
+* ``base_p`` is the fabric's fitted fixed cost (``Fabric.protocol_us``), ``hop_p`` a step's
+  latency: the links' latencies along the step (the Simple figure) times NCCL's ratio for the
+  protocol and link class (NVLink 0.6/1.9/3.4 us, PCIe 1.0/2.5/5.7, network 2.7/4.0/14).
+* **Algorithms** (``ALGORITHMS``):
+  - *ring*: one ring per channel (``topology.channel_rings``): inside a node every channel is
+    the same ring; across nodes channel ``c`` crosses the node boundary from the ``c``-th
+    member, so a group with a member on every rail uses every NIC.  ``2(n-1)`` steps for
+    all_reduce (``2(g-1)`` of them across nodes), ``n-1`` for the others.
+  - *tree* (all_reduce): in each node a chain from a head GPU, across nodes NCCL's double
+    binary tree, one head per rail, each tree carrying half the data (``tree_loads``);
+    ``2 x ((r-1) hops in a node + floor(log2 g) across)``.  Two nodes exchange ``S`` each way
+    instead of a ring's ``2(n-1)/n x S``, which is why NCCL picks tree there (NVIDIA/nccl #812).
+    NCCL's 0.92 tree efficiency applies.
+  - *nvls* (all_reduce inside one NVSwitch node with NVLink SHARP): each GPU sends its buffer
+    to the switch, which reduces it, and receives the result: ``S (n+1)/n`` per port each way at
+    ``nvls_efficiency`` of the ports' rate; one fixed cost, no steps.
+  - *nvls_tree* (all_reduce over NVLS nodes): NVLS inside each node, a double binary tree
+    across nodes on every rail.
+  - *hierarchical* (named only, not NCCL's): reduce_scatter in each node, all_reduce across
+    nodes per local index, all_gather in each node, three stages one after the other.
+* A link's *load* is the bytes that cross it per edge byte; a shared PCIe bus counts every
+  edge that touches it (seed 002), a NIC only the channels whose rings cross it.
+
+gloo (``BACKENDS["gloo"]``) keeps the plain model: ``launch + steps x slowest hop +
+factor x S / share``, one ring in rank order; gloo implements reduce_scatter as a full
+all_reduce followed by a local chunk, so it moves all-reduce bytes.
 
 ``busbw`` as nccl-tests defines it is ``factor * S / t``; :func:`fit_nccl_tests` fits
 ``launch+latency`` and bus bandwidth from an ``all_reduce_perf`` table.
@@ -30,12 +51,20 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
+from functools import lru_cache
 
-from zero_sim.system.topology import Topology, ring_loads, ring_step_latency
+from zero_sim.system.topology import (
+    Topology,
+    by_node,
+    channel_loads,
+    channel_rings,
+    ring_loads,
+    ring_step_latency,
+)
 from zero_sim.vocabulary import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER
 from zero_sim.vocabulary.collectives import bus_factor
 
-ALGORITHMS = ("auto", "ring", "tree", "hierarchical")
+ALGORITHMS = ("auto", "ring", "tree", "nvls", "nvls_tree", "hierarchical")
 
 
 class CollectiveError(ValueError):
@@ -47,7 +76,7 @@ class Backend:
     name: str
     launch_latency_s: float  # fixed cost of starting one collective (kernel launch, protocol setup)
     reduce_scatter_as_all_reduce: bool
-    algorithms: tuple[str, ...]
+    algorithms: tuple[str, ...]  # what ``--algorithm auto`` chooses among
     # Collectives of one stream in flight at once.  NCCL kernels on one CUDA stream run one
     # after another; gloo's process group hands async collectives to a pool of worker
     # threads (two per device by default), so two run at once and their latencies overlap.
@@ -55,9 +84,32 @@ class Backend:
 
 
 BACKENDS: dict[str, Backend] = {
-    "nccl": Backend("nccl", 12e-6, False, ("ring", "tree", "hierarchical")),
+    "nccl": Backend("nccl", 12e-6, False, ("ring", "tree", "nvls", "nvls_tree")),
     "gloo": Backend("gloo", 40e-6, True, ("ring",), in_flight=2),
 }
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """One of NCCL's wire protocols: payload per wire byte, and a step's latency relative to Simple's."""
+
+    name: str
+    efficiency: float
+    hop_ratio: dict  # link class ("nvlink", "pci", "net") -> this protocol's step latency / Simple's
+
+
+# NCCL src/graph/tuning.cc: hwLatencies (ring, per step, us) NVLink LL/LL128/Simple 0.6/1.9/3.4,
+# PCI 1.0/2.5/5.7, NET 2.7/4.0/14.0; LL128 bandwidth x 0.92; LL carries half payload (4 B data +
+# 4 B flag per 8 B store, S. Jeaugey in NVIDIA/nccl #281).  baseLatencies ring 6.6/14.0/8.4 us,
+# NVLS 25 us (NVLink hw latency of NVLS, base 0): the fixed costs of a fabric without fitted ones.
+PROTOCOLS: tuple[Protocol, ...] = (
+    Protocol("LL", 0.5, {"nvlink": 0.6 / 3.4, "pci": 1.0 / 5.7, "net": 2.7 / 14.0}),
+    Protocol("LL128", 0.92, {"nvlink": 1.9 / 3.4, "pci": 2.5 / 5.7, "net": 4.0 / 14.0}),
+    Protocol("Simple", 1.0, {"nvlink": 1.0, "pci": 1.0, "net": 1.0}),
+)
+SIMPLE = PROTOCOLS[2]
+NCCL_BASE_US = (6.6, 14.0, 8.4, 25.0)  # LL, LL128, Simple, NVLS
+TREE_EFFICIENCY = 0.92  # tuning.cc: tree all_reduce busBw * .92
 
 
 def ring_steps(kind: str, n: int) -> int:
@@ -77,7 +129,7 @@ class Stage:
 
     latency_s: float
     edge_bytes: float
-    loads: tuple[tuple[str, int], ...]  # (link name, ring edges crossing it)
+    loads: tuple[tuple[str, float], ...]  # (link name, bytes crossing it per edge byte)
     rate_cap: float = math.inf  # bytes/s per edge at most: a calibrated collective's measured busbw
 
     def isolated_time(self, topo: Topology) -> float:
@@ -96,6 +148,7 @@ class CollectivePlan:
     backend: str
     stages: tuple[Stage, ...]
     sent_bytes: float  # per rank, ring formulas (comm volume)
+    protocol: str = ""  # NCCL's LL, LL128 or Simple ("" for gloo, calibrated and local plans)
 
     def isolated_time(self, topo: Topology) -> float:
         return sum(stage.isolated_time(topo) for stage in self.stages)
@@ -112,6 +165,98 @@ def _merged_loads(topo: Topology, instances: tuple[tuple[int, ...], ...]) -> tup
         for name, load in ring_loads(topo, members).items():
             merged[name] = merged.get(name, 0) + load
     return tuple(sorted(merged.items()))
+
+
+def _merge(parts) -> tuple[tuple[str, float], ...]:
+    merged: dict[str, float] = {}
+    for loads in parts:
+        for name, load in loads.items():
+            merged[name] = merged.get(name, 0) + load
+    return tuple(sorted(merged.items()))
+
+
+def _add_path(loads: dict, topo: Topology, src: int, dst: int, weight: float) -> None:
+    for name in topo.path(src, dst):
+        loads[name] = loads.get(name, 0.0) + weight
+
+
+def _uniform_nodes(topo: Topology, members: tuple[int, ...]) -> list[list[int]] | None:
+    nodes = by_node(topo, members)
+    return nodes if nodes and all(len(g) == len(nodes[0]) for g in nodes) else None
+
+
+def _inter_tree(loads: dict, topo: Topology, nodes: list[list[int]], weight: float) -> None:
+    """NCCL's double binary tree across nodes, once per rail: for each member index ``j`` two
+    trees over the nodes' ``j``-th members (a heap in node order, and the same in reverse
+    order, so a node interior in one is a leaf in the other), each edge both ways."""
+    g, r = len(nodes), len(nodes[0])
+    for j in range(r):
+        for order in (range(g), range(g - 1, -1, -1)):
+            order = list(order)
+            for i in range(1, g):
+                child, parent = nodes[order[i]][j], nodes[order[(i - 1) // 2]][j]
+                _add_path(loads, topo, child, parent, weight)
+                _add_path(loads, topo, parent, child, weight)
+
+
+@lru_cache(maxsize=1024)
+def tree_loads(topo: Topology, members: tuple[int, ...]) -> dict[str, float] | None:
+    """Bytes per link per buffer byte of NCCL's tree all_reduce: for every head index ``j`` and
+    each of the two trees (half the data each), a chain through each node from its ``j``-th
+    member, reduce one way and broadcast the other, and the double binary tree across nodes."""
+    nodes = _uniform_nodes(topo, members)
+    if nodes is None:
+        return None
+    r = len(nodes[0])
+    weight = 1.0 / (2 * r)
+    loads: dict[str, float] = {}
+    for j in range(r):
+        for ranks in nodes:
+            chain = ranks[j:] + ranks[:j]
+            for a, b in zip(chain, chain[1:], strict=False):
+                _add_path(loads, topo, a, b, 2 * weight)  # both trees' chains
+                _add_path(loads, topo, b, a, 2 * weight)
+    if len(nodes) > 1:
+        _inter_tree(loads, topo, nodes, weight)
+    return loads
+
+
+@lru_cache(maxsize=1024)
+def nvls_loads(topo: Topology, members: tuple[int, ...]) -> dict[str, float] | None:
+    """NVLink SHARP: every member's port carries ``(r+1)/r`` of the buffer each way (its data
+    to the switch and its reduced shard back, then its shard up and everyone's down) at the
+    switch's efficiency; across nodes each member sends its shard over its own rail in a
+    double binary tree."""
+    fab = topo.spec.fabric
+    nodes = _uniform_nodes(topo, members)
+    if fab.kind != "nvswitch" or fab.nvls_efficiency <= 0 or nodes is None or len(nodes[0]) < 2:
+        return None
+    r = len(nodes[0])
+    per_port = (r + 1) / r / fab.nvls_efficiency
+    loads: dict[str, float] = {}
+    for rank in members:
+        for direction in ("up", "down"):
+            name = f"nvlink{rank}.{direction}"
+            loads[name] = loads.get(name, 0.0) + per_port
+    if len(nodes) > 1:
+        _inter_tree(loads, topo, nodes, 1.0 / (2 * r))
+    return loads
+
+
+@lru_cache(maxsize=4096)
+def _hops(topo: Topology, members: tuple[int, ...]) -> tuple[float, float, int]:
+    """Simple-protocol latency of the slowest step inside a node and across nodes, and the node count."""
+    ring = channel_rings(topo, members)[0]
+    intra = inter = 0.0
+    n = len(ring)
+    for i, src in enumerate(ring):
+        dst = ring[(i + 1) % n]
+        lat = topo.path_latency(src, dst)
+        if topo.node_of(src) == topo.node_of(dst):
+            intra = max(intra, lat)
+        else:
+            inter = max(inter, lat)
+    return intra, inter, len(by_node(topo, members))
 
 
 @dataclass
@@ -168,20 +313,98 @@ class CollectiveModel:
             streaming = fit.alone_time(nbytes) - fit.latency_s
             cap = (edge_bytes / streaming if streaming > 0
                    else fit.busbw * bus_factor(wire_kind, n) / bus_factor(kind, n))
-            stage = Stage(fit.latency_s, edge_bytes, _merged_loads(self.topology, instances), cap)
+            loads = (_merged_loads(self.topology, instances) if self.backend == "gloo"
+                     else _merge(channel_loads(self.topology, m) for m in instances))
+            stage = Stage(fit.latency_s, edge_bytes, loads, cap)
             return CollectivePlan(kind, nbytes, n, "calibrated", self.backend, (stage,), sent)
-        candidates = []
         wanted = backend.algorithms if self.algorithm == "auto" else (self.algorithm,)
-        for algo in wanted:
-            stages = self._stages(algo, wire_kind, nbytes, instances)
-            if stages is not None:
-                candidates.append(CollectivePlan(kind, nbytes, n, algo, self.backend, stages, sent))
+        candidates = [plan for algo in wanted for plan in self._candidates(algo, wire_kind, kind, nbytes,
+                                                                            instances, sent)]
         if not candidates:  # e.g. tree asked for a reduce_scatter: NCCL would fall back to ring
-            stages = self._stages("ring", wire_kind, nbytes, instances)
-            candidates.append(CollectivePlan(kind, nbytes, n, "ring", self.backend, stages, sent))
+            candidates = self._candidates("ring", wire_kind, kind, nbytes, instances, sent)
         return min(candidates, key=lambda p: p.isolated_time(self.topology))
 
-    def _stages(self, algo: str, kind: str, nbytes: float, instances) -> tuple[Stage, ...] | None:
+    # ------------------------------------------------------------------ candidates
+    def _candidates(self, algo: str, wire_kind: str, kind: str, nbytes: float, instances,
+                    sent: float) -> list[CollectivePlan]:
+        n = len(instances[0])
+        if self.backend == "gloo" or algo == "hierarchical":
+            stages = self._plain_stages(algo, wire_kind, nbytes, instances)
+            if stages is None:
+                return []
+            return [CollectivePlan(kind, nbytes, n, algo, self.backend, stages, sent)]
+        shape = self._shape(algo, wire_kind, nbytes, instances)
+        if shape is None:
+            return []
+        edge_bytes, loads, steps_fn = shape
+        topo, fab = self.topology, self.topology.spec.fabric
+        members = instances[0]
+        intra_hop, inter_hop, nodes = _hops(topo, members)
+        intra_class = "nvlink" if fab.kind == "nvswitch" else "pci"
+        network = topo.spec.network
+        ll_ok = nodes <= 1 or network is None or network.ll_protocols
+        plans = []
+        for index, proto in enumerate(PROTOCOLS):
+            if algo in ("nvls", "nvls_tree") and proto is not SIMPLE:
+                continue  # NVLS runs the Simple protocol only (tuning.cc)
+            if proto is not SIMPLE and not ll_ok:
+                continue  # EFA v1 carries Simple only (aws/aws-ofi-nccl #76)
+            if proto.name == "LL128" and fab.kind != "nvswitch":
+                continue  # LL128 needs NVLink paths (tuning.cc enables it up to NVB)
+            intra_steps, inter_steps = steps_fn(n, nodes)
+            base = self._base_us(3 if algo in ("nvls", "nvls_tree") else index) * 1e-6
+            hops = (intra_steps * intra_hop * proto.hop_ratio[intra_class]
+                    + inter_steps * inter_hop * proto.hop_ratio["net"])
+            wire = edge_bytes / proto.efficiency
+            if proto is SIMPLE:
+                wire += min(edge_bytes, fab.pipeline_mb * 1e6)
+            stage = Stage(base + hops, wire, loads)
+            plans.append(CollectivePlan(kind, nbytes, n, algo, self.backend, (stage,), sent, proto.name))
+        return plans
+
+    def _base_us(self, index: int) -> float:
+        fitted = self.topology.spec.fabric.protocol_us
+        return fitted[index] if index < len(fitted) else NCCL_BASE_US[index]
+
+    def _shape(self, algo: str, kind: str, nbytes: float, instances):
+        """(edge bytes, loads, steps(n, nodes) -> (intra, inter)) of an algorithm; None if it cannot run."""
+        topo = self.topology
+        fab = topo.spec.fabric
+        if algo == "ring":
+            loads = _merge(channel_loads(topo, m) for m in instances)
+            per = 2 if kind == ALL_REDUCE else 1
+
+            def ring(n, g):
+                inter = per * (g - 1) if g > 1 else 0
+                return ring_steps(kind, n) - inter, inter
+            return bus_factor(kind, len(instances[0])) * nbytes, loads, ring
+        if kind != ALL_REDUCE:
+            return None
+        if algo == "tree":
+            parts = [tree_loads(topo, m) for m in instances]
+            if any(p is None for p in parts):
+                return None
+
+            def tree(n, g):
+                return 2 * (n // g - 1), 2 * int(math.log2(g)) if g > 1 else 0
+            return nbytes / TREE_EFFICIENCY, _merge(parts), tree
+        if algo in ("nvls", "nvls_tree"):
+            if fab.nvls_efficiency <= 0:
+                return None
+            nodes = len(by_node(topo, instances[0]))
+            if (algo == "nvls") != (nodes == 1):
+                return None
+            parts = [nvls_loads(topo, m) for m in instances]
+            if any(p is None for p in parts):
+                return None
+
+            def nvls(n, g):
+                return 0, 2 * int(math.log2(g)) if g > 1 else 0
+            return nbytes, _merge(parts), nvls
+        return None
+
+    def _plain_stages(self, algo: str, kind: str, nbytes: float, instances) -> tuple[Stage, ...] | None:
+        """gloo's model and the hierarchical algorithm: launch + steps x slowest hop, rings in rank order."""
         topo, launch = self.topology, BACKENDS[self.backend].launch_latency_s
         members = instances[0]
         n = len(members)
@@ -196,15 +419,15 @@ class CollectiveModel:
         if algo == "hierarchical":
             if kind != ALL_REDUCE:
                 return None
-            by_node: dict[int, list[int]] = {}
+            by_node_: dict[int, list[int]] = {}
             for inst in instances:
                 for r in inst:
-                    by_node.setdefault(topo.node_of(r), []).append(r)
+                    by_node_.setdefault(topo.node_of(r), []).append(r)
             g = len({topo.node_of(r) for r in members})
             per_node = n // g if g else n
             if g <= 1 or per_node <= 1 or n % g:
                 return None
-            intra = tuple(tuple(sorted(set(v))) for v in by_node.values())
+            intra = tuple(tuple(sorted(set(v))) for v in by_node_.values())
             intra = tuple(m for m in intra if len(m) == per_node) or intra
             # Cross-node rings: the i-th rank of every node, for each i, all at once.
             cross = tuple(tuple(sorted(m)[i] for m in intra) for i in range(per_node))
@@ -217,6 +440,8 @@ class CollectiveModel:
             ag = Stage(launch + (per_node - 1) * intra_lat, bus_factor(ALL_GATHER, per_node) * nbytes,
                        _merged_loads(topo, intra))
             return (rs, ar, ag)
+        if algo in ("nvls", "nvls_tree"):
+            return None
         raise CollectiveError(f"unknown algorithm {algo!r}")
 
 

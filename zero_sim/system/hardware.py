@@ -1,52 +1,215 @@
 """How long compute takes on a given accelerator.
 
-Two ways to get a time for an op, in order of preference:
+A layer's time, in order of preference:
 
 1. A calibration table of measured seconds per layer kind (``fwd``/``bwd`` per
    ``embedding``/``block``/``head``), scaled linearly by tokens from the tokens it was
    measured at.  Calibrated simulators reach a few percent of error; analytical ones
    rarely do.
-2. A roofline with an efficiency knob: ``max(FLOPs / (peak * efficiency),
-   bytes / (HBM bandwidth * memory_efficiency))``.  Matmul-heavy layers are FLOP-bound;
-   the optimizer step is memory-bound (it streams every parameter's state once).
+2. ``efficiency`` given as a number: the flat roofline ``FLOPs / (peak * efficiency)``.
+3. The layer's :class:`~zero_sim.system.workload.Work` (its FLOPs and bytes split by the
+   kind of kernel that does them) on a GPU with a :class:`ComputeProfile`: the per-op model
+   below.
+4. Otherwise (a layer read off a torch module, or the ``CPU`` device) the flat roofline at
+   the GPU's default efficiency: the GEMM efficiency of a 4096 x 4096 x 4096 matmul, or 0.5
+   on the CPU.
+
+The per-op model sums three kinds of kernels, run one after another on the compute stream:
+
+* GEMMs: ``matmul_flops / (peak * e_gemm)``.  A GEMM reaches a fraction of peak that rises
+  with its size and saturates below 1: ``e_gemm = e_max / (1 + (fill / t_ideal) ** 0.8)``,
+  where ``t_ideal = 2MKN / (peak * e_max)`` is the GEMM's time at the saturated rate and
+  ``fill`` the time scale over which the GPU fills its SMs.  ``e_max`` is the GPU's maximum
+  achievable matmul FLOPs (MAMF); ``fill`` was fitted to published cuBLAS size sweeps.  A
+  block's matmuls count as four GEMMs of ``M = tokens``, ``K = width`` and an equal share of
+  the columns; a head's as one.  Backward is two GEMMs per forward GEMM (input and weight
+  gradients) of the same size: twice the time.
+* Attention: with FlashAttention, ``attention_flops`` (halved under a causal mask, as the
+  kernel skips the masked half) at the implementation's efficiency, which rises with the
+  sequence length as ``s / (s + s0)``; backward does 2.5x the forward FLOPs
+  (FlashAttention-2's count) at 0.86 of the forward's efficiency.  Eager attention runs the
+  full ``attention_flops`` as two batched GEMMs (four in backward) that write and read the
+  ``s x s`` scores through HBM; the softmax between them is in ``memory_bytes``.
+* Memory-bound kernels (norms, activations, residuals, rotary, softmax over eager scores,
+  loss): ``memory_bytes / (HBM bandwidth * achievable fraction)``; backward moves twice the
+  forward's bytes (it reads the saved input and the incoming gradient and writes a gradient).
+
+Recompute re-runs the forward ("full") or, under "selective", the attention core alone.
 
 The optimizer step of mixed-precision Adam reads the bf16 gradient and the fp32 master
 weights, momentum and variance, and writes the last three plus the bf16 parameters:
-``2 + 12 + 12 + 2 = 28`` bytes of HBM traffic per parameter it owns.
+``2 + 12 + 12 + 2 = 28`` bytes of HBM traffic per parameter it owns, at the GPU's achievable
+fraction of HBM bandwidth.
+
+Every figure's source is next to it and in docs/presets.md.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+from typing import Any
+
+GiB = 1024**3
+MiB = 1024**2
+GB = 1e9
+
+# --- the per-op model's shared constants --------------------------------------------------
+
+# Exponent of the GEMM fill curve, fitted with the fill times below (see ComputeProfile).
+GEMM_FILL_EXPONENT = 0.8
+# A transformer block's matmuls as separate GEMMs: QKV, output projection, MLP up, MLP down.
+GEMMS_PER_BLOCK = 4
+# The default GEMM efficiency (layers without a work breakdown) is the curve at this cube.
+DEFAULT_GEMM_SIZE = 4096
+# Backward of a GEMM: input gradient and weight gradient, each as many FLOPs as the forward.
+GEMM_BWD_FLOPS = 2.0
+# FlashAttention's backward does 2.5x its forward's FLOPs (five matmuls to the forward's two;
+# FlashAttention-2 paper, Sec. 4.1, and benchmarks/benchmark_flash_attention.py: bwd = 2.5 fwd).
+FLASH_BWD_FLOPS = 2.5
+# Backward over forward efficiency of FlashAttention: 63% vs 73% of A100 peak at best
+# (FlashAttention-2 paper, abstract and Sec. 4.1); 264 vs 308 TFLOP/s on an H100 at seqlen 2k,
+# head dim 64 (Dao-AILab/flash-attention PR #2688's benchmark_flash_attention.py output).
+FLASH_BWD_OVER_FWD = 0.86
+# Sequence length at which FlashAttention-2 runs at half its long-sequence rate: e = E * s/(s+s0).
+# Fitted to the FA2 forward+backward figures (A100 80GB SXM4 and H100 SXM5, head dim 64 and 128,
+# seqlen 512..16k; flash-attention README, assets/flash2_{a100,h100}_fwd_bwd_benchmark.png):
+# rms error 0.8% without and 1.1% with a causal mask.
+FLASH_S0_NONCAUSAL = 190.0
+FLASH_S0_CAUSAL = 520.0
+# Causal kernels reach 0.94-0.97 of the non-causal rate at long sequences (same figures).
+FLASH_CAUSAL_FACTOR = 0.95
+# Head dim 64 reaches 0.87 of head dim 128's rate (same figures: A100 0.868, H100 0.874).
+FLASH_HEAD_DIM_64_FACTOR = 0.87
+# Backward of memory-bound kernels moves twice the forward's bytes (assumed: read the saved
+# input and the incoming gradient, write the outgoing gradient).
+MEMORY_BWD_BYTES = 2.0
+# Eager attention's batched GEMMs move the s x s matrix through HBM: QK^T writes the bf16
+# scores and scores.V reads the probabilities, 4 bytes per score element in forward (8 in
+# backward).  The softmax between them (4 more bytes) is part of ``memory_bytes``.  With both,
+# the FA2 benchmark's eager ("Pytorch") bars are reproduced within 8-25% (tests).
+EAGER_BMM_SCORE_BYTES_FWD = 4
+EAGER_SOFTMAX_SCORE_BYTES_FWD = 4
+
+# The flat roofline's efficiency where no GPU profile applies (the CPU), as before.
+FLAT_DEFAULT_EFFICIENCY = 0.5
+FLAT_DEFAULT_MEMORY_EFFICIENCY = 0.8
+
+ADAM_BYTES_PER_PARAM = 28
+
+
+@dataclass(frozen=True)
+class ComputeProfile:
+    """What a GPU's kernels reach, for the per-op model (fractions of the GPU's peaks)."""
+
+    gemm_max: float  # maximum achievable matmul FLOPs (MAMF) / peak
+    gemm_fill_us: float  # GEMM fill time scale: a GEMM whose ideal time is this runs at e_max / 2
+    flash_max: float  # FlashAttention fwd+bwd at long sequences, head dim >= 128, no mask / peak
+    hbm_efficiency: float  # achievable fraction of HBM bandwidth (stream copy)
+    source: str = ""
 
 
 @dataclass(frozen=True)
 class GPU:
     name: str
-    peak_tflops: float  # dense bf16
-    hbm_bytes: int
+    peak_tflops: float  # dense bf16 (fp16 on the V100, which has no bf16 tensor cores)
+    hbm_bytes: int  # what torch.cuda.get_device_properties().total_memory reports
     hbm_gbps: float  # GB/s
+    source: str = ""
+    profile: ComputeProfile | None = None  # None: no per-op model (the flat roofline only)
 
     @property
     def peak_flops(self) -> float:
         return self.peak_tflops * 1e12
 
 
-GiB = 1024**3
-GB = 1e9
+# GEMM e_max: stas00/ml-engineering, compute/accelerator/README.md, "Maximum Achievable Matmul
+# FLOPS comparison table" (BF16, mean of 100 iterations, best shape); where a GPU is missing
+# there, the best square bf16/fp16 torch.matmul of zzc0721/torch-performance-test-data
+# (database.md and its issues; sizes 1024..10240).
+# GEMM fill: fitted (least squares in log) to cuBLAS size sweeps: V100 fp16 squares
+# (torch-performance-test-data issue #140), A100 fp16 1024^3 and 1152^3 (triton-lang/triton
+# issue #7085), H100 M=2048 N=K=512..8192 (triton issue #2339) and bf16 squares
+# (torch-performance-test-data issue #79), B200 bf16 squares 1024..8192 (pytorch/ao PR #2427).
+# Fitted fills: V100 14.3 us, A100 14.3 us, H100 12.8 us, B200 4.8 us; GPUs with no sweep take
+# their generation's (Hopper 13) or 14 us.
+# flash_max: FA2 figures (see FLASH_S0_*): A100 205/312 = 0.657, H100 344/989 = 0.348.  B200:
+# FlashAttention-4 (CuTe DSL) fwd 1535 and bwd 1360 TFLOP/s at seqlen 8k, head dim 128
+# (flash-attention PR #2280) -> 1406 fwd+bwd -> 0.640 at long sequences.  GPUs with no
+# attention benchmark here take A100's ratio to its GEMMs (0.657 / 0.869 = 0.756) times their
+# e_max; Hopper variants take H100's (0.348 / 0.803 = 0.433).
+# hbm_efficiency: device-to-device copy 1355 GB/s on an A100-40GB of 1555 (0.87;
+# PTsolvers/gpu-workshop-JuliaCon23 issue #7), used for every NVIDIA part; MI300X 0.80 is an
+# assumption (AMD: the 5.3 TB/s "is the theoretical peak, not achievable with real-world tests",
+# ROCm/rocm_bandwidth_test issue #121; no measured figure found).
+_A100_ATTN_PER_GEMM = 0.657 / 0.869
+_HOPPER_ATTN_PER_GEMM = 0.348 / 0.803
 
-# Dense bf16 peak from the vendors' data sheets (no sparsity); HBM as sold.
 GPUS: dict[str, GPU] = {
-    "V100": GPU("V100", 125.0, 32 * GiB, 900.0),
-    "A100-40GB": GPU("A100-40GB", 312.0, 40 * GiB, 1555.0),
-    "A100-80GB": GPU("A100-80GB", 312.0, 80 * GiB, 2039.0),
-    "H100": GPU("H100", 989.0, 80 * GiB, 3350.0),
-    "H200": GPU("H200", 989.0, 141 * GiB, 4800.0),
+    "V100": GPU(
+        "V100", 125.0, 34089730048, 900.0,
+        "NVIDIA V100 SXM2 data sheet: 125 TFLOP/s fp16 tensor cores (no bf16 tensor cores), 900 GB/s; "
+        "deviceQuery on a Tesla V100-SXM2-32GB: 32510 MBytes (34089730048 bytes)",
+        ComputeProfile(0.77, 14.0, 0.77 * _A100_ATTN_PER_GEMM, 0.87,
+                       "e_max: fp16 squares peak at 94.8-97.4 TFLOP/s (torch-performance-test-data "
+                       "database.md and issue #140); fill fitted 14.3 us")),
+    "A100-40GB": GPU(
+        "A100-40GB", 312.0, 42298834944, 1555.0,
+        "NVIDIA A100 data sheet: 312 TFLOP/s bf16 dense, 40GB HBM2 1,555 GB/s; deviceQuery on an "
+        "A100-SXM4-40GB: 40339 MBytes (42298834944 bytes) (bottlerocket-os/bottlerocket PR #3873)",
+        ComputeProfile(0.869, 14.0, 0.657, 0.87,
+                       "e_max: MAMF 271.2 of 312 (A100 SXM); fill fitted 14.3 us; FA2 A100 figures")),
+    "A100-80GB": GPU(
+        "A100-80GB", 312.0, 81251 * MiB, 2039.0,
+        "NVIDIA A100 data sheet: 312 TFLOP/s bf16 dense, 80GB HBM2e 2,039 GB/s (SXM); deviceQuery on an "
+        "A100-SXM4-80GB: 81251 MBytes (nvidia-smi shows 81920 MiB, modal-labs/modal-client PR #2797)",
+        ComputeProfile(0.869, 14.0, 0.657, 0.87,
+                       "e_max: MAMF 271.2 of 312 (A100 SXM); fill fitted 14.3 us; FA2 A100 figures")),
+    "H100": GPU(
+        "H100", 989.0, 81089 * MiB, 3350.0,
+        "NVIDIA H100 SXM data sheet: 1,979 TFLOP/s bf16 with sparsity = 989 dense, 3.35 TB/s; torch "
+        "_CudaDeviceProperties(name='NVIDIA H100 80GB HBM3', total_memory=81089MB) (81082-81090 seen)",
+        ComputeProfile(0.803, 13.0, 0.348, 0.87,
+                       "e_max: MAMF 794.5 of 989 (H100 SXM); fill fitted 12.8 us; FA2 H100 figures")),
+    "H100-PCIe": GPU(
+        "H100-PCIe", 756.0, 81008 * MiB, 2000.0,
+        "NVIDIA H100 PCIe data sheet: 1,513 TFLOP/s bf16 with sparsity = 756 dense, 2 TB/s HBM2e; torch "
+        "_CudaDeviceProperties(name='NVIDIA H100 PCIe', total_memory=81008MB)",
+        ComputeProfile(0.656, 13.0, 0.656 * _HOPPER_ATTN_PER_GEMM, 0.87,
+                       "e_max: bf16 squares peak at 495.9 of 756 (torch-performance-test-data database.md)"
+                       "; fill and attention as H100")),
+    "H200": GPU(
+        "H200", 989.0, 143156 * MiB, 4800.0,
+        "NVIDIA H200 data sheet: 989 TFLOP/s bf16 dense, 141 GB HBM3e at 4.8 TB/s; torch "
+        "_CudaDeviceProperties(name='NVIDIA H200', total_memory=143156MB)",
+        ComputeProfile(0.803, 13.0, 0.348, 0.87,
+                       "e_max: MAMF table says H200 is the same as H100 SXM (bf16 squares 790.3 of 989 "
+                       "in torch-performance-test-data); fill and attention as H100")),
+    "B200": GPU(
+        "B200", 2250.0, 182631 * MiB, 8000.0,
+        "NVIDIA DGX B200 data sheet: 2.25 PFLOP/s bf16 dense per GPU, 180 GB HBM3e at 8 TB/s; torch "
+        "_CudaDeviceProperties(name='NVIDIA B200', total_memory=182631MB) (182642 seen)",
+        ComputeProfile(0.776, 5.0, 0.640, 0.87,
+                       "e_max: MAMF 1745 of 2250 (B200 SXM); fill fitted 4.8 us (pytorch/ao PR #2427); "
+                       "attention: FlashAttention-4 (flash-attention PR #2280)")),
+    "L40S": GPU(
+        "L40S", 362.05, 45589 * MiB, 864.0,
+        "NVIDIA L40S data sheet: 362.05 TFLOP/s bf16 dense (733 with sparsity), 48 GB GDDR6 at 864 GB/s; "
+        "torch _CudaDeviceProperties(name='NVIDIA L40S', total_memory=45589MB)",
+        ComputeProfile(0.744, 14.0, 0.744 * _A100_ATTN_PER_GEMM, 0.87,
+                       "e_max: bf16 squares peak at 269.2 of 362 (torch-performance-test-data "
+                       "database.md); fill and attention ratio assumed as A100's")),
+    "MI300X": GPU(
+        "MI300X", 1307.4, 196592 * MiB, 5300.0,
+        "AMD Instinct MI300X specifications: 1307.4 TFLOP/s bf16 dense, 192 GB HBM3 at 5.3 TB/s; torch "
+        "_CudaDeviceProperties(name='AMD Instinct MI300X', total_memory=196592MB) (ROCm/ROCm issue #4203)",
+        ComputeProfile(0.511, 14.0, 0.511 * _A100_ATTN_PER_GEMM, 0.80,
+                       "e_max: MAMF 668.4 TFLOP/s (torch 2.5.1, ROCm 6.3, TunableOp); fill and attention "
+                       "ratio assumed as A100's; HBM fraction assumed")),
     # One CPU process for gloo runs: an order-of-magnitude stand-in until calibrated.
-    "CPU": GPU("CPU", 0.05, 24 * GiB, 10.0),
+    "CPU": GPU("CPU", 0.05, 24 * GiB, 10.0,
+               "one CPU process for gloo runs: an order-of-magnitude stand-in until calibrated"),
 }
-
-ADAM_BYTES_PER_PARAM = 28
 
 
 def gpu_names() -> list[str]:
@@ -55,11 +218,14 @@ def gpu_names() -> list[str]:
 
 @dataclass
 class ComputeModel:
-    """Seconds for each compute op, from a roofline or from a calibration table."""
+    """Seconds for each compute op: a calibration table, a flat roofline or the per-op model."""
 
     gpu: GPU
-    efficiency: float = 0.5  # fraction of peak FLOP/s that transformer matmuls reach
-    memory_efficiency: float = 0.8  # fraction of HBM bandwidth elementwise kernels reach
+    # A number: the flat roofline at that fraction of peak.  None: the per-op model where a
+    # layer has a work breakdown, else the GPU's default efficiency.
+    efficiency: float | None = None
+    # Fraction of HBM bandwidth memory-bound kernels and the optimizer reach (None: the GPU's).
+    memory_efficiency: float | None = None
     # {"block": {"fwd": seconds, "bwd": seconds}, ...} measured at ``calibrated_tokens``.
     layer_seconds: dict[str, dict[str, float]] = field(default_factory=dict)
     calibrated_tokens: int = 0
@@ -68,18 +234,159 @@ class ComputeModel:
     # mean pace) is stretched by how much later the slowest rank ends a pass.
     slowest_rank_factor: float = 1.0
 
-    def layer_time(self, kind: str, direction: str, flops: float, tokens: int) -> float:
-        """Time of ``direction`` in {fwd, bwd} for a layer of ``kind`` on ``tokens`` tokens."""
+    # --- what applies ---------------------------------------------------------------------
+
+    @property
+    def hbm_efficiency(self) -> float:
+        if self.memory_efficiency is not None:
+            return self.memory_efficiency
+        profile = self.gpu.profile
+        return profile.hbm_efficiency if profile else FLAT_DEFAULT_MEMORY_EFFICIENCY
+
+    @property
+    def default_efficiency(self) -> float:
+        """Fraction of peak for a layer with no work breakdown (or any layer, given ``efficiency``)."""
+        if self.efficiency is not None:
+            return self.efficiency
+        if self.gpu.profile is None:
+            return FLAT_DEFAULT_EFFICIENCY
+        n = DEFAULT_GEMM_SIZE
+        return self.gemm_efficiency(n, n, n)
+
+    def _table(self, kind: str, direction: str) -> float | None:
         table = self.layer_seconds.get(kind)
         if table and direction in table and self.calibrated_tokens:
-            return table[direction] * tokens / self.calibrated_tokens * self.slowest_rank_factor
-        return flops / (self.gpu.peak_flops * self.efficiency)
+            return table[direction]
+        return None
+
+    def per_op(self, kind: str, direction: str, work: Any) -> bool:
+        """Whether the per-op model times this layer (no table, no flat efficiency, a breakdown)."""
+        return (self._table(kind, direction) is None and self.efficiency is None
+                and work is not None and self.gpu.profile is not None)
+
+    # --- layers -----------------------------------------------------------------------------
+
+    def layer_time(self, kind: str, direction: str, flops: float, tokens: int, work: Any = None) -> float:
+        """Time of ``direction`` in {fwd, bwd} for a layer of ``kind`` on ``tokens`` tokens.
+
+        ``flops`` are the layer's FLOPs in that direction (model FLOPs); ``work`` its forward
+        :class:`~zero_sim.system.workload.Work`, when known."""
+        measured = self._table(kind, direction)
+        if measured is not None:
+            return measured * tokens / self.calibrated_tokens * self.slowest_rank_factor
+        if not self.per_op(kind, direction, work):
+            return flops / (self.gpu.peak_flops * self.default_efficiency)
+        return sum(self.op_seconds(kind, direction, work).values())
+
+    def recompute_time(self, kind: str, mode: str, fwd_flops: float, flops: float, tokens: int,
+                       work: Any = None) -> float:
+        """Forward work re-run in backward: all of it ("full") or the attention core ("selective").
+
+        ``flops`` are the recomputed FLOPs the workload counts; without the per-op model the
+        time is the forward's, scaled by ``flops / fwd_flops`` under "selective"."""
+        if not flops:
+            return 0.0
+        full = self.layer_time(kind, "fwd", fwd_flops, tokens, work)
+        if mode == "full":
+            return full
+        if not self.per_op(kind, "fwd", work):
+            return full * flops / max(fwd_flops, 1.0)
+        seconds = self.attention_seconds("fwd", work)
+        if getattr(work, "attention", "flash") == "eager":  # and the softmax over the scores
+            softmax = EAGER_SOFTMAX_SCORE_BYTES_FWD * _score_elements(work)
+            seconds += self._memory_seconds(min(work.memory_bytes, softmax))
+        return seconds
+
+    def op_seconds(self, kind: str, direction: str, work: Any) -> dict[str, float]:
+        """The per-op model's seconds for ``gemm``, ``attention`` and ``memory`` kernels."""
+        mult = 1.0 if direction == "fwd" else MEMORY_BWD_BYTES
+        return {"gemm": self.gemm_seconds(kind, direction, work),
+                "attention": self.attention_seconds(direction, work),
+                "memory": self._memory_seconds(work.memory_bytes * mult)}
+
+    # --- kernels ----------------------------------------------------------------------------
+
+    def gemm_efficiency(self, m: float, k: float, n: float) -> float:
+        """Fraction of peak an ``m x k`` by ``k x n`` GEMM reaches on this GPU."""
+        return self._gemm_efficiency_flops(2.0 * m * k * n)
+
+    def _gemm_efficiency_flops(self, flops: float) -> float:
+        profile = self.gpu.profile
+        if profile is None:
+            return self.default_efficiency
+        if flops <= 0:
+            return profile.gemm_max
+        ideal = flops / (self.gpu.peak_flops * profile.gemm_max)
+        return profile.gemm_max / (1.0 + (profile.gemm_fill_us * 1e-6 / ideal) ** GEMM_FILL_EXPONENT)
+
+    def gemm_seconds(self, kind: str, direction: str, work: Any) -> float:
+        flops = work.matmul_flops
+        if not flops:
+            return 0.0
+        m, k = work.tokens, work.width
+        if m > 0 and k > 0:
+            n = flops / (2.0 * m * k) / (1 if kind == "head" else GEMMS_PER_BLOCK)
+            eff = self.gemm_efficiency(m, k, n)
+        else:
+            eff = self.default_efficiency
+        mult = 1.0 if direction == "fwd" else GEMM_BWD_FLOPS
+        return mult * flops / (self.gpu.peak_flops * eff)
+
+    def flash_efficiency(self, direction: str, seq_len: int, head_dim: int, causal: bool = True) -> float:
+        """Fraction of peak FlashAttention reaches in ``direction`` at this shape."""
+        profile = self.gpu.profile
+        if profile is None:
+            return self.default_efficiency
+        s0 = FLASH_S0_CAUSAL if causal else FLASH_S0_NONCAUSAL
+        s = max(seq_len, 1)
+        both = profile.flash_max * (FLASH_CAUSAL_FACTOR if causal else 1.0) * _head_dim_factor(head_dim)
+        both *= s / (s + s0)
+        # fwd + 2.5 x bwd FLOPs at efficiencies e and 0.86 e take as long as 3.5 at ``both``.
+        fwd = both * (1.0 + FLASH_BWD_FLOPS / FLASH_BWD_OVER_FWD) / (1.0 + FLASH_BWD_FLOPS)
+        return fwd if direction == "fwd" else fwd * FLASH_BWD_OVER_FWD
+
+    def attention_seconds(self, direction: str, work: Any) -> float:
+        flops = work.attention_flops
+        if not flops:
+            return 0.0
+        if getattr(work, "attention", "flash") == "eager":
+            # QK^T and scores.V, each half the FLOPs, batched over micro-batch x heads, and their
+            # s x s reads and writes; backward runs four such GEMMs.
+            eff = self._gemm_efficiency_flops(flops / 2.0)
+            mult = 1.0 if direction == "fwd" else GEMM_BWD_FLOPS
+            scores = EAGER_BMM_SCORE_BYTES_FWD * _score_elements(work)
+            return mult * (flops / (self.gpu.peak_flops * eff) + self._memory_seconds(scores))
+        causal = bool(getattr(work, "causal", True))
+        done = flops * (0.5 if causal else 1.0)  # the kernel skips the masked half
+        eff = self.flash_efficiency(direction, work.seq_len, work.head_dim, causal)
+        mult = 1.0 if direction == "fwd" else FLASH_BWD_FLOPS
+        return mult * done / (self.gpu.peak_flops * eff)
+
+    def _memory_seconds(self, nbytes: float) -> float:
+        if not nbytes:
+            return 0.0
+        return nbytes / (self.gpu.hbm_gbps * 1e9 * self.hbm_efficiency)
+
+    # --- the rest ---------------------------------------------------------------------------
 
     def optimizer_time(self, params: int) -> float:
         if self.optimizer_seconds_per_param is not None:
             return params * self.optimizer_seconds_per_param
-        return params * ADAM_BYTES_PER_PARAM / (self.gpu.hbm_gbps * 1e9 * self.memory_efficiency)
+        return self._memory_seconds(params * ADAM_BYTES_PER_PARAM)
 
     @property
     def calibrated(self) -> bool:
         return bool(self.layer_seconds)
+
+
+def _head_dim_factor(head_dim: int) -> float:
+    """FlashAttention's rate relative to head dim 128: 0.87 at 64, linear in log2 between."""
+    if head_dim <= 0 or head_dim >= 128:
+        return 1.0
+    return max(0.5, 1.0 - (1.0 - FLASH_HEAD_DIM_64_FACTOR) * math.log2(128 / head_dim))
+
+
+def _score_elements(work: Any) -> float:
+    """Entries of the attention score matrices, b * heads * s * s_k: the attention FLOPs over 4d."""
+    head_dim = work.head_dim or (work.width // work.heads if work.heads else 0)
+    return work.attention_flops / (4.0 * head_dim) if head_dim else 0.0

@@ -1,35 +1,116 @@
 """What is being trained: a model as an ordered list of layers, each with its tensors,
-its FLOPs and the activation bytes it saves for backward.
+its FLOPs, the kinds of work it does and the activation bytes it saves for backward.
 
 Why layers, not modules or kernels: every strategy communicates at layer granularity
 (a DDP bucket fills as layers finish backward; ZeRO-3 and FSDP gather one layer's
 parameters at a time), and a layer is the unit a person can recognise on a timeline.
 
-Model (assumptions, all in one place):
+Model (assumptions, all in one place)
+-------------------------------------
 
-* A GPT is ``embedding`` (token + position tables), ``n_layer`` transformer ``block`` s,
-  and a ``head`` (final layernorm + vocabulary projection).  GPT-2 presets tie the
-  projection to the embedding's token table, as GPT-2 does: the table belongs to the
-  embedding layer (its gradient is complete only after the embedding's backward) and the
-  head records that it reads it (``reads_layer``), so ZeRO-3 gathers it there too.
-* Forward FLOPs of a block on ``T = b*s`` tokens: ``2*T*12h^2`` for the matmuls plus
-  ``4*b*s^2*h`` for attention scores and the weighted sum.  Head: ``2*T*h*V``.  The
-  embedding lookup is counted as zero FLOPs.  Backward costs twice the forward.
-* Saved activations of a block, bf16, no tensor parallelism (Korthikanti et al. 2022):
-  ``s*b*h*(34 + 5*a*s/h)`` bytes.  Selective recompute drops the ``5as/h`` term; full
-  recompute keeps only the block input, ``2*s*b*h`` bytes.  The head keeps its input
-  (``2sbh``) and fp32 logits for the loss (``4*s*b*V``); the embedding keeps its output.
+A transformer is ``embedding`` (token table, plus a learned position table when
+``positions == "learned"``), ``n_layer`` transformer ``block`` s and a ``head`` (final norm
+and vocabulary projection).  :class:`GPTShape` names its shape:
+
+* ``d_model`` = h, ``n_head`` = a query heads of ``head_dim`` (default h/a), ``kv_heads``
+  key/value heads (grouped-query attention; default a), ``ffn_hidden`` = f (default 4h);
+* ``mlp``: ``"gelu"`` (two matrices h×f, f×h; GPT, BERT, MPT), ``"relu"`` (the same two
+  matrices; T5) or ``"swiglu"`` (three: gate and up h×f, down f×h; Llama, Mistral);
+* ``norm``: ``"layernorm"`` (a weight, and a bias when ``bias`` is on) or ``"rmsnorm"`` (a
+  weight only); ``bias``: biases on every linear layer (GPT-2/3, BERT) or none (Llama, MPT,
+  T5); ``positions``: ``"learned"`` (a seq_len×h table), ``"rotary"`` (no parameters),
+  ``"alibi"`` (no parameters), ``"relative"`` (T5's 32 buckets per head per stack);
+* ``tied``: the head reuses the embedding's token table (GPT-2 does): the table belongs to
+  the embedding layer (its gradient is complete only after the embedding's backward) and
+  the head records that it reads it (``reads_layer``), so ZeRO-3 gathers it there too;
+* ``dropout``: whether training applies dropout (GPT-2/3, BERT, T5 do; Llama, Mistral, MPT
+  train with dropout 0): it decides which masks are saved;
+* ``cross_attention``: the last this-many blocks also attend to the encoder's output (a
+  T5 decoder, see below); ``window``: sliding-window attention over that many keys (Mistral).
+
+Forward FLOPs (``Work``).  A dense layer of m×n weights costs ``2*T*m*n`` on ``T = b*s``
+tokens; a block's matmuls are QKV ``h*(a*d + 2*kv*d)``, output ``a*d*h`` and the MLP's two or
+three ``h*f`` matrices (``2*T*12h^2`` for GPT-2's shape).  The attention core (``Q K^T`` and
+the weighted sum of ``V``) costs ``4*b*s*s_k*a*d`` with ``s_k = min(s, window)`` keys per
+query, causal masking not halved (``4*b*s^2*h`` for GPT-2's shape), as Narayanan et al. 2021
+count it.  Head: ``2*T*h*V``.  The embedding lookup is zero FLOPs.  Backward costs twice the
+forward.  ``Layer.fwd_flops`` is matmul + attention: the model FLOPs MFU is reported from.
+
+Memory-bound work (``Work.memory_bytes``, forward, bf16, per micro-batch).  Each op reads its
+inputs and writes its output once; biases are fused into their GEMM, so they cost nothing here:
+
+* a norm reads and writes the hidden state: ``4*T*h``; a residual add reads two and writes
+  one: ``6*T*h``; a dropout reads, writes and writes a 1-byte mask: ``5*T*h``;
+* rotary embeddings read and write Q and K: ``4*T*(a*d + kv*d)``;
+* the MLP's activation: GeLU or ReLU ``4*T*f``; SwiGLU a SiLU (``4*T*f``) and a product
+  (reads two, writes one: ``6*T*f``);
+* eager attention also runs a softmax over the score matrix (scale and mask fused into it):
+  ``4*b*a*s*s_k`` bytes, plus its dropout (``5*b*a*s*s_k``), plus, with fewer KV heads than
+  query heads, copying K and V out to every query head (``4*T*(kv*d + a*d)``).  Flash
+  attention keeps all of that on chip: its traffic is part of the attention kernel;
+* embedding: the gather (``4*T*h``), the learned position add (``6*T*h``), dropout;
+  head: the final norm, and the loss: logits cast to fp32 (reads 2, writes 4 bytes per
+  logit) and log-softmax (reads and writes 4): ``14*T*V``.
+
+Saved activations (bytes per micro-batch, bf16, no tensor parallelism), following
+Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer Models",
+Sec. 4.1): every op saves what its backward reads, each tensor counted once.  For a GPT-2
+block with eager attention and dropout this is their ``s*b*h*(34 + 5*a*s/h)``.  Per block,
+with ``T = s*b``, query width ``q = a*d``, key/value width ``k = kv*d`` and ``D`` = 1 with
+dropout, 0 without:
+
+* two norms save their inputs: ``4*T*h`` (RMSNorm and LayerNorm alike; the per-token
+  fp32 statistics, 4 or 8 bytes a token, are below this accounting's resolution);
+* attention: the QKV input ``2*T*h``; Q ``2*T*q``; K and V ``4*T*k`` (flash, which reads
+  the grouped heads directly) or ``4*T*q`` (eager, which saves K and V repeated out to every
+  query head, as Hugging Face's ``repeat_kv`` does); the output projection's input ``2*T*q``;
+  the residual dropout mask ``D*T*h``;
+* the attention core, eager: the softmax output ``2*b*a*s*s_k``, and with dropout its mask
+  (``b*a*s*s_k``) and output (``2*b*a*s*s_k``): Korthikanti's ``5*a*s^2*b``.  Flash
+  (FlashAttention, Dao et al. 2022; the kernel torch's scaled_dot_product_attention picks
+  for bf16 on Ampere and newer) saves no s×s tensor: the output (already counted as the
+  projection's input), and the softmax's log-sum-exp, fp32 per head per token: ``4*T*a``;
+  its dropout mask is regenerated from the RNG state;
+* MLP: its input ``2*T*h``; GeLU its input and output ``4*T*f``; ReLU its output only (its
+  backward and the down projection share it) ``2*T*f``; SwiGLU the gate and up outputs, the
+  SiLU output and their product ``8*T*f`` (unfused, as written in PyTorch; a fused SwiGLU
+  kernel saves ``6*T*f``); the residual dropout mask ``D*T*h``.
+
+For GPT-2's shape (a = h/d, kv = a, f = 4h, D = 1, eager) this is exactly ``34*T*h +
+5*b*a*s^2``.  Selective recompute drops the attention core's saved tensors (eager: the s×s
+terms; flash: the log-sum-exp); full recompute keeps only the block input, ``2*T*h``.  The
+head keeps its input (``2*T*h``) and fp32 logits for the loss (``4*T*V``); the embedding keeps
+its output (``2*T*h``).
+
+Encoder-decoder models (T5) are approximated as one stack of blocks with the same
+parameters, FLOPs and activations: the encoder's blocks, then the decoder's, each of which
+also has a cross-attention (its own norm, Q, K, V and output projections) over an encoder
+output as long as its own input.  What this leaves out: the decoder's input may be shorter
+than the encoder's (we use one sequence length), the encoder output every decoder block
+reads is saved once (not counted per block), and backward from the decoder reaches the
+encoder only through that output.  Encoder-only models (BERT) are blocks with the same
+FLOPs and bytes as a decoder's.
 
 A workload can also be read off any ``torch.nn.Module`` on the meta device
 (``sim2real.module_workload``): parameter sizes per child module, FLOPs from torch's
-flop counter, saved-activation bytes from autograd's saved-tensor hooks.
+flop counter, saved-activation bytes from autograd's saved-tensor hooks; its layers have
+no :class:`Work` breakdown.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 
 RECOMPUTE_MODES = ("none", "selective", "full")
+ATTENTION_IMPLS = ("flash", "eager")  # flash: FlashAttention / torch SDPA; eager: softmax(QK^T)V in torch ops
+# FlashAttention (Dao et al. 2022) is what torch's scaled_dot_product_attention runs for bf16 on
+# Ampere and newer GPUs, the setting of every preset here: it is the default.
+DEFAULT_ATTENTION = "flash"
+MLP_KINDS = ("gelu", "relu", "swiglu")
+NORMS = ("layernorm", "rmsnorm")
+POSITIONS = ("learned", "rotary", "alibi", "relative")
+RELATIVE_BUCKETS = 32  # T5's relative position buckets, one bias per bucket per head per stack
 
 
 class WorkloadError(ValueError):
@@ -43,16 +124,33 @@ class Tensor:
 
 
 @dataclass(frozen=True)
+class Work:
+    """Forward work of one layer on one micro-batch, split by the kind of kernel that does it."""
+
+    matmul_flops: float = 0.0  # dense GEMMs (QKV/O projections, MLP, LM head)
+    attention_flops: float = 0.0  # attention core: QK^T and scores·V (causal masking not halved)
+    memory_bytes: float = 0.0  # HBM traffic of memory-bound ops (norms, activations, residuals, rotary,
+    #                            embedding lookup, loss; with eager attention also softmax over s*s scores)
+    tokens: int = 0  # tokens per micro-batch = M of the layer's GEMMs
+    width: int = 0  # hidden size d_model (K of most GEMMs)
+    seq_len: int = 0
+    heads: int = 0
+    head_dim: int = 0
+    attention: str = DEFAULT_ATTENTION  # "flash" (FlashAttention / SDPA) or "eager"
+
+
+@dataclass(frozen=True)
 class Layer:
     """One layer: its tensors, forward FLOPs and saved-activation bytes per micro-batch."""
 
     index: int
     kind: str  # "embedding" | "block" | "head" | "module"
     tensors: tuple[Tensor, ...]
-    fwd_flops: float
+    fwd_flops: float  # model FLOPs: matmul + attention
     activation_bytes: int  # saved for backward with no recompute
     checkpointed_activation_bytes: int  # saved under the workload's recompute mode
     reads_layer: int | None = None  # another layer whose weights this one also uses (tied embeddings)
+    work: Work | None = None  # the forward's split by kernel kind (None for layers read off a module)
 
     @property
     def numel(self) -> int:
@@ -65,15 +163,63 @@ class Layer:
 
 @dataclass(frozen=True)
 class GPTShape:
+    """A transformer's shape; the defaults are GPT-2's (see the module docstring for each field)."""
+
     n_layer: int
     d_model: int
     n_head: int
     vocab: int = 50257
     seq_len: int = 1024
     tied: bool = False  # head reuses the embedding's token table (GPT-2 does)
+    kv_heads: int | None = None  # key/value heads (grouped-query attention); None: n_head
+    ffn_hidden: int | None = None  # MLP width f; None: 4 * d_model
+    mlp: str = "gelu"  # "gelu" | "relu" (2 matrices) | "swiglu" (3 matrices)
+    norm: str = "layernorm"  # "layernorm" (weight, + bias when `bias`) | "rmsnorm" (weight)
+    bias: bool = True  # biases on the linear layers (and on LayerNorm)
+    positions: str = "learned"  # "learned" | "rotary" | "alibi" | "relative"
+    head_dim: int | None = None  # None: d_model // n_head
+    dropout: bool = True  # training applies dropout (masks saved for backward)
+    cross_attention: int = 0  # the last this-many blocks also attend to an encoder output (T5)
+    window: int | None = None  # sliding-window attention: keys per query (Mistral)
+
+    @property
+    def n_kv_head(self) -> int:
+        return self.kv_heads if self.kv_heads is not None else self.n_head
+
+    @property
+    def d_head(self) -> int:
+        return self.head_dim if self.head_dim is not None else self.d_model // self.n_head
+
+    @property
+    def d_ffn(self) -> int:
+        return self.ffn_hidden if self.ffn_hidden is not None else 4 * self.d_model
 
     def params(self) -> int:
         return sum(layer.numel for layer in _gpt_layers(self, micro_batch=1, recompute="none"))
+
+    def describe(self) -> str:
+        """The shape in words, naming only what differs from GPT-2's defaults."""
+        parts = [f"{self.n_layer} layers", f"d_model {self.d_model}", f"{self.n_head} heads"]
+        if self.head_dim is not None and self.head_dim * self.n_head != self.d_model:
+            parts.append(f"head dim {self.head_dim}")
+        if self.n_kv_head != self.n_head:
+            parts.append(f"{self.n_kv_head} KV heads")
+        if self.ffn_hidden is not None and self.ffn_hidden != 4 * self.d_model:
+            parts.append(f"FFN {self.ffn_hidden}")
+        if self.mlp != "gelu":
+            parts.append({"swiglu": "SwiGLU", "relu": "ReLU"}[self.mlp])
+        if self.norm != "layernorm":
+            parts.append("RMSNorm")
+        if not self.bias:
+            parts.append("no biases")
+        if self.positions != "learned":
+            parts.append(f"{self.positions} positions")
+        if self.cross_attention:
+            parts.append(f"cross-attention in the last {self.cross_attention} blocks")
+        if self.window is not None:
+            parts.append(f"window {self.window}")
+        parts.append(f"vocab {self.vocab}")
+        return ", ".join(parts)
 
 
 @dataclass(frozen=True)
@@ -86,6 +232,7 @@ class Workload:
     micro_batch: int
     recompute: str = "none"
     shape: GPTShape | None = field(default=None, compare=False)
+    attention: str | None = field(default=None, compare=False)  # None for a workload read off a module
 
     @property
     def params(self) -> int:
@@ -108,15 +255,52 @@ class Workload:
 
     def describe(self) -> str:
         s = self.shape
-        shape = f", {s.n_layer} layers, d_model {s.d_model}, {s.n_head} heads, vocab {s.vocab}" if s else ""
+        shape = f", {s.describe()}" if s else ""
+        attention = f", {self.attention} attention" if self.attention else ""
         return (f"{self.name}: {self.params:,} parameters{shape}, seq {self.seq_len}, "
-                f"micro-batch {self.micro_batch}")
+                f"micro-batch {self.micro_batch}{attention}")
 
+
+@dataclass(frozen=True)
+class PresetSource:
+    """Where a preset's shape and its published parameter count come from."""
+
+    shape: str  # the publication (and table) the shape is read from
+    params: str | None  # the parameter count as the source prints it ("6.74B"); None: not published
+    params_source: str = ""  # where that count is printed, when not where the shape is
+    note: str = ""  # what was assumed or approximated
+
+
+def published_params(text: str) -> tuple[float, float]:
+    """A printed count (``"6.74B"``, ``"350M"``) as (value, half a unit of its last significant digit).
+
+    Trailing zeros of a whole number are not significant ("350M" is 35 tens of millions), as
+    the sources round their model names: GPT-3's "350M" model has 355.9M parameters."""
+    units = {"K": 1e3, "M": 1e6, "B": 1e9, "T": 1e12}
+    digits, unit = text[:-1], units[text[-1].upper()]
+    if "." in digits:
+        step = 10.0 ** -len(digits.split(".")[1])
+    else:
+        stripped = digits.rstrip("0")
+        step = 10.0 ** (len(digits) - len(stripped))
+    return float(digits) * unit, step * unit / 2
+
+
+_GPT3 = "Brown et al. 2020, 'Language Models are Few-Shot Learners', Table 2.1"
+_GPT3_TIED = ("vocabulary 50257 and 2048 learned positions as GPT-2's, embeddings tied as in GPT-2 "
+              "(the counts of Table 2.1 include one token table)")
+_LLAMA2 = "Touvron et al. 2023, 'Llama 2: Open Foundation and Fine-Tuned Chat Models', Table 1 and Sec. 2.2"
+_LLAMA2_CONFIG = ("FFN widths and vocabulary 32000 as the released model code and params.json give them "
+                  "(meta-llama/llama repository)")
+_LLAMA3 = "Meta, Llama 3 model card (meta-llama/llama3 MODEL_CARD.md), released model code and params.json"
+_MPT = "MosaicML, MPT-{} model card on Hugging Face (mosaicml/mpt-{}), 'Model Description' table"
+_HF_CARD = "the model's Hugging Face page (safetensors parameter count)"
 
 # Preset shapes.  GPT-2 sizes are the published ones.  gpt-7.5b follows the ZeRO paper's
 # 7.5B model size with a GPT-3-like aspect ratio; the RoBERTa sizes of seed 004 are
 # encoders whose shapes the article does not give: we assume GPT-like blocks (same
 # FLOPs and bytes as an encoder block) at RoBERTa's sequence length of 512.
+_LLAMA = dict(mlp="swiglu", norm="rmsnorm", bias=False, positions="rotary", dropout=False)
 PRESETS: dict[str, GPTShape] = {
     "gpt2-124m": GPTShape(12, 768, 12, 50257, 1024, tied=True),
     "gpt2-350m": GPTShape(24, 1024, 16, 50257, 1024, tied=True),
@@ -125,6 +309,84 @@ PRESETS: dict[str, GPTShape] = {
     "gpt3-175b": GPTShape(96, 12288, 96, 50257, 2048),
     "roberta-10b": GPTShape(50, 4096, 32, 50265, 512),
     "roberta-50b": GPTShape(62, 8192, 64, 50265, 512),
+    "gpt3-125m": GPTShape(12, 768, 12, 50257, 2048, tied=True),
+    "gpt3-350m": GPTShape(24, 1024, 16, 50257, 2048, tied=True),
+    "gpt3-760m": GPTShape(24, 1536, 16, 50257, 2048, tied=True),
+    "gpt3-1.3b": GPTShape(24, 2048, 16, 50257, 2048, tied=True),
+    "gpt3-2.7b": GPTShape(32, 2560, 32, 50257, 2048, tied=True),
+    "gpt3-6.7b": GPTShape(32, 4096, 32, 50257, 2048, tied=True),
+    "gpt3-13b": GPTShape(40, 5120, 40, 50257, 2048, tied=True),
+    "llama2-7b": GPTShape(32, 4096, 32, 32000, 4096, ffn_hidden=11008, **_LLAMA),
+    "llama2-13b": GPTShape(40, 5120, 40, 32000, 4096, ffn_hidden=13824, **_LLAMA),
+    "llama2-70b": GPTShape(80, 8192, 64, 32000, 4096, kv_heads=8, ffn_hidden=28672, **_LLAMA),
+    "llama3-8b": GPTShape(32, 4096, 32, 128256, 8192, kv_heads=8, ffn_hidden=14336, **_LLAMA),
+    "llama3-70b": GPTShape(80, 8192, 64, 128256, 8192, kv_heads=8, ffn_hidden=28672, **_LLAMA),
+    "mistral-7b": GPTShape(32, 4096, 32, 32000, 8192, kv_heads=8, ffn_hidden=14336, window=4096, **_LLAMA),
+    "mpt-7b": GPTShape(32, 4096, 32, 50432, 2048, tied=True, bias=False, positions="alibi", dropout=False),
+    "mpt-30b": GPTShape(48, 7168, 64, 50432, 8192, tied=True, bias=False, positions="alibi", dropout=False),
+    "t5-11b": GPTShape(48, 1024, 128, 32128, 512, tied=True, head_dim=128, ffn_hidden=65536, mlp="relu",
+                       norm="rmsnorm", bias=False, positions="relative", cross_attention=24),
+    "bert-large": GPTShape(24, 1024, 16, 30522, 512, tied=True),
+}
+
+PRESET_SOURCES: dict[str, PresetSource] = {
+    "gpt2-124m": PresetSource("Radford et al. 2019, 'Language Models are Unsupervised Multitask Learners', "
+                              "Table 2 (smallest model), and the released GPT-2 code", "124M",
+                              "openai-community/gpt2 on Hugging Face",
+                              "the paper's Table 2 prints 117M; the released weights have 124.4M"),
+    "gpt2-350m": PresetSource("Radford et al. 2019, Table 2 (second model)", "355M",
+                              "openai-community/gpt2-medium on Hugging Face",
+                              "the paper prints 345M for this model"),
+    "gpt2-1.5b": PresetSource("Radford et al. 2019, Table 2 (largest model)", "1542M",
+                              "Radford et al. 2019, Table 2"),
+    "gpt-7.5b": PresetSource("Rajbhandari et al. 2020, 'ZeRO: Memory Optimizations Toward Training Trillion "
+                             "Parameter Models', Sec. 1 and Table 1 (7.5B model)", "7.5B", "",
+                             "the paper gives the size, not the shape: a GPT-3-like aspect ratio is assumed"),
+    "gpt3-175b": PresetSource(_GPT3 + " (GPT-3 175B)", "175.0B", _GPT3,
+                              "kept untied as this preset always was (tied, it would have 174.6B)"),
+    "roberta-10b": PresetSource("seed 004's article (RoBERTa 10B)", None, "",
+                                "the article gives the size, not the shape: GPT-like blocks assumed, "
+                                "10.5B parameters"),
+    "roberta-50b": PresetSource("seed 004's article (RoBERTa 50B)", None, "",
+                                "the article gives the size, not the shape: GPT-like blocks assumed, "
+                                "50.8B parameters"),
+    "gpt3-125m": PresetSource(_GPT3 + " (GPT-3 Small)", "125M", _GPT3, _GPT3_TIED),
+    "gpt3-350m": PresetSource(_GPT3 + " (GPT-3 Medium)", "350M", _GPT3, _GPT3_TIED),
+    "gpt3-760m": PresetSource(_GPT3 + " (GPT-3 Large)", "760M", _GPT3, _GPT3_TIED),
+    "gpt3-1.3b": PresetSource(_GPT3 + " (GPT-3 XL)", "1.3B", _GPT3,
+                              _GPT3_TIED + "; the table prints 24 heads of 128, which does not divide "
+                              "d_model 2048: we use 16 heads of 128, which does and gives 1.3B"),
+    "gpt3-2.7b": PresetSource(_GPT3 + " (GPT-3 2.7B)", "2.7B", _GPT3, _GPT3_TIED),
+    "gpt3-6.7b": PresetSource(_GPT3 + " (GPT-3 6.7B)", "6.7B", _GPT3, _GPT3_TIED),
+    "gpt3-13b": PresetSource(_GPT3 + " (GPT-3 13B)", "13B", _GPT3,
+                             _GPT3_TIED + "; the table prints d_model 5140 with 40 heads of 128: we use "
+                                          "40 x 128 = 5120"),
+    "llama2-7b": PresetSource(_LLAMA2, "6.74B", "meta-llama/Llama-2-7b-hf, " + _HF_CARD, _LLAMA2_CONFIG),
+    "llama2-13b": PresetSource(_LLAMA2, "13.0B", "meta-llama/Llama-2-13b-hf, " + _HF_CARD, _LLAMA2_CONFIG),
+    "llama2-70b": PresetSource(_LLAMA2 + " (GQA with 8 KV heads)", "69.0B",
+                               "meta-llama/Llama-2-70b-hf, " + _HF_CARD, _LLAMA2_CONFIG),
+    "llama3-8b": PresetSource(_LLAMA3, "8.03B", "meta-llama/Meta-Llama-3-8B, " + _HF_CARD,
+                              "GQA with 8 KV heads, vocabulary 128256, 8192-token context"),
+    "llama3-70b": PresetSource(_LLAMA3, "70.6B", "meta-llama/Meta-Llama-3-70B, " + _HF_CARD,
+                               "GQA with 8 KV heads, vocabulary 128256, 8192-token context"),
+    "mistral-7b": PresetSource("Jiang et al. 2023, 'Mistral 7B', Table 1", "7.24B",
+                               "mistralai/Mistral-7B-v0.1, " + _HF_CARD,
+                               "sliding window 4096 over an 8192-token context: attention FLOPs count "
+                               "4096 keys per query"),
+    "mpt-7b": PresetSource(_MPT.format("7B", "7b"), "6.7B", "",
+                           "ALiBi (no position table), no biases (LayerNorm included), tied embeddings, "
+                           "dropout 0"),
+    "mpt-30b": PresetSource(_MPT.format("30B", "30b"), "29.95B", "",
+                            "ALiBi, no biases, tied embeddings, dropout 0, 8192-token context"),
+    "t5-11b": PresetSource("Raffel et al. 2020, 'Exploring the Limits of Transfer Learning with a Unified "
+                           "Text-to-Text Transformer', Sec. 3.7 (T5-11B)", "11B", "",
+                           "encoder (24 blocks) and decoder (24 blocks with cross-attention) as one stack; "
+                           "inputs and targets both 512 tokens; vocabulary 32128 as released"),
+    "bert-large": PresetSource("Devlin et al. 2019, 'BERT: Pre-training of Deep Bidirectional Transformers', "
+                               "Sec. 3 (BERT-LARGE)", "340M", "",
+                               "encoder blocks as GPT-like blocks; vocabulary 30522 (uncased); the "
+                               "token-type table, embedding LayerNorm, pooler and MLM transform (2.1M) "
+                               "left out"),
 }
 
 
@@ -132,76 +394,198 @@ def preset_names() -> list[str]:
     return sorted(PRESETS)
 
 
-def block_activation_bytes(s: int, b: int, h: int, a: int, recompute: str) -> int:
-    """Korthikanti et al. 2022, bf16, no tensor parallelism."""
+def block_activation_bytes(s: int, b: int, h: int, a: int, recompute: str, *, kv_heads: int | None = None,
+                           head_dim: int | None = None, ffn_hidden: int | None = None, mlp: str = "gelu",
+                           attention: str = "eager", dropout: bool = True, keys: int | None = None,
+                           cross: bool = False) -> int:
+    """Saved activations of one block (see the module docstring), bf16, no tensor parallelism.
+
+    With only ``(s, b, h, a, recompute)`` this is Korthikanti et al. 2022's GPT block:
+    ``s*b*h*(34 + 5*a*s/h)`` with no recompute, ``34*s*b*h`` selective, ``2*s*b*h`` full."""
+    t = s * b
     if recompute == "full":
-        return 2 * s * b * h
-    per_token = 34 * h + (0 if recompute == "selective" else 5 * a * s)
-    return s * b * per_token
+        return 2 * t * h
+    d = head_dim if head_dim is not None else h // a
+    q = a * d
+    k = (kv_heads if kv_heads is not None else a) * d
+    f = ffn_hidden if ffn_hidden is not None else 4 * h
+    drop = 1 if dropout else 0
+    sk = min(s, keys) if keys is not None else s
+    kv_saved = k if attention == "flash" else q  # eager saves K and V repeated out to every query head
+    core = (4 * t * a) if attention == "flash" else b * a * s * sk * (2 + 3 * drop)
+    if recompute == "selective":
+        core = 0
+    attn = 2 * t * h + 2 * t * q + 4 * t * kv_saved + 2 * t * q + drop * t * h
+    norms = 4 * t * h
+    if cross:  # its own norm and attention over the encoder's output; that output itself is saved once
+        norms += 2 * t * h
+        attn += 2 * t * h + 2 * t * q + 4 * t * kv_saved + 2 * t * q + drop * t * h
+        core *= 2
+    saved_f = {"gelu": 4 * t * f, "relu": 2 * t * f, "swiglu": 8 * t * f}[mlp]
+    mlp_bytes = 2 * t * h + saved_f + drop * t * h
+    return norms + attn + core + mlp_bytes
 
 
-def _gpt_layers(shape: GPTShape, micro_batch: int, recompute: str) -> list[Layer]:
+def _norm_tensors(prefix: str, shape: GPTShape) -> tuple[Tensor, ...]:
+    h = shape.d_model
+    if shape.norm == "layernorm" and shape.bias:
+        return (Tensor(f"{prefix}.weight", h), Tensor(f"{prefix}.bias", h))
+    return (Tensor(f"{prefix}.weight", h),)
+
+
+def _linear(name: str, n_in: int, n_out: int, bias: bool) -> tuple[Tensor, ...]:
+    weight = (Tensor(f"{name}.weight", n_in * n_out),)
+    return weight + ((Tensor(f"{name}.bias", n_out),) if bias else ())
+
+
+def _block_tensors(shape: GPTShape, cross: bool) -> tuple[Tensor, ...]:
+    h, f, bias = shape.d_model, shape.d_ffn, shape.bias
+    q, k = shape.n_head * shape.d_head, shape.n_kv_head * shape.d_head
+    tensors = _norm_tensors("ln_1", shape)
+    tensors += _linear("attn.qkv", h, q + 2 * k, bias)
+    tensors += _linear("attn.proj", q, h, bias)
+    if cross:
+        tensors += _norm_tensors("ln_x", shape)
+        tensors += _linear("xattn.q", h, q, bias)
+        tensors += _linear("xattn.kv", h, 2 * k, bias)
+        tensors += _linear("xattn.proj", q, h, bias)
+    tensors += _norm_tensors("ln_2", shape)
+    if shape.mlp == "swiglu":
+        tensors += _linear("mlp.gate", h, f, bias) + _linear("mlp.up", h, f, bias)
+    else:
+        tensors += _linear("mlp.fc", h, f, bias)
+    tensors += _linear("mlp.proj", f, h, bias)
+    return tensors
+
+
+def _block_work(shape: GPTShape, b: int, attention: str, cross: bool) -> Work:
+    s, h, f, a, dh = shape.seq_len, shape.d_model, shape.d_ffn, shape.n_head, shape.d_head
+    t = s * b
+    q, k = a * dh, shape.n_kv_head * dh
+    sk = min(s, shape.window) if shape.window is not None else s
+    n_attn = 2 if cross else 1
+    mlp_mats = 3 if shape.mlp == "swiglu" else 2
+    matmul = 2 * t * (h * (q + 2 * k) + q * h) * n_attn + 2 * t * mlp_mats * h * f
+    core = 4 * b * s * sk * q * n_attn
+    drop = 5 if shape.dropout else 0
+    memory = (4 + 6 + drop) * t * h * (2 + (1 if cross else 0))  # norms, residual adds, residual dropouts
+    memory += {"gelu": 4, "relu": 4, "swiglu": 10}[shape.mlp] * t * f
+    if shape.positions == "rotary":
+        memory += 4 * t * (q + k)
+    if attention == "eager":
+        memory += (4 + drop) * b * a * s * sk * n_attn
+        if k < q:
+            memory += 4 * t * (k + q) * n_attn
+    return Work(float(matmul), float(core), float(memory), t, h, s, a, dh, attention)
+
+
+def _gpt_layers(shape: GPTShape, micro_batch: int, recompute: str,
+                attention: str = DEFAULT_ATTENTION) -> list[Layer]:
     s, b, h, a, v = shape.seq_len, micro_batch, shape.d_model, shape.n_head, shape.vocab
     tokens = s * b
+    dh = shape.d_head
+
+    emb_tensors = (Tensor("wte", v * h),)
+    if shape.positions == "learned":
+        emb_tensors += (Tensor("wpe", s * h),)
+    elif shape.positions == "relative":
+        stacks = 2 if shape.cross_attention else 1
+        emb_tensors += (Tensor("relative_attention_bias", RELATIVE_BUCKETS * a * stacks),)
+    emb_memory = 4 * tokens * h + (6 * tokens * h if shape.positions == "learned" else 0)
+    emb_memory += 5 * tokens * h if shape.dropout else 0
     layers = [
         Layer(
-            0, "embedding",
-            (Tensor("wte", v * h), Tensor("wpe", s * h)),
+            0, "embedding", emb_tensors,
             fwd_flops=0.0,
             activation_bytes=2 * s * b * h,
             checkpointed_activation_bytes=2 * s * b * h,
+            work=Work(0.0, 0.0, float(emb_memory), tokens, h, s, a, dh, attention),
         )
     ]
-    block_tensors = (
-        Tensor("ln_1.weight", h), Tensor("ln_1.bias", h),
-        Tensor("attn.qkv.weight", 3 * h * h), Tensor("attn.qkv.bias", 3 * h),
-        Tensor("attn.proj.weight", h * h), Tensor("attn.proj.bias", h),
-        Tensor("ln_2.weight", h), Tensor("ln_2.bias", h),
-        Tensor("mlp.fc.weight", 4 * h * h), Tensor("mlp.fc.bias", 4 * h),
-        Tensor("mlp.proj.weight", 4 * h * h), Tensor("mlp.proj.bias", h),
-    )
-    block_flops = 2.0 * tokens * 12 * h * h + 4.0 * b * s * s * h
+    first_cross = shape.n_layer - shape.cross_attention + 1
+    kinds = {}
     for i in range(1, shape.n_layer + 1):
-        layers.append(
-            Layer(
-                i, "block", block_tensors, block_flops,
-                activation_bytes=block_activation_bytes(s, b, h, a, "none"),
-                checkpointed_activation_bytes=block_activation_bytes(s, b, h, a, recompute),
+        cross = i >= first_cross
+        if cross not in kinds:
+            work = _block_work(shape, b, attention, cross)
+            act = dict(kv_heads=shape.n_kv_head, head_dim=dh, ffn_hidden=shape.d_ffn, mlp=shape.mlp,
+                       attention=attention, dropout=shape.dropout, keys=shape.window, cross=cross)
+            kinds[cross] = (
+                _block_tensors(shape, cross), work, float(work.matmul_flops + work.attention_flops),
+                block_activation_bytes(s, b, h, a, "none", **act),
+                block_activation_bytes(s, b, h, a, recompute, **act),
             )
-        )
+        tensors, work, flops, act_none, act_ckpt = kinds[cross]
+        layers.append(Layer(i, "block", tensors, flops, act_none, act_ckpt, work=work))
+
     head_act = 2 * s * b * h + 4 * s * b * v
-    head_tensors = (Tensor("ln_f.weight", h), Tensor("ln_f.bias", h))
+    head_tensors = _norm_tensors("ln_f", shape)
+    if shape.cross_attention:  # the encoder's final norm (T5), counted here with the decoder's
+        head_tensors += _norm_tensors("encoder.ln_f", shape)
     if not shape.tied:
         head_tensors += (Tensor("lm_head.weight", v * h),)
+    head_matmul = 2 * tokens * h * v
     layers.append(
         Layer(
             shape.n_layer + 1, "head", head_tensors,
-            fwd_flops=2.0 * tokens * h * v,
+            fwd_flops=float(head_matmul),
             activation_bytes=head_act,
             checkpointed_activation_bytes=head_act,
             reads_layer=0 if shape.tied else None,
+            work=Work(float(head_matmul), 0.0, float(4 * tokens * h + 14 * tokens * v), tokens, h, s, a, dh,
+                      attention),
         )
     )
     return layers
 
 
+def check_shape(shape: GPTShape) -> None:
+    """Refuse a shape that cannot be built, with one sentence naming the flag to change."""
+    _check_positive(seq_len=shape.seq_len, layers=shape.n_layer, hidden=shape.d_model, heads=shape.n_head,
+                    vocab=shape.vocab)
+    if shape.kv_heads is not None:
+        _check_positive(kv_heads=shape.kv_heads)
+        if shape.n_head % shape.kv_heads:
+            raise WorkloadError(f"--heads {shape.n_head} is not a multiple of --kv-heads {shape.kv_heads}; "
+                                "each key/value head serves a whole group of query heads")
+    if shape.ffn_hidden is not None:
+        _check_positive(ffn_hidden=shape.ffn_hidden)
+    if shape.head_dim is not None:
+        _check_positive(head_dim=shape.head_dim)
+    elif shape.d_model % shape.n_head:
+        raise WorkloadError(f"--hidden {shape.d_model} is not divisible by --heads {shape.n_head}; "
+                            "choose heads that divide the hidden size")
+    if shape.window is not None:
+        _check_positive(window=shape.window)
+    for value, name, allowed in ((shape.mlp, "mlp", MLP_KINDS), (shape.norm, "norm", NORMS),
+                                 (shape.positions, "positions", POSITIONS)):
+        if value not in allowed:
+            raise WorkloadError(f"unknown {name} {value!r}; use one of {', '.join(allowed)}")
+    if not 0 <= shape.cross_attention <= shape.n_layer:
+        raise WorkloadError(f"cross_attention must be between 0 and the {shape.n_layer} layers, "
+                            f"got {shape.cross_attention}")
+
+
 def gpt_workload(shape: GPTShape, micro_batch: int = 1, seq_len: int | None = None,
-                 recompute: str = "none", name: str = "gpt") -> Workload:
+                 recompute: str = "none", name: str = "gpt", attention: str = DEFAULT_ATTENTION) -> Workload:
     if seq_len is not None:
         shape = replace(shape, seq_len=seq_len)
-    _check_positive(micro_batch=micro_batch, seq_len=shape.seq_len, n_layer=shape.n_layer,
-                    d_model=shape.d_model, n_head=shape.n_head, vocab=shape.vocab)
+    _check_positive(micro_batch=micro_batch)
+    check_shape(shape)
     if recompute not in RECOMPUTE_MODES:
         raise WorkloadError(f"unknown recompute mode {recompute!r}; use one of {', '.join(RECOMPUTE_MODES)}")
-    return Workload(name, tuple(_gpt_layers(shape, micro_batch, recompute)), shape.seq_len,
-                    micro_batch, recompute, shape)
+    if attention not in ATTENTION_IMPLS:
+        raise WorkloadError(f"unknown attention {attention!r}; use one of {', '.join(ATTENTION_IMPLS)}")
+    return Workload(name, tuple(_gpt_layers(shape, micro_batch, recompute, attention)), shape.seq_len,
+                    micro_batch, recompute, shape, attention)
 
 
-def preset(name: str, micro_batch: int = 1, seq_len: int | None = None, recompute: str = "none") -> Workload:
+def preset(name: str, micro_batch: int = 1, seq_len: int | None = None, recompute: str = "none",
+           attention: str = DEFAULT_ATTENTION) -> Workload:
     if name not in PRESETS:
         raise WorkloadError(f"unknown model preset {name!r}; choose one of {', '.join(preset_names())} "
                             "or give --params N")
-    return gpt_workload(PRESETS[name], micro_batch, seq_len, recompute, name)
+    return gpt_workload(PRESETS[name], micro_batch, seq_len, recompute, name, attention)
 
 
 def synthesize_shape(target_params: int, seq_len: int = 1024, vocab: int = 50257) -> GPTShape:
@@ -226,9 +610,37 @@ def synthesize_shape(target_params: int, seq_len: int = 1024, vocab: int = 50257
     return best[1]
 
 
+_SUFFIXES = {"k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
+
+
+def parse_count(value) -> int:
+    """A parameter count from ``7.5e9``, ``"7.5e9"``, ``"7.5B"``, ``"350M"``, ``"1.3b"`` or an int.
+
+    Raises :class:`WorkloadError` (one sentence) for anything else, zero or negative."""
+    bad = WorkloadError(f"--params must be a positive count such as 7.5e9, 7.5B, 350M or 1.3b, got {value!r}")
+    if isinstance(value, bool):
+        raise bad
+    if isinstance(value, int | float):
+        number = float(value)
+    elif isinstance(value, str):
+        text = value.strip().replace("_", "").replace(",", "")
+        scale = 1.0
+        if text and text[-1].lower() in _SUFFIXES:
+            scale, text = _SUFFIXES[text[-1].lower()], text[:-1]
+        try:
+            number = float(text) * scale
+        except ValueError:
+            raise bad from None
+    else:
+        raise bad
+    if not math.isfinite(number) or round(number) <= 0:
+        raise bad
+    return int(round(number))
+
+
 def _check_positive(**values: int) -> None:
     for key, value in values.items():
-        if not isinstance(value, int) or value <= 0:
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
             raise WorkloadError(f"{key.replace('_', '-')} must be a positive integer, got {value!r}")
 
 
@@ -245,7 +657,8 @@ def ceil_div(a: int, b: int) -> int:
 
 
 __all__ = [
-    "GPTShape", "Layer", "PRESETS", "Tensor", "Workload", "WorkloadError", "block_activation_bytes",
-    "gpt_workload", "preset", "preset_names", "synthesize_shape", "human_params",
-    "ceil_div",
+    "ATTENTION_IMPLS", "DEFAULT_ATTENTION", "GPTShape", "Layer", "MLP_KINDS", "NORMS", "POSITIONS", "PRESETS",
+    "PRESET_SOURCES", "PresetSource", "Tensor", "Work", "Workload", "WorkloadError", "block_activation_bytes",
+    "check_shape", "gpt_workload", "parse_count", "preset", "preset_names", "published_params",
+    "synthesize_shape", "human_params", "ceil_div",
 ]

@@ -40,7 +40,7 @@ STOPS: dict[str, list] = {
     "grad_accum": [1, 2, 4, 8, 16],
     "bucket_mb": [0, 1, 2, 5, 10, 25, 50, 100, 200, 500],
     "prefetch": [0, 1, 2, 3, 4, 6, 8],
-    "prefetch_bucket_mb": [0, 1, 5, 10, 25, 50, 100, 200, 500],
+    "prefetch_bucket_size": [0, 1_000_000, 5_000_000, 10_000_000, 50_000_000, 100_000_000, 500_000_000],
     "straggler_ms": [0, 1, 2, 5, 10, 20, 50, 100, 200, 500],
     "straggler_prob": [0, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1],
     "overlap_slowdown": [0, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5],
@@ -95,10 +95,9 @@ def make_control(name: str, value, kind: type = float, choices: Iterable | None 
         return W.Checkbox(value=bool(value), description=control_label(name), indent=False, tooltip=tooltip)
     if choices:
         return _choice_widget(name, choices, value, help_text)
-    if name in STOPS and (value is None or isinstance(value, int | float)):
-        stops = with_stop(STOPS[name], value)
+    if name in STOPS and isinstance(value, int | float) and not isinstance(value, bool):
         return W.SelectionSlider(options=_stop_options(name, value),
-                                 value=value if value is not None else stops[0],
+                                 value=value,
                                  description=control_label(name), style=STYLE, layout=wide_layout(),
                                  continuous_update=False, tooltip=tooltip)
     if kind is int and value is not None:

@@ -1,0 +1,307 @@
+"""How long compute takes on each GPU, per kind of kernel: GEMMs, attention, memory-bound ops.
+
+The figures each test compares with are the published measurements the model's constants were
+fitted to (their sources are in zero_sim/system/hardware.py); a test that fails says which
+measurement the model no longer reproduces."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from types import SimpleNamespace
+
+import pytest
+
+from zero_sim.strategies.base import PRECISIONS, Context
+from zero_sim.system.hardware import (
+    ADAM_BYTES_PER_PARAM,
+    FLASH_BWD_FLOPS,
+    FLASH_BWD_OVER_FWD,
+    GPUS,
+    ComputeModel,
+)
+from zero_sim.system.workload import Work, preset
+
+GPU_NAMES = [name for name, gpu in GPUS.items() if gpu.profile is not None]
+
+
+def gpt_block(h: int, s: int, b: int, heads: int, attention: str = "flash") -> Work:
+    """A GPT block's forward work; memory-bound bytes as fused training kernels move them
+    (two norms, two residual adds, GELU on 4h: 36 bytes per token per width in bf16), plus
+    eager attention's softmax over the scores (read and written: 4 bytes each)."""
+    tokens = b * s
+    scores = 4 * b * heads * s * s if attention == "eager" else 0
+    return Work(matmul_flops=2.0 * tokens * 12 * h * h, attention_flops=4.0 * b * s * s * h,
+                memory_bytes=36.0 * tokens * h + scores, tokens=tokens, width=h, seq_len=s,
+                heads=heads, head_dim=h // heads, attention=attention)
+
+
+def fwd_bwd_seconds(model: ComputeModel, work: Work, kind: str = "block") -> float:
+    flops = work.matmul_flops + work.attention_flops
+    return (model.layer_time(kind, "fwd", flops, work.tokens, work)
+            + model.layer_time(kind, "bwd", 2 * flops, work.tokens, work))
+
+
+# --- GEMMs ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", GPU_NAMES)
+def test_gemm_efficiency_rises_with_size_and_saturates_below_one(name):
+    model = ComputeModel(GPUS[name])
+    sizes = [256, 512, 1024, 2048, 4096, 8192, 16384, 65536]
+    effs = [model.gemm_efficiency(n, n, n) for n in sizes]
+    assert effs == sorted(effs)
+    assert effs[0] < 0.2 * effs[-1]  # a 256^3 GEMM cannot fill the GPU
+    assert effs[-1] == pytest.approx(GPUS[name].profile.gemm_max, rel=0.02)
+    assert effs[-1] < 0.9
+
+
+# (M, N, K, measured TFLOP/s): the cuBLAS sweeps the fill time was fitted to.
+PUBLISHED_GEMMS = {
+    "V100": [(1024, 1024, 1024, 57.3), (2048, 2048, 2048, 78.2), (4096, 4096, 4096, 95.7),
+             (8192, 8192, 8192, 97.4)],  # fp16, torch-performance-test-data issue #140
+    "A100-80GB": [(1024, 1024, 1024, 99.86), (1152, 1152, 1152, 129.83)],  # triton issue #7085
+    "H100": [(2048, 512, 512, 102.6), (2048, 1024, 1024, 243.1), (2048, 2048, 2048, 515.2),
+             (2048, 4096, 4096, 613.7), (2048, 8192, 8192, 721.6),  # triton issue #2339
+             (1024, 1024, 1024, 176.6), (2048, 2048, 2048, 676.6), (4096, 4096, 4096, 788.7),
+             (8192, 8192, 8192, 797.5)],  # torch-performance-test-data issue #79
+    "B200": [(1024, 1024, 1024, 423), (1536, 1536, 1536, 921), (2048, 2048, 2048, 1130),
+             (3072, 3072, 3072, 1510), (4096, 4096, 4096, 1410), (8192, 8192, 8192, 1420)],  # ao #2427
+}
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED_GEMMS))
+def test_the_gemm_curve_follows_the_published_size_sweeps(name, figures):
+    model = ComputeModel(GPUS[name])
+    peak = GPUS[name].peak_tflops
+    errors = []
+    for m, n, k, measured in PUBLISHED_GEMMS[name]:
+        predicted = model.gemm_efficiency(m, k, n) * peak
+        errors.append(math.log(predicted / measured))
+    rms = math.sqrt(sum(e * e for e in errors) / len(errors))
+    figures(f"{name}: GEMM curve vs published sweep, rms log error {rms:.3f}; "
+            + ", ".join(f"{math.exp(e) - 1:+.0%}" for e in errors))
+    assert rms < 0.15
+    # H100's two sweeps disagree at 2048^3 (515 vs 677 TFLOP/s): the curve passes between them.
+    assert max(abs(e) for e in errors) < math.log(1.45)
+
+
+def test_an_h100_beats_an_a100_by_about_its_peak_ratio_on_large_gemms():
+    work = Work(matmul_flops=2.0 * 16384 * 12 * 12288**2, tokens=16384, width=12288)
+    a100 = ComputeModel(GPUS["A100-80GB"]).layer_time("block", "fwd", work.matmul_flops, 16384, work)
+    h100 = ComputeModel(GPUS["H100"]).layer_time("block", "fwd", work.matmul_flops, 16384, work)
+    peak_ratio = GPUS["H100"].peak_tflops / GPUS["A100-80GB"].peak_tflops
+    # The ratio of maximum achievable matmul FLOPs (794.5 / 271.2) is a little under the peaks'.
+    assert 0.85 * peak_ratio < a100 / h100 <= peak_ratio
+
+
+def test_backward_gemms_take_twice_the_forward():
+    model = ComputeModel(GPUS["H100"])
+    work = Work(matmul_flops=2.0 * 4096 * 12 * 4096**2, tokens=4096, width=4096)
+    fwd, bwd = (model.gemm_seconds("block", d, work) for d in ("fwd", "bwd"))
+    assert bwd == pytest.approx(2 * fwd)
+
+
+def test_a_head_is_one_big_gemm_and_runs_nearer_the_ceiling_than_a_block_gemm():
+    model = ComputeModel(GPUS["A100-80GB"])
+    tokens, h, vocab = 1024, 1600, 50257
+    head = Work(matmul_flops=2.0 * tokens * h * vocab, tokens=tokens, width=h)
+    as_head = model.gemm_seconds("head", "fwd", head)
+    as_block = model.gemm_seconds("block", "fwd", head)  # the same FLOPs split four ways
+    assert as_head < as_block
+
+
+# --- attention -----------------------------------------------------------------------------
+
+# FlashAttention-2 forward+backward TFLOP/s (flash-attention README figures, batch 16k / seqlen,
+# width 2048), seqlen 1k, 2k, 4k, 8k, 16k.
+FA2 = {
+    ("A100-80GB", 128, False): [173, 187, 196, 201, 203],
+    ("A100-80GB", 64, True): [119, 140, 156, 165, 171],
+    ("H100", 128, False): [294, 320, 326, 335, 338],
+    ("H100", 128, True): [221, 265, 294, 308, 328],
+    ("H100", 64, False): [254, 274, 288, 294, 296],
+}
+SEQS = [1024, 2048, 4096, 8192, 16384]
+
+
+@pytest.mark.parametrize("key", sorted(FA2))
+def test_flash_attention_reproduces_the_fa2_figures(key):
+    name, head_dim, causal = key
+    model = ComputeModel(GPUS[name])
+    for s, measured in zip(SEQS, FA2[key], strict=True):
+        b, width = 16384 // s, 2048
+        work = SimpleNamespace(**vars(Work(attention_flops=4.0 * b * s * s * width, tokens=b * s,
+                                           width=width, seq_len=s, heads=width // head_dim,
+                                           head_dim=head_dim)), causal=causal)
+        seconds = model.attention_seconds("fwd", work) + model.attention_seconds("bwd", work)
+        counted = 3.5 * work.attention_flops * (0.5 if causal else 1.0)  # the benchmark's FLOPs
+        assert counted / seconds / 1e12 == pytest.approx(measured, rel=0.08), (s, measured)
+
+
+def test_flash_backward_does_two_and_a_half_times_the_work_a_little_slower():
+    model = ComputeModel(GPUS["A100-80GB"])
+    work = gpt_block(4096, 4096, 1, 32)
+    ratio = model.attention_seconds("bwd", work) / model.attention_seconds("fwd", work)
+    assert ratio == pytest.approx(FLASH_BWD_FLOPS / FLASH_BWD_OVER_FWD)
+    assert model.flash_efficiency("fwd", 16384, 128, causal=False) == pytest.approx(0.73, abs=0.02)
+
+
+def attention_only(s: int, attention: str, width: int = 2048, heads: int = 16) -> Work:
+    """The attention core over 16k tokens, as FlashAttention's benchmark runs it; eager also
+    pays for its scores in memory."""
+    b = max(1, 16384 // s)
+    block = gpt_block(width, s, b, heads, attention)
+    scores = block.memory_bytes - 36.0 * b * s * width
+    return replace(block, matmul_flops=0.0, memory_bytes=scores)
+
+
+@pytest.mark.parametrize("name", ["A100-80GB", "H100"])
+def test_flash_attention_is_faster_than_eager_at_long_sequences(name):
+    model = ComputeModel(GPUS[name])
+    ratio = {s: fwd_bwd_seconds(model, attention_only(s, "eager"))
+             / fwd_bwd_seconds(model, attention_only(s, "flash")) for s in (512, 2048, 8192, 16384)}
+    assert ratio[16384] > ratio[8192] > ratio[2048] > ratio[512] > 1
+    assert ratio[2048] > 2
+
+
+# The same benchmark's "Pytorch" (eager) bars, head dim 128, no mask, seqlen 2k, 4k, 8k.
+EAGER = {"A100-80GB": [76, 79, 86], "H100": [145, 160, 167]}
+
+
+@pytest.mark.parametrize("name", sorted(EAGER))
+def test_eager_attention_lands_near_the_published_eager_bars(name):
+    model = ComputeModel(GPUS[name])
+    for s, measured in zip((2048, 4096, 8192), EAGER[name], strict=True):
+        b, width, heads = 16384 // s, 2048, 16
+        softmax = 4.0 * b * heads * s * s
+        work = SimpleNamespace(**vars(Work(attention_flops=4.0 * b * s * s * width, memory_bytes=softmax,
+                                           tokens=b * s, width=width, seq_len=s, heads=heads,
+                                           head_dim=128, attention="eager")), causal=False)
+        seconds = sum(model.op_seconds("block", "fwd", work).values()) + sum(
+            model.op_seconds("block", "bwd", work).values())
+        predicted = 3.5 * work.attention_flops / seconds / 1e12
+        # 22 bytes a score move in the benchmark against the model's 24, but its kernels are
+        # slower than the GEMM curve at these shapes: the model runs a little fast.
+        assert measured <= predicted < 1.3 * measured, (s, predicted, measured)
+
+
+# --- memory-bound kernels, the optimizer ----------------------------------------------------
+
+def test_memory_bound_parts_follow_hbm_bandwidth():
+    work = Work(memory_bytes=1e9, tokens=4096, width=4096, seq_len=4096)
+    h100, h200 = ComputeModel(GPUS["H100"]), ComputeModel(GPUS["H200"])
+    fwd100 = h100.layer_time("block", "fwd", 0.0, 4096, work)
+    fwd200 = h200.layer_time("block", "fwd", 0.0, 4096, work)
+    assert fwd100 / fwd200 == pytest.approx(4800 / 3350)
+    assert fwd100 == pytest.approx(1e9 / (3350e9 * 0.87))
+    assert h100.layer_time("block", "bwd", 0.0, 4096, work) == pytest.approx(2 * fwd100)
+
+
+def test_the_optimizer_streams_28_bytes_per_parameter_at_the_achievable_bandwidth():
+    assert ComputeModel(GPUS["H100"]).optimizer_time(10**9) == pytest.approx(
+        ADAM_BYTES_PER_PARAM * 1e9 / (3350e9 * 0.87))
+    assert ComputeModel(GPUS["MI300X"]).optimizer_time(10**9) == pytest.approx(28e9 / (5300e9 * 0.80))
+    assert ComputeModel(GPUS["A100-80GB"], memory_efficiency=1.0).optimizer_time(10**9) == pytest.approx(
+        28e9 / 2039e9)
+
+
+# --- what stays as it was --------------------------------------------------------------------
+
+def test_a_float_efficiency_reproduces_the_old_flat_roofline_exactly():
+    work = gpt_block(4096, 2048, 1, 32)
+    for name in GPUS:
+        model = ComputeModel(GPUS[name], efficiency=0.37)
+        for direction, flops in (("fwd", 3e12), ("bwd", 6e12)):
+            assert model.layer_time("block", direction, flops, 2048, work) == flops / (
+                GPUS[name].peak_flops * 0.37)
+        assert model.recompute_time("block", "selective", 3e12, 1e12, 2048, work) == (
+            3e12 / (GPUS[name].peak_flops * 0.37) * 1e12 / 3e12)
+
+
+def test_the_cpu_device_is_the_old_roofline_at_half_its_peak():
+    cpu = ComputeModel(GPUS["CPU"])
+    work = gpt_block(256, 128, 4, 8)
+    assert cpu.layer_time("block", "fwd", 1e9, 512, work) == 1e9 / (0.05e12 * 0.5)
+    assert cpu.layer_time("block", "bwd", 2e9, 512) == 2e9 / (0.05e12 * 0.5)
+    assert cpu.optimizer_time(10**6) == pytest.approx(28e6 / (10e9 * 0.8))
+    assert GPUS["CPU"].hbm_bytes == 24 * 1024**3 and GPUS["CPU"].profile is None
+
+
+def test_a_calibration_table_wins_over_the_per_op_model_as_before():
+    model = ComputeModel(GPUS["H100"], layer_seconds={"block": {"fwd": 0.010, "bwd": 0.020}},
+                         calibrated_tokens=1024, slowest_rank_factor=1.5,
+                         optimizer_seconds_per_param=1e-9)
+    work = gpt_block(4096, 2048, 1, 32)
+    assert model.layer_time("block", "bwd", 1e12, 2048, work) == pytest.approx(0.020 * 2 * 1.5)
+    assert model.recompute_time("block", "full", 1e12, 1e12, 2048, work) == pytest.approx(0.010 * 2 * 1.5)
+    assert model.recompute_time("block", "selective", 4e12, 1e12, 2048, work) == pytest.approx(
+        0.010 * 2 * 1.5 / 4)
+    assert model.optimizer_time(1000) == pytest.approx(1e-6)
+
+
+def test_layers_read_off_a_torch_module_use_the_gpus_default_gemm_efficiency():
+    model = ComputeModel(GPUS["A100-80GB"])
+    default = model.gemm_efficiency(4096, 4096, 4096)
+    assert 0.75 < default < GPUS["A100-80GB"].profile.gemm_max
+    assert model.layer_time("module", "fwd", 1e12, 2048) == pytest.approx(1e12 / (312e12 * default))
+
+
+# --- recompute and the context ----------------------------------------------------------------
+
+def test_selective_recompute_reruns_the_attention_core_and_full_the_whole_forward():
+    model = ComputeModel(GPUS["H100"])
+    work = gpt_block(4096, 4096, 1, 32)
+    fwd = model.layer_time("block", "fwd", 1.0, work.tokens, work)
+    assert model.recompute_time("block", "full", 1.0, 1.0, work.tokens, work) == fwd
+    selective = model.recompute_time("block", "selective", 1.0, 1.0, work.tokens, work)
+    assert selective == pytest.approx(model.attention_seconds("fwd", work))
+    eager = gpt_block(4096, 4096, 1, 32, "eager")
+    with_scores = model.recompute_time("block", "selective", 1.0, 1.0, eager.tokens, eager)
+    assert with_scores > model.attention_seconds("fwd", eager)  # softmax over the scores again
+
+
+def test_the_context_times_each_layer_from_its_work():
+    workload = preset("gpt2-1.5b", micro_batch=1, recompute="selective")
+    work = gpt_block(1600, 1024, 1, 25)
+    block = SimpleNamespace(kind="block", fwd_flops=work.matmul_flops + work.attention_flops,
+                            bwd_flops=2 * (work.matmul_flops + work.attention_flops), work=work)
+    ctx = Context(workload, 8, 8, ComputeModel(GPUS["A100-80GB"]), PRECISIONS["mixed"])
+    model = ctx.compute
+    assert ctx.fwd_seconds(block) == pytest.approx(sum(model.op_seconds("block", "fwd", work).values()))
+    assert ctx.bwd_seconds(block) == pytest.approx(sum(model.op_seconds("block", "bwd", work).values()))
+    assert ctx.recompute_seconds(block) == pytest.approx(model.attention_seconds("fwd", work))
+    flat = Context(workload, 8, 8, ComputeModel(GPUS["A100-80GB"], efficiency=0.5), PRECISIONS["mixed"])
+    assert flat.fwd_seconds(block) == block.fwd_flops / (312e12 * 0.5)
+
+
+# --- the table -------------------------------------------------------------------------------
+
+def test_every_gpu_says_where_its_figures_come_from():
+    for name, gpu in GPUS.items():
+        assert gpu.name == name and gpu.source
+        if gpu.profile:
+            assert gpu.profile.source and 0 < gpu.profile.gemm_max < 1 and 0 < gpu.profile.flash_max < 1
+    # Capacities are what torch reports, a little under the GB/GiB sold.
+    assert 79 * 1024**3 < GPUS["H100"].hbm_bytes < 80 * 1024**3
+    assert 79 * 1024**3 < GPUS["A100-80GB"].hbm_bytes < 80 * 1024**3
+    assert GPUS["V100"].peak_tflops == 125.0  # fp16 tensor cores: the V100 has no bf16 ones
+
+
+BLOCKS = {
+    "GPT-3 175B": gpt_block(12288, 2048, 1, 96),
+    "Llama-2 7B-like": gpt_block(4096, 4096, 1, 32),
+    "GPT-2 1.5B": gpt_block(1600, 1024, 1, 25),
+}
+
+
+def test_one_block_forward_and_backward_runs_below_the_matmul_ceiling(figures):
+    lines = []
+    for name, work in BLOCKS.items():
+        for gpu in ("A100-80GB", "H100"):
+            model = ComputeModel(GPUS[gpu])
+            tflops = 3 * (work.matmul_flops + work.attention_flops) / fwd_bwd_seconds(model, work) / 1e12
+            lines.append(f"{name:16s} {gpu:10s} {tflops:6.1f} TFLOP/s ({tflops / GPUS[gpu].peak_tflops:.0%})")
+            assert tflops < GPUS[gpu].peak_tflops * GPUS[gpu].profile.gemm_max
+        small = fwd_bwd_seconds(ComputeModel(GPUS["A100-80GB"]), work)
+        assert small > fwd_bwd_seconds(ComputeModel(GPUS["H100"]), work)
+    figures("one block, fwd+bwd, no communication (model FLOPs / time):", *lines)

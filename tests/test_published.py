@@ -1,0 +1,92 @@
+"""Published measurements judge the simulator: each point is predicted from its configuration
+alone, and the published figure only measures the error."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from zero_sim.published import POINTS_FILE, PublishedError, judge, load_points
+from zero_sim.published.judge import MEMORY_METRICS
+
+ROOT = Path(__file__).resolve().parent.parent
+
+AR_1G = """
+[[point]]
+id = "ar-1g"
+source = "a made-up nccl-tests line"
+metric = "collective_time_us"
+value = 8000.0
+[point.collective]
+kind = "all_reduce"
+bytes = 1073741824
+gpus = 8
+topology = "dgx-a100"
+"""
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "points.toml"
+    path.write_text(text)
+    return path
+
+
+def test_a_points_error_is_the_prediction_against_the_published_figure(tmp_path):
+    (ar,) = judge(load_points(write(tmp_path, AR_1G))).judged
+    assert ar.predicted > 0
+    assert ar.error == pytest.approx((ar.predicted - 8000.0) / 8000.0)
+
+
+def test_busbw_is_nccl_tests_busbw_of_the_predicted_time(tmp_path):
+    busbw = AR_1G.replace('id = "ar-1g"', 'id = "bw"').replace('"collective_time_us"', '"busbw_gbps"')
+    time_us, bw = judge(load_points(write(tmp_path, AR_1G + busbw))).judged
+    assert bw.predicted == pytest.approx(2**30 * 2 * 7 / 8 / (time_us.predicted * 1e-6) / 1e9)
+
+
+def test_a_scenario_the_simulator_refuses_is_reported_not_raised(tmp_path):
+    text = """
+[[point]]
+id = "nonsense"
+source = "nowhere"
+metric = "step_time_s"
+value = 1.0
+[point.scenario]
+model = "no-such-model"
+"""
+    (p,) = judge(load_points(write(tmp_path, text))).judged
+    assert p.error is None and "no-such-model" in p.refusal
+
+
+@pytest.mark.parametrize("change, fragment", [
+    (lambda t: t + t, "appears twice"),
+    (lambda t: t.replace('"collective_time_us"', '"speed"'), "has metric 'speed'"),
+    (lambda t: t.replace("value = 8000.0", "value = -1"), "positive numeric value"),
+    (lambda t: t.replace('source = "a made-up nccl-tests line"', 'source = ""'),
+     "where its figure was published"),
+])
+def test_a_bad_points_file_is_refused_with_one_sentence(tmp_path, change, fragment):
+    with pytest.raises(PublishedError, match=fragment):
+        load_points(write(tmp_path, change(AR_1G)))
+
+
+def test_the_table_draws_on_many_sources_and_covers_memory_and_collectives():
+    points = load_points(POINTS_FILE)
+    assert len(points) >= 25
+    sources = {p["source"].split(",")[0] for p in points}
+    assert len(sources) >= 5, sources
+    assert sum(p["metric"] in MEMORY_METRICS for p in points) >= 6
+    assert sum("collective" in p for p in points) >= 5
+    assert all(p.get("unstated") for p in points if "scenario" in p), "say what the source left out"
+
+
+def test_the_command_prints_the_verdict_as_json():
+    done = subprocess.run([sys.executable, "-m", "sim2real.cli", "validate", "--published", "--json"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    verdict = json.loads(done.stdout)
+    assert set(verdict["summary"]) == {"time", "memory"}
+    assert len(verdict["points"]) == len(load_points(POINTS_FILE))
