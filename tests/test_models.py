@@ -318,3 +318,27 @@ def test_a_workload_with_bad_shape_is_refused_in_python_too():
 
     with pytest.raises(WorkloadError, match="unknown mlp 'tanh'"):
         gpt_workload(GPTShape(2, 64, 2, mlp="tanh"))
+
+
+def test_op_level_checkpointing_keeps_every_other_projection_and_the_attention_output():
+    """torchtitan's op-level policy sits between selective and full recompute: it keeps the
+    attention kernel's output and every other matmul output, and re-runs the other projections."""
+    kw = dict(micro_batch=2, seq_len=2048, attention="flash")
+    saved = {mode: preset("llama2-7b", recompute=mode, **kw).saved_activation_bytes()
+             for mode in ("none", "selective", "op", "full")}
+    assert saved["full"] < saved["op"] < saved["selective"] <= saved["none"]
+    block = preset("llama2-7b", recompute="op", **kw).layers[1]
+    t, h, f = 2 * 2048, 4096, 11008
+    # q, v, gate and down are kept (2 bytes each), with the block input and the attention output
+    # and its fp32 log-sum-exp per head.
+    kept = 2 * t * (h + h + f + h) + 2 * t * h + 2 * t * (h + 4 * 32 // 2)
+    assert block.checkpointed_activation_bytes == kept
+    # k, o and up are the projections it re-runs.
+    assert block.work.unsaved_matmul_flops == 2 * t * (h * h + h * h + h * f)
+
+
+def test_op_level_checkpointing_costs_between_selective_and_full_recompute():
+    kw = dict(model="llama2-7b", seq_len=2048, strategy="fsdp", gpus=8, topology="dgx-h100", micro_batch=2)
+    step = {mode: simulate(recompute=mode, **kw).metrics["step_time_s"]
+            for mode in ("selective", "op", "full")}
+    assert step["selective"] < step["op"] < step["full"]

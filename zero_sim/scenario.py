@@ -71,7 +71,9 @@ COMMON: tuple[Setting, ...] = (
     Setting("algorithm", "auto", "collective algorithm", str, ALGORITHMS),
     Setting("precision", "mixed", "mixed (bf16 + fp32 Adam, K=12) or fp32 (K=8)", str, tuple(PRECISIONS)),
     Setting("optimizer_k", None, "bytes of optimizer state per parameter (overrides the precision's K)", int),
-    Setting("recompute", "none", "activation checkpointing", str, RECOMPUTE_MODES),
+    Setting("recompute", "none", "activation checkpointing: none, selective (Korthikanti et al.: attention's "
+            "core recomputed), full (only each block's input kept) or op (torchtitan's op-level policy: "
+            "every other matmul output and the attention output kept)", str, RECOMPUTE_MODES),
     Setting("attention", DEFAULT_ATTENTION, "attention kernel: flash (FlashAttention / SDPA: no s x s "
             "scores kept) or eager (softmax over materialized scores)", str, ATTENTION_IMPLS),
     Setting("efficiency", None, "a flat fraction of peak FLOP/s for all compute (default: the GPU's per-op "

@@ -109,18 +109,22 @@ class Context:
         return self.compute.layer_time(layer.kind, "bwd", layer.bwd_flops, tokens, work)
 
     def recompute_flops(self, layer: Layer) -> float:
-        """Forward FLOPs re-run in backward: all of it (full), or attention's core (selective)."""
+        """Forward FLOPs re-run in backward: all of it (full), attention's core (selective), or the
+        projections whose outputs op-level checkpointing drops (op)."""
         mode = self.workload.recompute
         if mode == "none" or layer.kind != "block":
             return 0.0
         if mode == "full":
             return layer.fwd_flops
+        if mode == "op":
+            return layer.work.unsaved_matmul_flops if layer.work else layer.fwd_flops / 2
         s, b = self.workload.seq_len, self.workload.micro_batch
         h = self.workload.shape.d_model if self.workload.shape else 0
         return 4.0 * b * s * s * h
 
     def recompute_seconds(self, layer: Layer) -> float:
-        """The forward again (full), or the attention core alone (selective)."""
+        """The forward again (full), the attention core alone (selective), or half the
+        projections and every memory-bound op (op)."""
         tokens = self.workload.tokens_per_micro_batch
         return self.compute.recompute_time(layer.kind, self.workload.recompute, layer.fwd_flops,
                                            self.recompute_flops(layer), tokens, layer.work)

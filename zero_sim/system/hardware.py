@@ -171,6 +171,14 @@ GPUS: dict[str, GPU] = {
         "_CudaDeviceProperties(name='NVIDIA H100 80GB HBM3', total_memory=81089MB) (81082-81090 seen)",
         ComputeProfile(0.803, 13.0, 0.348, 0.87,
                        "e_max: MAMF 794.5 of 989 (H100 SXM); fill fitted 12.8 us; FA2 H100 figures")),
+    # The 96 GB SXM part some clusters run (torchtitan's H100 benchmarks): H100's compute, and the
+    # capacity torch reports there (95.0396 GiB, stated in pytorch/torchtitan pull request #165).
+    "H100-96GB": GPU(
+        "H100-96GB", 989.0, int(95.0396 * 2**30), 3350.0,
+        "H100 SXM with 96 GB of HBM3: compute and bandwidth as the 80 GB H100 (the source gives only the "
+        "capacity); total_memory 95.0396 GiB as pytorch/torchtitan#165 reports",
+        ComputeProfile(0.803, 13.0, 0.348, 0.87,
+                       "as H100: MAMF 794.5 of 989; fill fitted 12.8 us; FA2 H100 figures")),
     "H100-PCIe": GPU(
         "H100-PCIe", 756.0, 81008 * MiB, 2000.0,
         "NVIDIA H100 PCIe data sheet: 1,513 TFLOP/s bf16 with sparsity = 756 dense, 2 TB/s HBM2e; torch "
@@ -280,10 +288,12 @@ class ComputeModel:
 
     def recompute_time(self, kind: str, mode: str, fwd_flops: float, flops: float, tokens: int,
                        work: Any = None) -> float:
-        """Forward work re-run in backward: all of it ("full") or the attention core ("selective").
+        """Forward work re-run in backward: all of it ("full"), the attention core ("selective"),
+        or, under op-level checkpointing ("op"), the dropped projections' GEMMs and every
+        memory-bound op, the attention kernel's output being kept.
 
         ``flops`` are the recomputed FLOPs the workload counts; without the per-op model the
-        time is the forward's, scaled by ``flops / fwd_flops`` under "selective"."""
+        time is the forward's, scaled by ``flops / fwd_flops``."""
         if not flops:
             return 0.0
         full = self.layer_time(kind, "fwd", fwd_flops, tokens, work)
@@ -291,6 +301,9 @@ class ComputeModel:
             return full
         if not self.per_op(kind, "fwd", work):
             return full * flops / max(fwd_flops, 1.0)
+        if mode == "op":
+            parts = self.op_seconds(kind, "fwd", work)
+            return parts["gemm"] * flops / max(work.matmul_flops, 1.0) + parts["memory"]
         seconds = self.attention_seconds("fwd", work)
         if getattr(work, "attention", "flash") == "eager":  # and the softmax over the scores
             softmax = EAGER_SOFTMAX_SCORE_BYTES_FWD * _score_elements(work)

@@ -102,7 +102,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
-RECOMPUTE_MODES = ("none", "selective", "full")
+# "op" is torchtitan's op-level selective checkpointing (``_save_list`` in its activation
+# checkpointing module): a block keeps the attention kernel's output and every other matmul
+# output, counted in forward order from the first; everything else is recomputed.
+RECOMPUTE_MODES = ("none", "selective", "full", "op")
 ATTENTION_IMPLS = ("flash", "eager")  # flash: FlashAttention / torch SDPA; eager: softmax(QK^T)V in torch ops
 # FlashAttention (Dao et al. 2022) is what torch's scaled_dot_product_attention runs for bf16 on
 # Ampere and newer GPUs, the setting of every preset here: it is the default.
@@ -137,6 +140,8 @@ class Work:
     heads: int = 0
     head_dim: int = 0
     attention: str = DEFAULT_ATTENTION  # "flash" (FlashAttention / SDPA) or "eager"
+    # GEMM FLOPs op-level checkpointing re-runs in backward: the projections whose outputs it drops.
+    unsaved_matmul_flops: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -409,6 +414,11 @@ def block_activation_bytes(s: int, b: int, h: int, a: int, recompute: str, *, kv
     q = a * d
     k = (kv_heads if kv_heads is not None else a) * d
     f = ffn_hidden if ffn_hidden is not None else 4 * h
+    if recompute == "op":
+        outputs = projection_outputs(q, k, h, f, mlp, cross)
+        kept = sum(outputs[0::2])  # every other matmul output, from the first
+        attention_out = (q + (4 * a // 2 if attention == "flash" else 0)) * (2 if cross else 1)
+        return 2 * t * h + 2 * t * kept + 2 * t * attention_out
     drop = 1 if dropout else 0
     sk = min(s, keys) if keys is not None else s
     kv_saved = k if attention == "flash" else q  # eager saves K and V repeated out to every query head
@@ -424,6 +434,13 @@ def block_activation_bytes(s: int, b: int, h: int, a: int, recompute: str, *, kv
     saved_f = {"gelu": 4 * t * f, "relu": 2 * t * f, "swiglu": 8 * t * f}[mlp]
     mlp_bytes = 2 * t * h + saved_f + drop * t * h
     return norms + attn + core + mlp_bytes
+
+
+def projection_outputs(q: int, k: int, h: int, f: int, mlp: str, cross: bool) -> list[int]:
+    """Widths of a block's matmul outputs in forward order, projections unfused as torchtitan
+    writes them: q, k, v, o (again for cross-attention), then gate, up, down (SwiGLU) or fc, proj."""
+    attention = [q, k, k, h] * (2 if cross else 1)
+    return attention + ([f, f, h] if mlp == "swiglu" else [f, h])
 
 
 def _norm_tensors(prefix: str, shape: GPTShape) -> tuple[Tensor, ...]:
@@ -476,7 +493,12 @@ def _block_work(shape: GPTShape, b: int, attention: str, cross: bool) -> Work:
         memory += (4 + drop) * b * a * s * sk * n_attn
         if k < q:
             memory += 4 * t * (k + q) * n_attn
-    return Work(float(matmul), float(core), float(memory), t, h, s, a, dh, attention)
+    # Each projection's FLOPs are its output width times its input width; op-level checkpointing
+    # re-runs the ones whose outputs it drops (every other one, from the second).
+    inputs = ([h, h, h, q] * n_attn) + ([h, h, f] if shape.mlp == "swiglu" else [h, f])
+    outputs = projection_outputs(q, k, h, f, shape.mlp, cross)
+    unsaved = sum(2 * t * i * o for i, o in list(zip(inputs, outputs, strict=True))[1::2])
+    return Work(float(matmul), float(core), float(memory), t, h, s, a, dh, attention, float(unsaved))
 
 
 def _gpt_layers(shape: GPTShape, micro_batch: int, recompute: str,
