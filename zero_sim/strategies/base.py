@@ -118,6 +118,8 @@ class Context:
             return layer.fwd_flops
         if mode == "op":
             return layer.work.unsaved_matmul_flops if layer.work else layer.fwd_flops / 2
+        if layer.work is not None:  # the attention core as the shape has it (GQA, windows, cross-attention)
+            return layer.work.attention_flops
         s, b = self.workload.seq_len, self.workload.micro_batch
         h = self.workload.shape.d_model if self.workload.shape else 0
         return 4.0 * b * s * s * h
