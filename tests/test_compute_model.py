@@ -20,7 +20,8 @@ from zero_sim.system.hardware import (
     GPUS,
     ComputeModel,
 )
-from zero_sim.system.workload import Work, preset
+from zero_sim.system.model_presets import preset
+from zero_sim.system.workload import Work
 
 GPU_NAMES = [name for name, gpu in GPUS.items() if gpu.profile is not None]
 

@@ -29,9 +29,9 @@ from zero_sim.scenario import COMMON, ScenarioError, simulate
 from zero_sim.strategies import STRATEGIES, all_knobs
 from zero_sim.system.collectives import CollectiveError, fit_nccl_tests, parse_nccl_tests
 from zero_sim.system.hardware import GPUS
+from zero_sim.system.model_presets import PRESET_SOURCES, preset
+from zero_sim.system.model_presets import PRESETS as MODELS
 from zero_sim.system.topology import PRESETS as TOPOLOGIES
-from zero_sim.system.workload import PRESET_SOURCES, preset
-from zero_sim.system.workload import PRESETS as MODELS
 
 
 class UsageError(Exception):

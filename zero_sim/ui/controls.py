@@ -26,8 +26,8 @@ from zero_sim.scenario import COMMON, ScenarioError
 from zero_sim.strategies import STRATEGIES, all_knobs, get_strategy
 from zero_sim.sweep import sweep
 from zero_sim.system.hardware import GB
+from zero_sim.system.model_presets import PRESETS as MODELS
 from zero_sim.system.topology import PRESETS as TOPOLOGIES
-from zero_sim.system.workload import PRESETS as MODELS
 from zero_sim.ui.figure import in_kernel
 
 STYLE = {"description_width": "10em"}
