@@ -20,7 +20,8 @@ from zero_sim.calibration import (
 )
 from zero_sim.engine.engine import process_groups
 from zero_sim.scenario import ScenarioError, simulate
-from zero_sim.system.collectives import CollectiveModel, bus_factor, parse_nccl_tests
+from zero_sim.system.collectives import CollectiveModel, bus_factor
+from zero_sim.system.nccl_tests import parse_nccl_tests
 from zero_sim.system.topology import build_topology
 
 

@@ -2,13 +2,12 @@
 
 import pytest
 
-from zero_sim.system.model_presets import PRESETS, preset
+from zero_sim.system.model_presets import PRESETS, preset, synthesize_shape
 from zero_sim.system.workload import (
     GPTShape,
     WorkloadError,
     block_activation_bytes,
     gpt_workload,
-    synthesize_shape,
 )
 
 

@@ -20,7 +20,7 @@ from zero_sim.strategies import PRECISIONS, Context, all_knobs, get_strategy
 from zero_sim.strategies.base import Knob, StrategyError
 from zero_sim.system.collectives import ALGORITHMS, BACKENDS, CollectiveModel
 from zero_sim.system.hardware import GPUS, ComputeModel
-from zero_sim.system.model_presets import PRESETS, preset
+from zero_sim.system.model_presets import PRESETS, human_params, parse_count, preset, synthesize_shape
 from zero_sim.system.topology import PRESETS as TOPOLOGIES
 from zero_sim.system.topology import build_topology
 from zero_sim.system.workload import (
@@ -30,9 +30,6 @@ from zero_sim.system.workload import (
     Workload,
     WorkloadError,
     gpt_workload,
-    human_params,
-    parse_count,
-    synthesize_shape,
 )
 
 

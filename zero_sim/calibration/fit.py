@@ -21,9 +21,8 @@ from zero_sim.calibration.format import (
     ComputeCalibration,
     CpuCalibration,
 )
-from zero_sim.system.collectives import (
-    BACKENDS,
-    CollectiveError,
+from zero_sim.system.collectives import BACKENDS, CollectiveError
+from zero_sim.system.nccl_tests import (
     LatencyBandwidthFit,
     NcclTestsRow,
     NcclTestsTable,
@@ -46,7 +45,7 @@ def fit_sweep(rows: list[dict], world_size: int, min_bytes: int = 0) -> dict[str
     ``busbw`` minimises the relative error of ``latency + factor*S/busbw`` over the sizes
     from 1 MB up; the two are refined in turn.  A sweep
     that lacks either regime falls back to one relative least-squares fit over every
-    size from ``min_bytes`` (:func:`zero_sim.system.collectives.fit_nccl_tests`)."""
+    size from ``min_bytes`` (:func:`zero_sim.system.nccl_tests.fit_nccl_tests`)."""
 
     fits = {}
     for kind in FITTED_COLLECTIVES:

@@ -1,13 +1,22 @@
-"""Model presets: the shapes of published models, each with where its shape and parameter count
-come from.  Plain data over :class:`zero_sim.system.workload.GPTShape`; ``preset(name)`` builds
-the workload of one.  ``docs/models.md`` lists them with their sources.
+"""Choosing a model: by name (presets, the shapes of published models, each with where its shape
+and parameter count come from) or by size (a GPT shape synthesised for a parameter count, read
+from ``7.5e9``, ``7.5B`` or ``350M``).  Plain data over :class:`zero_sim.system.workload.GPTShape`;
+``preset(name)`` builds the workload of one.  ``docs/models.md`` lists the presets and sources.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
-from zero_sim.system.workload import DEFAULT_ATTENTION, GPTShape, Workload, WorkloadError, gpt_workload
+from zero_sim.system.workload import (
+    DEFAULT_ATTENTION,
+    GPTShape,
+    Workload,
+    WorkloadError,
+    check_positive,
+    gpt_workload,
+)
 
 
 @dataclass(frozen=True)
@@ -149,3 +158,61 @@ def preset(name: str, micro_batch: int = 1, seq_len: int | None = None, recomput
         raise WorkloadError(f"unknown model preset {name!r}; choose one of {', '.join(preset_names())} "
                             "or give --params N")
     return gpt_workload(PRESETS[name], micro_batch, seq_len, recompute, name, attention)
+
+
+def synthesize_shape(target_params: int, seq_len: int = 1024, vocab: int = 50257) -> GPTShape:
+    """The GPT shape closest to ``target_params`` with a GPT-3-like depth/width ratio.
+
+    Width is a multiple of 64 with 64-wide heads and depth is about width/100 (GPT-3's
+    family runs from 1/64 to 1/128); among those we take the closest parameter count.
+    """
+    check_positive(params=target_params)
+    best: tuple[float, GPTShape] | None = None
+    for h in range(64, 32768 + 1, 64):
+        per_block = 12 * h * h + 13 * h
+        fixed = vocab * h * 2 + seq_len * h + 2 * h
+        for n_layer in {max(1, round(h / d)) for d in (64, 80, 100, 128)}:
+            shape = GPTShape(n_layer, h, max(1, h // 64), vocab, seq_len)
+            err = abs(fixed + n_layer * per_block - target_params)
+            if best is None or err < best[0]:
+                best = (err, shape)
+        if fixed > 2 * target_params:
+            break
+    assert best is not None
+    return best[1]
+
+
+_SUFFIXES = {"k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
+
+
+def parse_count(value) -> int:
+    """A parameter count from ``7.5e9``, ``"7.5e9"``, ``"7.5B"``, ``"350M"``, ``"1.3b"`` or an int.
+
+    Raises :class:`WorkloadError` (one sentence) for anything else, zero or negative."""
+    bad = WorkloadError(f"--params must be a positive count such as 7.5e9, 7.5B, 350M or 1.3b, got {value!r}")
+    if isinstance(value, bool):
+        raise bad
+    if isinstance(value, int | float):
+        number = float(value)
+    elif isinstance(value, str):
+        text = value.strip().replace("_", "").replace(",", "")
+        scale = 1.0
+        if text and text[-1].lower() in _SUFFIXES:
+            scale, text = _SUFFIXES[text[-1].lower()], text[:-1]
+        try:
+            number = float(text) * scale
+        except ValueError:
+            raise bad from None
+    else:
+        raise bad
+    if not math.isfinite(number) or round(number) <= 0:
+        raise bad
+    return int(round(number))
+
+
+def human_params(n: int) -> str:
+    if n >= 1e9:
+        return f"{n / 1e9:.2f}B"
+    if n >= 1e6:
+        return f"{n / 1e6:.1f}M"
+    return f"{n:,}"

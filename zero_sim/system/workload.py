@@ -99,7 +99,6 @@ no :class:`Work` breakdown.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field, replace
 
 # "op" is torchtitan's op-level selective checkpointing (``_save_list`` in its activation
@@ -430,22 +429,22 @@ def _gpt_layers(shape: GPTShape, micro_batch: int, recompute: str,
 
 def check_shape(shape: GPTShape) -> None:
     """Refuse a shape that cannot be built, with one sentence naming the flag to change."""
-    _check_positive(seq_len=shape.seq_len, layers=shape.n_layer, hidden=shape.d_model, heads=shape.n_head,
+    check_positive(seq_len=shape.seq_len, layers=shape.n_layer, hidden=shape.d_model, heads=shape.n_head,
                     vocab=shape.vocab)
     if shape.kv_heads is not None:
-        _check_positive(kv_heads=shape.kv_heads)
+        check_positive(kv_heads=shape.kv_heads)
         if shape.n_head % shape.kv_heads:
             raise WorkloadError(f"--heads {shape.n_head} is not a multiple of --kv-heads {shape.kv_heads}; "
                                 "each key/value head serves a whole group of query heads")
     if shape.ffn_hidden is not None:
-        _check_positive(ffn_hidden=shape.ffn_hidden)
+        check_positive(ffn_hidden=shape.ffn_hidden)
     if shape.head_dim is not None:
-        _check_positive(head_dim=shape.head_dim)
+        check_positive(head_dim=shape.head_dim)
     elif shape.d_model % shape.n_head:
         raise WorkloadError(f"--hidden {shape.d_model} is not divisible by --heads {shape.n_head}; "
                             "choose heads that divide the hidden size")
     if shape.window is not None:
-        _check_positive(window=shape.window)
+        check_positive(window=shape.window)
     for value, name, allowed in ((shape.mlp, "mlp", MLP_KINDS), (shape.norm, "norm", NORMS),
                                  (shape.positions, "positions", POSITIONS)):
         if value not in allowed:
@@ -459,7 +458,7 @@ def gpt_workload(shape: GPTShape, micro_batch: int = 1, seq_len: int | None = No
                  recompute: str = "none", name: str = "gpt", attention: str = DEFAULT_ATTENTION) -> Workload:
     if seq_len is not None:
         shape = replace(shape, seq_len=seq_len)
-    _check_positive(micro_batch=micro_batch)
+    check_positive(micro_batch=micro_batch)
     check_shape(shape)
     if recompute not in RECOMPUTE_MODES:
         raise WorkloadError(f"unknown recompute mode {recompute!r}; use one of {', '.join(RECOMPUTE_MODES)}")
@@ -469,68 +468,10 @@ def gpt_workload(shape: GPTShape, micro_batch: int = 1, seq_len: int | None = No
                     micro_batch, recompute, shape, attention)
 
 
-def synthesize_shape(target_params: int, seq_len: int = 1024, vocab: int = 50257) -> GPTShape:
-    """The GPT shape closest to ``target_params`` with a GPT-3-like depth/width ratio.
-
-    Width is a multiple of 64 with 64-wide heads and depth is about width/100 (GPT-3's
-    family runs from 1/64 to 1/128); among those we take the closest parameter count.
-    """
-    _check_positive(params=target_params)
-    best: tuple[float, GPTShape] | None = None
-    for h in range(64, 32768 + 1, 64):
-        per_block = 12 * h * h + 13 * h
-        fixed = vocab * h * 2 + seq_len * h + 2 * h
-        for n_layer in {max(1, round(h / d)) for d in (64, 80, 100, 128)}:
-            shape = GPTShape(n_layer, h, max(1, h // 64), vocab, seq_len)
-            err = abs(fixed + n_layer * per_block - target_params)
-            if best is None or err < best[0]:
-                best = (err, shape)
-        if fixed > 2 * target_params:
-            break
-    assert best is not None
-    return best[1]
-
-
-_SUFFIXES = {"k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
-
-
-def parse_count(value) -> int:
-    """A parameter count from ``7.5e9``, ``"7.5e9"``, ``"7.5B"``, ``"350M"``, ``"1.3b"`` or an int.
-
-    Raises :class:`WorkloadError` (one sentence) for anything else, zero or negative."""
-    bad = WorkloadError(f"--params must be a positive count such as 7.5e9, 7.5B, 350M or 1.3b, got {value!r}")
-    if isinstance(value, bool):
-        raise bad
-    if isinstance(value, int | float):
-        number = float(value)
-    elif isinstance(value, str):
-        text = value.strip().replace("_", "").replace(",", "")
-        scale = 1.0
-        if text and text[-1].lower() in _SUFFIXES:
-            scale, text = _SUFFIXES[text[-1].lower()], text[:-1]
-        try:
-            number = float(text) * scale
-        except ValueError:
-            raise bad from None
-    else:
-        raise bad
-    if not math.isfinite(number) or round(number) <= 0:
-        raise bad
-    return int(round(number))
-
-
-def _check_positive(**values: int) -> None:
+def check_positive(**values: int) -> None:
     for key, value in values.items():
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
             raise WorkloadError(f"{key.replace('_', '-')} must be a positive integer, got {value!r}")
-
-
-def human_params(n: int) -> str:
-    if n >= 1e9:
-        return f"{n / 1e9:.2f}B"
-    if n >= 1e6:
-        return f"{n / 1e6:.1f}M"
-    return f"{n:,}"
 
 
 def ceil_div(a: int, b: int) -> int:
@@ -540,6 +481,5 @@ def ceil_div(a: int, b: int) -> int:
 __all__ = [
     "ATTENTION_IMPLS", "DEFAULT_ATTENTION", "GPTShape", "Layer", "MLP_KINDS", "NORMS", "POSITIONS",
     "Tensor", "Work", "Workload", "WorkloadError", "block_activation_bytes",
-    "check_shape", "gpt_workload", "parse_count",
-    "synthesize_shape", "human_params", "ceil_div",
+    "check_positive", "check_shape", "gpt_workload", "ceil_div",
 ]

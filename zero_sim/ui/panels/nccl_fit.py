@@ -2,7 +2,7 @@
 
 nccl-tests prints, per message size, the time of one collective and its bus bandwidth.
 A straight line ``time = latency + size / bandwidth`` fits such a table
-(:func:`zero_sim.system.collectives.fit_nccl_tests`); the panel shows the two numbers,
+(:func:`zero_sim.system.nccl_tests.fit_nccl_tests`); the panel shows the two numbers,
 the worst relative error of the fit, and the measured bus bandwidth against the fitted
 curve, where small messages never reach the link's bandwidth.
 """
@@ -15,7 +15,8 @@ import ipywidgets as W
 import numpy as np
 import pandas as pd
 
-from zero_sim.system.collectives import CollectiveError, fit_nccl_tests, parse_nccl_tests
+from zero_sim.system.collectives import CollectiveError
+from zero_sim.system.nccl_tests import fit_nccl_tests, parse_nccl_tests
 from zero_sim.ui.controls import STYLE, error_html
 from zero_sim.ui.figure import Figure
 from zero_sim.ui.panel import Panel
