@@ -131,9 +131,8 @@ def test_flash_attention_reproduces_the_fa2_figures(key):
     model = ComputeModel(GPUS[name])
     for s, measured in zip(SEQS, FA2[key], strict=True):
         b, width = 16384 // s, 2048
-        work = SimpleNamespace(**vars(Work(attention_flops=4.0 * b * s * s * width, tokens=b * s,
-                                           width=width, seq_len=s, heads=width // head_dim,
-                                           head_dim=head_dim)), causal=causal)
+        work = Work(attention_flops=4.0 * b * s * s * width, tokens=b * s, width=width, seq_len=s,
+                    heads=width // head_dim, head_dim=head_dim, causal=causal)
         seconds = model.attention_seconds("fwd", work) + model.attention_seconds("bwd", work)
         counted = 3.5 * work.attention_flops * (0.5 if causal else 1.0)  # the benchmark's FLOPs
         assert counted / seconds / 1e12 == pytest.approx(measured, rel=0.08), (s, measured)
@@ -175,9 +174,8 @@ def test_eager_attention_lands_near_the_published_eager_bars(name):
     for s, measured in zip((2048, 4096, 8192), EAGER[name], strict=True):
         b, width, heads = 16384 // s, 2048, 16
         softmax = 4.0 * b * heads * s * s
-        work = SimpleNamespace(**vars(Work(attention_flops=4.0 * b * s * s * width, memory_bytes=softmax,
-                                           tokens=b * s, width=width, seq_len=s, heads=heads,
-                                           head_dim=128, attention="eager")), causal=False)
+        work = Work(attention_flops=4.0 * b * s * s * width, memory_bytes=softmax, tokens=b * s,
+                    width=width, seq_len=s, heads=heads, head_dim=128, attention="eager", causal=False)
         seconds = sum(model.op_seconds("block", "fwd", work).values()) + sum(
             model.op_seconds("block", "bwd", work).values())
         predicted = 3.5 * work.attention_flops / seconds / 1e12

@@ -2,6 +2,7 @@
 and flash attention change, custom shapes from the command line, and the memory a GPU holds
 beyond its tensors."""
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -334,3 +335,19 @@ def test_op_level_checkpointing_costs_between_selective_and_full_recompute():
     step = {mode: simulate(recompute=mode, **kw).metrics["step_time_s"]
             for mode in ("selective", "op", "full")}
     assert step["selective"] < step["op"] < step["full"]
+
+
+def test_encoders_attend_to_every_token_so_flash_attention_skips_nothing():
+    """BERT, RoBERTa and T5's encoder are not causal: a flash kernel does twice a decoder's work
+    on the same block (the decoder skips the masked half), at the somewhat higher rate kernels
+    without a mask reach on short sequences, so it takes between 1.3 and 2 times as long."""
+    from zero_sim.system.hardware import GPUS, ComputeModel
+
+    t5 = preset("t5-11b").layers
+    assert [layer.work.causal for layer in t5 if layer.kind == "block"] == [False] * 24 + [True] * 24
+    assert not preset("bert-large").layers[1].work.causal and preset("llama2-7b").layers[1].work.causal
+    decoder = preset("gpt2-350m", seq_len=1024, micro_batch=4).layers[1].work
+    encoder = dataclasses.replace(decoder, causal=False)
+    model = ComputeModel(GPUS["A100-80GB"])
+    ratio = model.attention_seconds("fwd", encoder) / model.attention_seconds("fwd", decoder)
+    assert 1.3 < ratio <= 2.0

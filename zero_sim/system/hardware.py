@@ -369,7 +369,7 @@ class ComputeModel:
             mult = 1.0 if direction == "fwd" else GEMM_BWD_FLOPS
             scores = EAGER_BMM_SCORE_BYTES_FWD * _score_elements(work)
             return mult * (flops / (self.gpu.peak_flops * eff) + self._memory_seconds(scores))
-        causal = bool(getattr(work, "causal", True))
+        causal = work.causal
         done = flops * (0.5 if causal else 1.0)  # the kernel skips the masked half
         eff = self.flash_efficiency(direction, work.seq_len, work.head_dim, causal)
         mult = 1.0 if direction == "fwd" else FLASH_BWD_FLOPS

@@ -65,8 +65,8 @@ PRESETS: dict[str, GPTShape] = {
     "gpt2-1.5b": GPTShape(48, 1600, 25, 50257, 1024, tied=True),
     "gpt-7.5b": GPTShape(36, 4096, 32, 50257, 2048, tied=True),
     "gpt3-175b": GPTShape(96, 12288, 96, 50257, 2048),
-    "roberta-10b": GPTShape(50, 4096, 32, 50265, 512),
-    "roberta-50b": GPTShape(62, 8192, 64, 50265, 512),
+    "roberta-10b": GPTShape(50, 4096, 32, 50265, 512, causal=False),
+    "roberta-50b": GPTShape(62, 8192, 64, 50265, 512, causal=False),
     "gpt3-125m": GPTShape(12, 768, 12, 50257, 2048, tied=True),
     "gpt3-350m": GPTShape(24, 1024, 16, 50257, 2048, tied=True),
     "gpt3-760m": GPTShape(24, 1536, 16, 50257, 2048, tied=True),
@@ -83,8 +83,8 @@ PRESETS: dict[str, GPTShape] = {
     "mpt-7b": GPTShape(32, 4096, 32, 50432, 2048, tied=True, bias=False, positions="alibi", dropout=False),
     "mpt-30b": GPTShape(48, 7168, 64, 50432, 8192, tied=True, bias=False, positions="alibi", dropout=False),
     "t5-11b": GPTShape(48, 1024, 128, 32128, 512, tied=True, head_dim=128, ffn_hidden=65536, mlp="relu",
-                       norm="rmsnorm", bias=False, positions="relative", cross_attention=24),
-    "bert-large": GPTShape(24, 1024, 16, 30522, 512, tied=True),
+                       norm="rmsnorm", bias=False, positions="relative", cross_attention=24, causal=False),
+    "bert-large": GPTShape(24, 1024, 16, 30522, 512, tied=True, causal=False),
 }
 
 PRESET_SOURCES: dict[str, PresetSource] = {

@@ -141,6 +141,7 @@ class Work:
     attention: str = DEFAULT_ATTENTION  # "flash" (FlashAttention / SDPA) or "eager"
     # GEMM FLOPs op-level checkpointing re-runs in backward: the projections whose outputs it drops.
     unsaved_matmul_flops: float = 0.0
+    causal: bool = True  # a causal mask: flash attention computes only the unmasked half
 
 
 @dataclass(frozen=True)
@@ -185,6 +186,9 @@ class GPTShape:
     dropout: bool = True  # training applies dropout (masks saved for backward)
     cross_attention: int = 0  # the last this-many blocks also attend to an encoder output (T5)
     window: int | None = None  # sliding-window attention: keys per query (Mistral)
+    # Decoders mask attention to earlier tokens; encoders (BERT, RoBERTa, T5's encoder) attend to
+    # every token, so a flash kernel cannot skip the masked half.  T5's decoder blocks stay causal.
+    causal: bool = True
 
     @property
     def n_kv_head(self) -> int:
@@ -364,7 +368,8 @@ def _block_work(shape: GPTShape, b: int, attention: str, cross: bool) -> Work:
     inputs = ([h, h, h, q] * n_attn) + ([h, h, f] if shape.mlp == "swiglu" else [h, f])
     outputs = projection_outputs(q, k, h, f, shape.mlp, cross)
     unsaved = sum(2 * t * i * o for i, o in list(zip(inputs, outputs, strict=True))[1::2])
-    return Work(float(matmul), float(core), float(memory), t, h, s, a, dh, attention, float(unsaved))
+    return Work(float(matmul), float(core), float(memory), t, h, s, a, dh, attention, float(unsaved),
+                shape.causal or cross)
 
 
 def _gpt_layers(shape: GPTShape, micro_batch: int, recompute: str,
