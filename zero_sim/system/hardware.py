@@ -142,8 +142,14 @@ class GPU:
 # PTsolvers/gpu-workshop-JuliaCon23 issue #7), used for every NVIDIA part; MI300X 0.80 is an
 # assumption (AMD: the 5.3 TB/s "is the theoretical peak, not achievable with real-world tests",
 # ROCm/rocm_bandwidth_test issue #121; no measured figure found).
-_A100_ATTN_PER_GEMM = 0.657 / 0.869
-_HOPPER_ATTN_PER_GEMM = 0.348 / 0.803
+# One profile per chip: the A100's two memory sizes, and the H100 SXM's two, share their kernels.
+_A100_SXM = ComputeProfile(0.869, 14.0, 0.657, 0.87,
+                           "e_max: MAMF 271.2 of 312 (A100 SXM); fill fitted 14.3 us; FA2 A100 figures")
+_H100_SXM = ComputeProfile(0.803, 13.0, 0.348, 0.87,
+                           "e_max: MAMF 794.5 of 989 (H100 SXM); fill fitted 12.8 us; FA2 H100 figures")
+
+_A100_ATTN_PER_GEMM = _A100_SXM.flash_max / _A100_SXM.gemm_max
+_HOPPER_ATTN_PER_GEMM = _H100_SXM.flash_max / _H100_SXM.gemm_max
 
 GPUS: dict[str, GPU] = {
     "V100": GPU(
@@ -157,28 +163,24 @@ GPUS: dict[str, GPU] = {
         "A100-40GB", 312.0, 42298834944, 1555.0,
         "NVIDIA A100 data sheet: 312 TFLOP/s bf16 dense, 40GB HBM2 1,555 GB/s; deviceQuery on an "
         "A100-SXM4-40GB: 40339 MBytes (42298834944 bytes) (bottlerocket-os/bottlerocket PR #3873)",
-        ComputeProfile(0.869, 14.0, 0.657, 0.87,
-                       "e_max: MAMF 271.2 of 312 (A100 SXM); fill fitted 14.3 us; FA2 A100 figures")),
+        _A100_SXM),
     "A100-80GB": GPU(
         "A100-80GB", 312.0, 81251 * MiB, 2039.0,
         "NVIDIA A100 data sheet: 312 TFLOP/s bf16 dense, 80GB HBM2e 2,039 GB/s (SXM); deviceQuery on an "
         "A100-SXM4-80GB: 81251 MBytes (nvidia-smi shows 81920 MiB, modal-labs/modal-client PR #2797)",
-        ComputeProfile(0.869, 14.0, 0.657, 0.87,
-                       "e_max: MAMF 271.2 of 312 (A100 SXM); fill fitted 14.3 us; FA2 A100 figures")),
+        _A100_SXM),
     "H100": GPU(
         "H100", 989.0, 81089 * MiB, 3350.0,
         "NVIDIA H100 SXM data sheet: 1,979 TFLOP/s bf16 with sparsity = 989 dense, 3.35 TB/s; torch "
         "_CudaDeviceProperties(name='NVIDIA H100 80GB HBM3', total_memory=81089MB) (81082-81090 seen)",
-        ComputeProfile(0.803, 13.0, 0.348, 0.87,
-                       "e_max: MAMF 794.5 of 989 (H100 SXM); fill fitted 12.8 us; FA2 H100 figures")),
+        _H100_SXM),
     # The 96 GB SXM part some clusters run (torchtitan's H100 benchmarks): H100's compute, and the
     # capacity torch reports there (95.0396 GiB, stated in pytorch/torchtitan pull request #165).
     "H100-96GB": GPU(
         "H100-96GB", 989.0, int(95.0396 * 2**30), 3350.0,
         "H100 SXM with 96 GB of HBM3: compute and bandwidth as the 80 GB H100 (the source gives only the "
         "capacity); total_memory 95.0396 GiB as pytorch/torchtitan#165 reports",
-        ComputeProfile(0.803, 13.0, 0.348, 0.87,
-                       "as H100: MAMF 794.5 of 989; fill fitted 12.8 us; FA2 H100 figures")),
+        _H100_SXM),
     "H100-PCIe": GPU(
         "H100-PCIe", 756.0, 81008 * MiB, 2000.0,
         "NVIDIA H100 PCIe data sheet: 1,513 TFLOP/s bf16 with sparsity = 756 dense, 2 TB/s HBM2e; torch "
