@@ -435,7 +435,7 @@ def _gpt_layers(shape: GPTShape, micro_batch: int, recompute: str,
 def check_shape(shape: GPTShape) -> None:
     """Refuse a shape that cannot be built, with one sentence naming the flag to change."""
     check_positive(seq_len=shape.seq_len, layers=shape.n_layer, hidden=shape.d_model, heads=shape.n_head,
-                    vocab=shape.vocab)
+                   vocab=shape.vocab)
     if shape.kv_heads is not None:
         check_positive(kv_heads=shape.kv_heads)
         if shape.n_head % shape.kv_heads:
