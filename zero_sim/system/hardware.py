@@ -307,7 +307,7 @@ class ComputeModel:
             parts = self.op_seconds(kind, "fwd", work)
             return parts["gemm"] * flops / max(work.matmul_flops, 1.0) + parts["memory"]
         seconds = self.attention_seconds("fwd", work)
-        if getattr(work, "attention", "flash") == "eager":  # and the softmax over the scores
+        if work.attention == "eager":  # and the softmax over the scores
             softmax = EAGER_SOFTMAX_SCORE_BYTES_FWD * _score_elements(work)
             seconds += self._memory_seconds(min(work.memory_bytes, softmax))
         return seconds
@@ -364,7 +364,7 @@ class ComputeModel:
         flops = work.attention_flops
         if not flops:
             return 0.0
-        if getattr(work, "attention", "flash") == "eager":
+        if work.attention == "eager":
             # QK^T and scores.V, each half the FLOPs, batched over micro-batch x heads, and their
             # s x s reads and writes; backward runs four such GEMMs.
             eff = self._gemm_efficiency_flops(flops / 2.0)
