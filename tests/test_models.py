@@ -260,7 +260,7 @@ def test_the_efficiency_default_is_the_per_op_model():
     assert resolve()["settings"]["efficiency"] is None  # a float keeps the old flat roofline
     with pytest.raises(ScenarioError, match="--efficiency must be in"):
         simulate(efficiency=1.5)
-    with pytest.raises(ScenarioError, match="--attention 'sdpa' is not one of flash, eager"):
+    with pytest.raises(ScenarioError, match="--attention must be one of flash, eager, got 'sdpa'"):
         simulate(attention="sdpa")
 
 

@@ -106,13 +106,13 @@ def test_a_flag_for_another_strategy_is_refused_by_name():
 
 
 def test_impossible_settings_are_refused():
-    with pytest.raises(ScenarioError, match="--prefetch must not be negative"):
+    with pytest.raises(ScenarioError, match="--prefetch must be a non-negative integer for zero3"):
         simulate(strategy="zero3", prefetch=-1)
     with pytest.raises(ScenarioError, match="--wrap names layer 99, which does not exist"):
         simulate(strategy="fsdp", wrap="1,99")
     with pytest.raises(ScenarioError, match="--hybrid needs at least two nodes"):
         simulate(strategy="fsdp", hybrid=True, gpus=8)
-    with pytest.raises(ScenarioError, match="--bucket-mb must be positive for ddp"):
+    with pytest.raises(ScenarioError, match="--bucket-mb must be a positive number for ddp"):
         simulate(strategy="ddp", bucket_mb=0)
 
 

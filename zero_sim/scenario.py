@@ -11,13 +11,15 @@ with a sentence naming the strategies it belongs to.
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 
 from zero_sim.calibration import Calibration, CalibrationError
 from zero_sim.engine.engine import Engine, EngineConfig, Straggler
 from zero_sim.results import DEFAULT_ALLOCATOR_RESERVE, SimResult, compute_metrics, context_gb
+from zero_sim.settings import ScenarioError, Setting, check_settings
 from zero_sim.strategies import PRECISIONS, Context, all_knobs, get_strategy
-from zero_sim.strategies.base import Knob, StrategyError
+from zero_sim.strategies.base import StrategyError
 from zero_sim.system.collectives import ALGORITHMS, BACKENDS, CollectiveModel
 from zero_sim.system.hardware import GPUS, ComputeModel
 from zero_sim.system.model_presets import PRESETS, human_params, parse_count, preset, synthesize_shape
@@ -32,61 +34,74 @@ from zero_sim.system.workload import (
     gpt_workload,
 )
 
+# The size budget: at its edge a simulation takes about 20 s and 1.5 GB of memory on one core
+# (docs/reliability.md), so beyond it a simulation runs only with --allow-huge.  Planning a
+# collective costs time in proportion to its group's ranks; the engine costs time and memory
+# in proportion to op instances (ops per step x steps x ranks simulated).
+MAX_GPUS = 65_536
+MAX_OP_INSTANCES = 1_000_000
 
-class ScenarioError(ValueError):
-    """Settings that cannot be simulated; the message is one sentence saying how to fix them."""
 
-
-# A common setting has the same shape as a strategy's knob: a flag, a keyword, a default.
-Setting = Knob
+def _path_text(value):
+    # A path given as pathlib.Path is the same setting as its text.
+    return os.fspath(value) if isinstance(value, os.PathLike) else value
 
 
 COMMON: tuple[Setting, ...] = (
     Setting("model", "gpt2-124m", "model preset (see `zero-sim presets`); with shape flags, the preset "
             "their missing values come from", str),
     Setting("params", None, "synthesize a GPT of about this many parameters instead of a preset "
-            "(7.5e9, 7.5B, 350M, 1.3b)", str),
-    Setting("layers", None, "custom shape: transformer blocks (default: the preset's)", int),
-    Setting("hidden", None, "custom shape: hidden size d_model (default: the preset's)", int),
-    Setting("heads", None, "custom shape: attention (query) heads (default: the preset's)", int),
+            "(7.5e9, 7.5B, 350M, 1.3b)", int, parse=parse_count, le=1e14),
+    Setting("layers", None, "custom shape: transformer blocks (default: the preset's)", int, gt=0, le=2048),
+    Setting("hidden", None, "custom shape: hidden size d_model (default: the preset's)", int, gt=0, le=2**20),
+    Setting("heads", None, "custom shape: attention (query) heads (default: the preset's)", int,
+            gt=0, le=2**16),
     Setting("kv_heads", None, "custom shape: key/value heads, fewer than heads for grouped-query "
-            "attention (default: the preset's)", int),
-    Setting("ffn_hidden", None, "custom shape: MLP width (default: the preset's)", int),
-    Setting("vocab", None, "custom shape: vocabulary size (default: the preset's)", int),
-    Setting("seq_len", None, "sequence length (default: the preset's)", int),
-    Setting("micro_batch", 8, "sequences per rank per micro-step", int),
-    Setting("grad_accum", 1, "micro-steps per optimizer step (no gradient sync until the last)", int),
+            "attention (default: the preset's)", int, gt=0, le=2**16),
+    Setting("ffn_hidden", None, "custom shape: MLP width (default: the preset's)", int, gt=0, le=2**22),
+    Setting("vocab", None, "custom shape: vocabulary size (default: the preset's)", int, gt=0, le=2**24),
+    Setting("seq_len", None, "sequence length (default: the preset's)", int, gt=0, le=2**24),
+    Setting("micro_batch", 8, "sequences per rank per micro-step", int, gt=0, le=2**20),
+    Setting("grad_accum", 1, "micro-steps per optimizer step (no gradient sync until the last)", int,
+            gt=0, le=100_000),
     Setting("strategy", "ddp", "ddp, zero1, zero2, zero3 or fsdp", str),
-    Setting("gpus", 8, "number of ranks N", int),
-    Setting("gpus_per_node", None, "ranks per node (default: the topology's node size)", int),
+    Setting("gpus", 8, f"number of ranks N (above {MAX_GPUS:,} only with --allow-huge)", int,
+            gt=0, le=2**24),
+    Setting("gpus_per_node", None, "ranks per node (default: the topology's node size)", int, gt=0, le=4096),
     Setting("topology", "dgx-a100", "topology preset (see `zero-sim presets`), or 'calibrated' for the "
             "calibration file's imported topology", str),
     Setting("gpu", None, "GPU model (default: the topology's)", str, tuple(GPUS)),
-    Setting("bandwidth_gbps", None, "override the bottleneck link's bandwidth, in Gbit/s", float),
+    Setting("bandwidth_gbps", None, "override the bottleneck link's bandwidth, in Gbit/s", float,
+            gt=0, le=1e7),
     Setting("backend", "nccl", "collective library", str, tuple(BACKENDS)),
     Setting("algorithm", "auto", "collective algorithm", str, ALGORITHMS),
     Setting("precision", "mixed", "mixed (bf16 + fp32 Adam, K=12) or fp32 (K=8)", str, tuple(PRECISIONS)),
-    Setting("optimizer_k", None, "bytes of optimizer state per parameter (overrides the precision's K)", int),
+    Setting("optimizer_k", None, "bytes of optimizer state per parameter (overrides the precision's K)", int,
+            ge=0, le=1024),
     Setting("recompute", "none", "activation checkpointing: none, selective (Korthikanti et al.: attention's "
             "core recomputed), full (only each block's input kept) or op (torchtitan's op-level policy: "
             "every other matmul output and the attention output kept)", str, RECOMPUTE_MODES),
     Setting("attention", DEFAULT_ATTENTION, "attention kernel: flash (FlashAttention / SDPA: no s x s "
             "scores kept) or eager (softmax over materialized scores)", str, ATTENTION_IMPLS),
     Setting("efficiency", None, "a flat fraction of peak FLOP/s for all compute (default: the GPU's per-op "
-            "model)", float),
+            "model)", float, gt=0, le=1),
     Setting("cuda_context_gb", None, "GB per GPU outside the tensors: CUDA context, cuBLAS and NCCL buffers "
-            "(default: by GPU, 1.1 on A100, 1.5 on H100/H200, 0 for CPU ranks)", float),
+            "(default: by GPU, 1.1 on A100, 1.5 on H100/H200, 0 for CPU ranks)", float, ge=0, le=10_000),
     Setting("allocator_reserve", DEFAULT_ALLOCATOR_RESERVE, "fraction of the tensors' peak the caching "
-            "allocator holds reserved but unused (fragmentation)", float),
-    Setting("host_overhead_us", 10.0, "host time to issue one op, microseconds", float),
-    Setting("overlap_slowdown", 0.0, "compute slows by this fraction while a collective runs", float),
-    Setting("straggler_prob", 0.0, "chance that a rank stalls before a collective", float),
-    Setting("straggler_ms", 0.0, "length of such a stall, milliseconds", float),
-    Setting("seed", 0, "seed for straggler draws", int),
-    Setting("steps", 2, "steps to simulate (the last is reported)", int),
+            "allocator holds reserved but unused (fragmentation)", float, ge=0, le=1),
+    Setting("host_overhead_us", 10.0, "host time to issue one op, microseconds", float, ge=0, le=1e6),
+    Setting("overlap_slowdown", 0.0, "compute slows by this fraction while a collective runs", float,
+            ge=0, le=100),
+    Setting("straggler_prob", 0.0, "chance that a rank stalls before a collective", float, ge=0, le=1),
+    Setting("straggler_ms", 0.0, "length of such a stall, milliseconds", float, ge=0, le=1e6),
+    Setting("seed", 0, "seed for straggler draws", int, ge=0, le=2**63 - 1),
+    Setting("steps", 2, "steps to simulate (the last is reported)", int, gt=0, le=100),
     Setting("explicit_ranks", None, "simulate every rank (default: when N <= 8)", bool),
     Setting("calibration", None,
-            "calibration file (`zero-sim calibrate`): measured collective fits and layer times", str),
+            "calibration file (`zero-sim calibrate`): measured collective fits and layer times", str,
+            parse=_path_text),
+    Setting("allow_huge", False, f"simulate beyond the size budget ({MAX_GPUS:,} ranks, "
+            f"{MAX_OP_INSTANCES:,} ops): may take minutes and GBs of memory", bool),
 )
 # Custom-shape settings and the GPTShape fields they set.
 SHAPE_SETTINGS = {"layers": "n_layer", "hidden": "d_model", "heads": "n_head", "kv_heads": "kv_heads",
@@ -119,47 +134,31 @@ def _resolve_workload(s: dict):
         raise ScenarioError(str(exc)) from None
 
 
-def _check(s: dict) -> None:
-    for name in ("micro_batch", "grad_accum", "gpus", "steps"):
-        v = s[name]
-        if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-            raise ScenarioError(f"--{name.replace('_', '-')} must be a positive integer, got {v!r}")
-    for name in ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "seq_len"):
-        v = s[name]
-        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v <= 0):
-            raise ScenarioError(f"--{name.replace('_', '-')} must be a positive integer, got {v!r}")
-    if s["params"] is not None:
-        try:
-            s["params"] = parse_count(s["params"])
-        except WorkloadError as exc:
-            raise ScenarioError(str(exc)) from None
-    for name in ("efficiency", "cuda_context_gb", "allocator_reserve"):
-        if s[name] is not None and (isinstance(s[name], bool) or not isinstance(s[name], int | float)):
-            raise ScenarioError(f"--{name.replace('_', '-')} must be a number, got {s[name]!r}")
-    if s["efficiency"] is not None and not 0 < s["efficiency"] <= 1:
-        raise ScenarioError(f"--efficiency must be in (0, 1], got {s['efficiency']}")
-    if s["cuda_context_gb"] is not None and not 0 <= s["cuda_context_gb"] < 1e4:
-        raise ScenarioError(f"--cuda-context-gb must be a non-negative number of GB, "
-                            f"got {s['cuda_context_gb']}")
-    if not 0 <= s["allocator_reserve"] <= 1:
-        raise ScenarioError(f"--allocator-reserve must be between 0 and 1 (a fraction of the peak), "
-                            f"got {s['allocator_reserve']}")
-    for name in ("host_overhead_us", "overlap_slowdown", "straggler_ms"):
-        if s[name] < 0:
-            raise ScenarioError(f"--{name.replace('_', '-')} must not be negative, got {s[name]}")
-    if not 0 <= s["straggler_prob"] <= 1:
-        raise ScenarioError(f"--straggler-prob must be between 0 and 1, got {s['straggler_prob']}")
-    if s["bandwidth_gbps"] is not None and s["bandwidth_gbps"] <= 0:
-        raise ScenarioError(f"--bandwidth-gbps must be positive, got {s['bandwidth_gbps']}")
-    if s["optimizer_k"] is not None and s["optimizer_k"] < 0:
-        raise ScenarioError(f"--optimizer-k must not be negative, got {s['optimizer_k']}")
-    for setting in COMMON:
-        if setting.choices and s[setting.name] is not None and s[setting.name] not in setting.choices:
-            raise ScenarioError(f"{setting.flag} {s[setting.name]!r} is not one of "
-                                f"{', '.join(setting.choices)}")
+def _check_names(s: dict) -> None:
+    """What the schema cannot know alone: names looked up in tables, and sizes taken together."""
     if s["topology"] not in TOPOLOGIES and s["topology"] != "calibrated":
         raise ScenarioError(f"unknown topology preset {s['topology']!r}; "
                             f"choose one of {', '.join(sorted(TOPOLOGIES))}")
+    if s["gpus"] > MAX_GPUS and not s["allow_huge"]:
+        raise ScenarioError(f"--gpus {s['gpus']:,} is beyond the size budget of {MAX_GPUS:,} ranks (planning "
+                            f"each collective takes time per rank); add --allow-huge to run it anyway")
+
+
+def check_size(s: dict, layers: int, ops_per_step: int | None = None) -> None:
+    """Refuse a simulation beyond :data:`MAX_OP_INSTANCES` unless ``allow_huge``.
+
+    Before the program is built ``ops_per_step`` is unknown, and the two ops every layer has
+    per micro-step (forward and backward) are counted, so an absurd ``grad_accum`` is refused
+    before it is built; after, the program's own op count is used."""
+    if s["allow_huge"]:
+        return
+    per_step = ops_per_step if ops_per_step is not None else 2 * layers * s["grad_accum"]
+    explicit = s["explicit_ranks"] if s["explicit_ranks"] is not None else s["gpus"] <= 8
+    instances = per_step * s["steps"] * (s["gpus"] if explicit else 1)
+    if instances > MAX_OP_INSTANCES:
+        raise ScenarioError(f"this simulation has about {instances:,} op instances (ops per step x --steps x "
+                            f"ranks simulated), beyond the budget of {MAX_OP_INSTANCES:,}; lower --steps, "
+                            f"--grad-accum or --gpus, drop --explicit-ranks, or add --allow-huge")
 
 
 def _load_calibration(value):
@@ -172,32 +171,27 @@ def _load_calibration(value):
 
 
 def resolve(**kwargs) -> dict:
-    """Fill defaults, split common settings from strategy knobs, and check both."""
-    strategy_name = kwargs.get("strategy") or "ddp"
+    """Fill defaults, split common settings from strategy knobs, and check both against the
+    schema (:mod:`zero_sim.settings`); a value of None means "not given"."""
+    common = check_settings(COMMON, {k: v for k, v in kwargs.items() if k in COMMON_NAMES})
+    settings = {s.name: s.default for s in COMMON} | {k: v for k, v in common.items() if v is not None}
     try:
-        strategy = get_strategy(strategy_name)
+        strategy = get_strategy(settings["strategy"])
     except StrategyError as exc:
         raise ScenarioError(str(exc)) from None
     owners = all_knobs()
-    own = {k.name: k for k in strategy.knobs}
-    settings = {s.name: s.default for s in COMMON}
-    knobs = {k.name: k.default for k in strategy.knobs}
+    own = {k.name for k in strategy.knobs}
     for key, value in kwargs.items():
-        if key in COMMON_NAMES:
-            if value is not None:
-                settings[key] = value
-        elif key in own:
-            if value is not None:
-                knobs[key] = value
-        elif key in owners:
-            if value is None:
-                continue
+        if key in COMMON_NAMES or key in own or value is None:
+            continue
+        if key in owners:
             belongs = ", ".join(sorted({name for name, _ in owners[key]}))
             raise ScenarioError(f"--{key.replace('_', '-')} applies to {belongs}, not to {strategy.name}; "
                                 f"drop it or use --strategy {belongs.split(', ')[0]}")
-        else:
-            raise ScenarioError(f"unknown setting {key!r}; see `zero-sim simulate --help`")
-    _check(settings)
+        raise ScenarioError(f"unknown setting {key!r}; see `zero-sim simulate --help`")
+    given = check_settings(strategy.knobs, {k: v for k, v in kwargs.items() if k in own}, strategy.name)
+    knobs = {k.name: k.default for k in strategy.knobs} | {k: v for k, v in given.items() if v is not None}
+    _check_names(settings)
     return {"settings": settings, "knobs": knobs, "strategy": strategy}
 
 
@@ -207,8 +201,10 @@ def simulate(workload: Workload | None = None, **kwargs) -> SimResult:
     ``workload`` (Python only) replaces the model preset with a workload built elsewhere,
     e.g. :func:`sim2real.module_workload.workload_from_module` on a real model.  ``calibration``
     is a file path or a :class:`zero_sim.calibration.Calibration`."""
-    calibration = kwargs.pop("calibration", None)
+    # A Calibration object is taken as it is; a path is a setting like any other.
+    calibration = kwargs.pop("calibration") if isinstance(kwargs.get("calibration"), Calibration) else None
     r = resolve(**kwargs)
+    calibration = calibration or r["settings"]["calibration"]
     s, knobs, strategy = r["settings"], r["knobs"], r["strategy"]
     calibration = _load_calibration(calibration)
     if workload is None:
@@ -253,6 +249,7 @@ def simulate(workload: Workload | None = None, **kwargs) -> SimResult:
         program = strategy.build(ctx)
     except StrategyError as exc:
         raise ScenarioError(str(exc)) from None
+    check_size(s, len(workload.layers), len(program.ops))
     straggler = None
     if s["straggler_prob"] > 0 and s["straggler_ms"] > 0:
         straggler = Straggler(s["straggler_prob"], s["straggler_ms"] * 1e-3, s["seed"])

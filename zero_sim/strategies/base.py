@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from zero_sim.engine.program import Program, ProgramBuilder
+from zero_sim.settings import Setting
 from zero_sim.system.hardware import ComputeModel
 from zero_sim.system.workload import Layer, Workload, ceil_div
 from zero_sim.vocabulary import (
@@ -67,19 +68,8 @@ PRECISIONS = {
 }
 
 
-@dataclass(frozen=True)
-class Knob:
-    """A strategy-specific setting: a CLI flag ``--name-with-dashes`` and a keyword ``name``."""
-
-    name: str
-    default: Any
-    help: str
-    kind: type = float
-    choices: tuple | None = None
-
-    @property
-    def flag(self) -> str:
-        return "--" + self.name.replace("_", "-")
+# A strategy's knob is a setting like any other: one schema (zero_sim.settings) checks both.
+Knob = Setting
 
 
 @dataclass

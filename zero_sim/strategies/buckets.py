@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from zero_sim.strategies.base import Alloc, Context, Step, StrategyError
+from zero_sim.strategies.base import Alloc, Context, Step
 from zero_sim.system.workload import Layer, Workload
 from zero_sim.vocabulary import ALL_REDUCE, BACKWARD
 from zero_sim.vocabulary.buckets import bucket_caps, fill_buckets
@@ -47,14 +47,6 @@ def gradient_buckets(ctx: Context) -> list[Bucket]:
     as the real runs share ``bucketize``: ``--bucket-mb`` cap, first bucket per :func:`bucket_caps`."""
     cap, first = bucket_caps(ctx.knob("bucket_mb"))
     return buckets(ctx.workload, cap, ctx.precision.grad_bytes, first)
-
-
-def check_bucket_mb(ctx: Context, name: str, allow_zero: bool) -> None:
-    """Refuse a negative cap, and zero unless the strategy reduces tensor by tensor at zero."""
-    v = ctx.knob("bucket_mb")
-    if v < 0 or (v == 0 and not allow_zero):
-        must = "non-negative" if allow_zero else "positive"
-        raise StrategyError(f"--bucket-mb must be {must} for {name}, got {v}")
 
 
 class BucketedStep(Step):

@@ -34,8 +34,8 @@ Bucket storage is a second copy of the gradients unless ``gradient_as_bucket_vie
 
 from __future__ import annotations
 
-from zero_sim.strategies.base import Context, Knob, Strategy
-from zero_sim.strategies.buckets import BucketedStep, check_bucket_mb
+from zero_sim.strategies.base import Knob, Strategy
+from zero_sim.strategies.buckets import BucketedStep
 from zero_sim.vocabulary import BUFFERS
 from zero_sim.vocabulary.buckets import DEFAULT_BUCKET_MB, bucket_caps
 
@@ -69,10 +69,8 @@ class DDP(Strategy):
     summary = "replicate everything; all-reduce gradient buckets during backward"
     knobs = (
         Knob("bucket_mb", DEFAULT_BUCKET_MB,
-             "gradient bucket cap in MiB (torch default 25; first bucket 1 MiB)"),
+             "gradient bucket cap in MiB (torch default 25; first bucket 1 MiB)", gt=0, le=2**20),
         Knob("gradient_as_bucket_view", False, "gradients are views into the buckets (no second copy)", bool),
     )
     Step = DDPStep
 
-    def validate(self, ctx: Context) -> None:
-        check_bucket_mb(ctx, self.name, allow_zero=False)

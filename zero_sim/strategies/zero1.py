@@ -21,8 +21,8 @@ bucket's scratch buffer (DeepSpeed's reduce buckets) while its reduction runs.
 
 from __future__ import annotations
 
-from zero_sim.strategies.base import Alloc, Context, Knob, Strategy
-from zero_sim.strategies.buckets import BucketedStep, check_bucket_mb
+from zero_sim.strategies.base import Alloc, Knob, Strategy
+from zero_sim.strategies.buckets import BucketedStep
 from zero_sim.vocabulary import ALL_GATHER, ALL_REDUCE, BUFFERS, OPTIMIZER, REDUCE_SCATTER, opt, wait
 from zero_sim.vocabulary.buckets import DEFAULT_BUCKET_MB
 
@@ -65,11 +65,9 @@ class ZeRO1(Strategy):
     name = "zero1"
     summary = "shard optimizer state; reduce gradients as DDP; all-gather updated weights"
     knobs = (
-        Knob("bucket_mb", DEFAULT_BUCKET_MB, "gradient bucket cap in MiB"),
+        Knob("bucket_mb", DEFAULT_BUCKET_MB, "gradient bucket cap in MiB", gt=0, le=2**20),
         Knob("zero1_reduce", "reduce_scatter", "how gradient buckets are reduced", str,
              ("reduce_scatter", "all_reduce")),
     )
     Step = ZeRO1Step
 
-    def validate(self, ctx: Context) -> None:
-        check_bucket_mb(ctx, self.name, allow_zero=False)

@@ -29,8 +29,8 @@ plus the unsharded gradients that wait for their reduce-scatter (``buffers``): w
 
 from __future__ import annotations
 
-from zero_sim.strategies.base import Alloc, Context, Knob, Strategy
-from zero_sim.strategies.buckets import Bucket, check_bucket_mb
+from zero_sim.strategies.base import Alloc, Knob, Strategy
+from zero_sim.strategies.buckets import Bucket
 from zero_sim.strategies.zero1 import ZeRO1Step
 from zero_sim.system.workload import Layer
 from zero_sim.vocabulary import BUFFERS, REDUCE_SCATTER
@@ -97,7 +97,7 @@ class ZeRO2(Strategy):
     summary = "shard optimizer state and gradients; reduce-scatter gradients, all-gather weights"
     knobs = (
         Knob("bucket_mb", DEFAULT_BUCKET_MB, "reduce bucket cap in MiB (first bucket 1 MiB at the default); "
-             "0 = one reduce-scatter per tensor"),
+             "0 = one reduce-scatter per tensor", ge=0, le=2**20),
         Knob("zero2_launch", "hook", "launch reduce-scatters from backward hooks or in step()", str,
              ("hook", "step")),
         Knob("compiled_backward", False, "backward is one compiled graph: hooks fire only when it ends",
@@ -105,5 +105,3 @@ class ZeRO2(Strategy):
     )
     Step = ZeRO2Step
 
-    def validate(self, ctx: Context) -> None:
-        check_bucket_mb(ctx, self.name, allow_zero=True)

@@ -83,7 +83,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from zero_sim.strategies.base import Alloc, Context, Knob, Step, Strategy, StrategyError, shard
+from zero_sim.strategies.base import Alloc, Knob, Step, Strategy, shard
 from zero_sim.system.workload import Layer
 from zero_sim.vocabulary import (
     ALL_GATHER,
@@ -368,33 +368,23 @@ class ZeRO3(Strategy):
     summary = "shard weights, gradients and optimizer state; all-gather each layer before use"
     knobs = (
         Knob("prefetch", None, "cap on layers a prefetch reaches ahead (default: none, DeepSpeed's element "
-             "limits decide; 0: no prefetch)", int),
+             "limits decide; 0: no prefetch)", int, ge=0, le=100_000),
         Knob("prefetch_bucket_size", 50_000_000, "elements one prefetch call adds at most (DeepSpeed "
-             "stage3_prefetch_bucket_size, default 5e7; 0: no prefetch)", int),
+             "stage3_prefetch_bucket_size, default 5e7; 0: no prefetch)", int, ge=0, le=10**13),
         Knob("max_live_params", 1_000_000_000, "elements gathered at once beyond which prefetch stops "
-             "(DeepSpeed stage3_max_live_parameters, default 1e9)", int),
+             "(DeepSpeed stage3_max_live_parameters, default 1e9)", int, ge=0, le=10**13),
         Knob("max_reuse_distance", 1_000_000_000, "a gathered tensor used again within this many elements "
-             "of the trace is kept (DeepSpeed stage3_max_reuse_distance, default 1e9)", int),
+             "of the trace is kept (DeepSpeed stage3_max_reuse_distance, default 1e9)", int, ge=0, le=10**13),
         Knob("param_persistence_threshold", 100_000, "tensors of at most this many elements stay whole "
-             "(DeepSpeed stage3_param_persistence_threshold, default 1e5)", int),
+             "(DeepSpeed stage3_param_persistence_threshold, default 1e5)", int, ge=0, le=10**13),
         Knob("reduce_bucket_size", 500_000_000, "elements of gradients per reduce-scatter (DeepSpeed "
-             "reduce_bucket_size, default 5e8)", int),
+             "reduce_bucket_size, default 5e8)", int, gt=0, le=10**13),
         Knob("overlap_comm", True, "collectives on DeepSpeed's own streams, overlapping compute (DeepSpeed "
              "default for stage 3)", bool),
         Knob("batch_collectives", True, "one flat collective per call instead of one per tensor", bool),
         Knob("fine_grained_sync", True, "wait on each gather's own event, not the whole comm stream", bool),
         Knob("precomputed_fetch", True, "fetch decisions computed once, not in Python every layer", bool),
         Knob("fetch_decision_us", 500.0,
-             "host time per layer per pass when fetch decisions are not precomputed"),
+             "host time per layer per pass when fetch decisions are not precomputed", ge=0, le=1e6),
     )
     Step = ZeRO3Step
-
-    def validate(self, ctx: Context) -> None:
-        for name in ("prefetch", "prefetch_bucket_size", "max_live_params", "max_reuse_distance",
-                     "param_persistence_threshold", "reduce_bucket_size", "fetch_decision_us"):
-            value = ctx.knob(name)
-            if value is not None and value < 0:
-                flag = "--" + name.replace("_", "-")
-                raise StrategyError(f"{flag} must not be negative for zero3, got {value}")
-        if ctx.knob("reduce_bucket_size") == 0:
-            raise StrategyError("--reduce-bucket-size must be positive for zero3, got 0")
