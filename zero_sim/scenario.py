@@ -15,6 +15,8 @@ import os
 from dataclasses import replace
 
 from zero_sim.calibration import Calibration, CalibrationError
+from zero_sim.configs import merge
+from zero_sim.configs.deepspeed import check_batch, read_deepspeed
 from zero_sim.engine.engine import Engine, EngineConfig, Straggler
 from zero_sim.results import DEFAULT_ALLOCATOR_RESERVE, SimResult, compute_metrics, context_gb
 from zero_sim.settings import ScenarioError, Setting, check_settings
@@ -100,6 +102,8 @@ COMMON: tuple[Setting, ...] = (
     Setting("calibration", None,
             "calibration file (`zero-sim calibrate`): measured collective fits and layer times", str,
             parse=_path_text),
+    Setting("deepspeed_config", None, "a DeepSpeed JSON configuration: its ZeRO stage, batch sizes, "
+            "precision and ZeRO settings (flags given beside it win)", str, parse=_path_text),
     Setting("allow_huge", False, f"simulate beyond the size budget ({MAX_GPUS:,} ranks, "
             f"{MAX_OP_INSTANCES:,} ops): may take minutes and GBs of memory", bool),
 )
@@ -201,10 +205,20 @@ def simulate(workload: Workload | None = None, **kwargs) -> SimResult:
     ``workload`` (Python only) replaces the model preset with a workload built elsewhere,
     e.g. :func:`sim2real.module_workload.workload_from_module` on a real model.  ``calibration``
     is a file path or a :class:`zero_sim.calibration.Calibration`."""
+    reading = None
+    if kwargs.get("deepspeed_config") is not None:
+        reading = read_deepspeed(kwargs.pop("deepspeed_config"))
+        kwargs = merge(reading, kwargs)
+        train_batch = kwargs.pop("train_batch_size", None)
     # A Calibration object is taken as it is; a path is a setting like any other.
     calibration = kwargs.pop("calibration") if isinstance(kwargs.get("calibration"), Calibration) else None
-    r = resolve(**kwargs)
+    try:
+        r = resolve(**kwargs)
+    except ScenarioError as exc:
+        raise ScenarioError(reading.blame(str(exc)) if reading is not None else str(exc)) from None
     calibration = calibration or r["settings"]["calibration"]
+    if reading is not None:
+        check_batch(r["settings"] | {"train_batch_size": train_batch}, reading.source)
     s, knobs, strategy = r["settings"], r["knobs"], r["strategy"]
     calibration = _load_calibration(calibration)
     if workload is None:
@@ -272,6 +286,7 @@ def simulate(workload: Workload | None = None, **kwargs) -> SimResult:
     scenario = dict(s) | knobs | {
         "cuda_context_gb": context, "attention": workload.attention,
         "calibration": calibration.describe() if calibration is not None else None,
+        "deepspeed_config": reading.source if reading is not None else None,
         "overlap_slowdown": overlap_slowdown, "collective_cpu_us": collective_cpu_s * 1e6,
         "comm_rate_while_computing": comm_rate,
         "strategy": strategy.name, "model": workload.name, "params": workload.params,
@@ -292,5 +307,6 @@ def simulate(workload: Workload | None = None, **kwargs) -> SimResult:
               for rank, events in run.memory.items() for t, cat, b in events]
     ends = run.step_ends[run.simulated_ranks[0]]
     window = (ends[-2] if len(ends) > 1 else 0.0, ends[-1])
-    return SimResult(metrics, ops, memory, scenario, window, s["gpus"], run.simulated_ranks,
-                     list(program.notes), run.events)
+    notes = list(program.notes) + (reading.notes if reading is not None else [])
+    return SimResult(metrics, ops, memory, scenario, window, s["gpus"], run.simulated_ranks, notes,
+                     run.events)

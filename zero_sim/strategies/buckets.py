@@ -8,6 +8,11 @@ produces gradients; the real runs cut the same model into the same buckets
 Every collective here is issued from the host with the compute stream current (a backward
 hook, or the step after the update it gathers), so it follows the compute issued before it:
 the program's default ``after_compute=True`` (see ``zero_sim/engine/program.py``).
+
+A reduction runs beside compute unless the strategy's ``overlap_comm`` knob is off
+(DeepSpeed stages 1 and 2, whose default it is): then DeepSpeed reduces on the compute
+stream itself (``stage_1_and_2.py``, ``reduce_ipg_grads``), so the compute after it,
+the next layer's backward or the next micro-step's forward, waits for it.
 """
 
 from __future__ import annotations
@@ -62,6 +67,22 @@ class BucketedStep(Step):
         for bucket in self.plan:
             self.ready.setdefault(bucket.ready_after_layer, []).append(bucket)
         self.reductions: dict[int, int] = {}
+        self.blocking: tuple[int, ...] = ()  # without overlap_comm: reductions the next compute waits for
+
+    def overlaps_compute(self) -> bool:
+        """Reductions run on a side stream (DDP always; DeepSpeed with ``overlap_comm``)."""
+        return self.ctx.knobs.get("overlap_comm", True)
+
+    def before_forward(self, layer: Layer) -> tuple[int, ...]:
+        return self.take_blocking()
+
+    def before_backward(self, layer: Layer) -> tuple[int, ...]:
+        return self.take_blocking()
+
+    def take_blocking(self) -> tuple[int, ...]:
+        """The reductions issued on the compute stream since its last op, which that op follows."""
+        blocking, self.blocking = self.blocking, ()
+        return blocking
 
     def reduce_in_backward(self) -> bool:
         """Gradients accumulate locally (``no_sync``) until the last micro-step."""
@@ -86,3 +107,5 @@ class BucketedStep(Step):
         self.reductions[bucket.index] = self.b.collective(
             self.kind, f"{self.kind} {self.label(bucket)}", nbytes, BACKWARD, layer=bucket.ready_after_layer,
             deps=deps, alloc=alloc, free=free)
+        if not self.overlaps_compute():
+            self.blocking += (self.reductions[bucket.index],)

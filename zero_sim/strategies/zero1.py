@@ -68,6 +68,8 @@ class ZeRO1(Strategy):
         Knob("bucket_mb", DEFAULT_BUCKET_MB, "gradient bucket cap in MiB", gt=0, le=2**20),
         Knob("zero1_reduce", "reduce_scatter", "how gradient buckets are reduced", str,
              ("reduce_scatter", "all_reduce")),
+        Knob("overlap_comm", True, "reduce on a side stream beside backward (DeepSpeed overlap_comm, whose "
+             "default is off for stages 1 and 2); off: on the compute stream, which waits for each", bool),
     )
     Step = ZeRO1Step
 

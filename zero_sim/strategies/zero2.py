@@ -102,6 +102,8 @@ class ZeRO2(Strategy):
              ("hook", "step")),
         Knob("compiled_backward", False, "backward is one compiled graph: hooks fire only when it ends",
              bool),
+        Knob("overlap_comm", True, "reduce on a side stream beside backward (DeepSpeed overlap_comm, whose "
+             "default is off for stages 1 and 2); off: on the compute stream, which waits for each", bool),
     )
     Step = ZeRO2Step
 

@@ -1,0 +1,145 @@
+"""From your DeepSpeed config: a file users already have, read as the simulator's settings.
+
+Each key is either turned into a setting (with DeepSpeed's units and defaults), noted as
+ignored with the reason, or refused with one sentence when the simulator would otherwise
+simulate something else than the file describes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from zero_sim import ScenarioError, simulate
+from zero_sim.cli import main
+
+FUZZ_EXAMPLES = int(os.environ.get("ZERO_SIM_FUZZ_EXAMPLES", "300"))
+
+STAGE3 = {
+    "train_batch_size": 64,
+    "train_micro_batch_size_per_gpu": 4,
+    "gradient_accumulation_steps": 2,
+    "bf16": {"enabled": True},
+    "optimizer": {"type": "AdamW", "params": {"lr": 3e-4}},
+    "zero_optimization": {"stage": 3, "contiguous_gradients": True, "stage3_prefetch_bucket_size": 2e7,
+                          "stage3_max_live_parameters": 3e8, "reduce_bucket_size": 1e8},
+    "gradient_clipping": 1.0,
+    "steps_per_print": 10,
+}
+SMALL = {"model": "gpt2-124m", "seq_len": 256}
+
+
+def test_a_stage_3_config_sets_the_strategy_batch_and_sizes_in_deepspeeds_units():
+    r = simulate(deepspeed_config=STAGE3, **SMALL)
+    s = r.scenario
+    assert (s["strategy"], s["micro_batch"], s["grad_accum"], s["precision"]) == ("zero3", 4, 2, "mixed")
+    assert (s["prefetch_bucket_size"], s["max_live_params"], s["reduce_bucket_size"]) == (
+        20_000_000, 300_000_000, 100_000_000)
+    assert s["overlap_comm"] is True  # DeepSpeed's default for stage 3
+
+
+def test_every_key_is_read_or_noted_as_ignored_with_its_reason():
+    notes = simulate(deepspeed_config=STAGE3, **SMALL).notes
+    assert "read: zero_optimization.stage = 3 as --strategy zero3" in notes
+    assert any(n.startswith("ignored: gradient_clipping: ") for n in notes)
+    assert any(n.startswith("ignored: zero_optimization.contiguous_gradients: ") for n in notes)
+    assert any(n.startswith("ignored: optimizer.params: ") for n in notes)
+
+
+def test_stage_2_buckets_are_elements_turned_into_mib_at_the_gradients_width():
+    config = {"bf16": {"enabled": True}, "zero_optimization": {"stage": 2, "reduce_bucket_size": 5e8}}
+    s = simulate(deepspeed_config=config, **SMALL).scenario
+    assert s["strategy"] == "zero2" and s["bucket_mb"] == pytest.approx(5e8 * 2 / 2**20)
+    assert s["overlap_comm"] is False  # DeepSpeed's default for stages 1 and 2
+    fp32 = simulate(deepspeed_config={"zero_optimization": {"stage": 2, "reduce_bucket_size": 5e8}}, **SMALL)
+    assert fp32.scenario["precision"] == "fp32"
+    assert fp32.scenario["bucket_mb"] == pytest.approx(5e8 * 4 / 2**20)
+
+
+def test_reductions_on_the_compute_stream_stop_overlapping_backward():
+    # overlap_comm off: DeepSpeed reduces on the compute stream, so backward waits for each bucket.
+    base = {"bf16": {"enabled": True}, "zero_optimization": {"stage": 2, "reduce_bucket_size": 2e7}}
+    overlapped = base | {"zero_optimization": base["zero_optimization"] | {"overlap_comm": True}}
+    on = simulate(deepspeed_config=overlapped, topology="pcie", **SMALL).metrics
+    off = simulate(deepspeed_config=base, topology="pcie", **SMALL).metrics
+    assert off["comm_overlap_fraction"] < 0.05 < on["comm_overlap_fraction"]
+    assert off["step_time_s"] > on["step_time_s"]
+
+
+def test_a_flag_given_beside_the_file_wins_and_the_note_says_so():
+    r = simulate(deepspeed_config=STAGE3, micro_batch=2, gpus=16, **SMALL)
+    assert r.scenario["micro_batch"] == 2
+    assert "overridden: --micro-batch 2 replaces 4 from the DeepSpeed configuration" in r.notes
+
+
+@pytest.mark.parametrize("config, sentence", [
+    ({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}, "offloads to the host"),
+    ({"zero_optimization": {"stage": 3, "zero_quantized_weights": True}}, "ZeRO++ quantized weight gathers"),
+    ({"zero_optimization": {"stage": 0}}, "stage 0 in the DeepSpeed configuration is not simulated"),
+    ({"zero_optimization": {"stage": 2, "reduce_bucket_size": "auto"}}, "is 'auto'"),
+    ({"zero_optimization": {"stage": 2, "reduce_bukcet_size": 1}}, "reduce_bukcet_size"),
+    ({"zero_optimization": {"stage": 2, "reduce_scatter": False}}, "all-reduces stage 2's gradients"),
+    ({"zero_optimization": {"stage": 1}, "optimizer": {"type": "SGD"}}, "not an Adam-family optimizer"),
+    ({"zero_optimization": {"stage": 1}, "train_micro_batch_size_per_gpu": 0},
+     "--micro-batch must be a positive integer, got 0 (read from train_micro_batch_size_per_gpu"),
+    ({"zero_optimization": {"stage": 1}, "train_batch_size": 100},
+     "is not micro-batch 8 x gradient accumulation"),
+    ({"zero_optimization": {"stage": 1}, "bf16": {"enabled": True}, "communication_data_type": "fp32"},
+     "differs from the gradients' dtype"),
+    ([1, 2], "must be a path or a dict"),
+])
+def test_what_cannot_be_simulated_as_written_is_refused_with_one_sentence(config, sentence):
+    with pytest.raises(ScenarioError) as refused:
+        simulate(deepspeed_config=config, **SMALL)
+    assert sentence in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_the_command_line_reads_the_file_and_refuses_a_broken_one(tmp_path, capsys):
+    good = tmp_path / "ds.json"
+    good.write_text(json.dumps(STAGE3))
+    assert main(["simulate", "--deepspeed-config", str(good), "--model", "gpt2-124m", "--seq-len", "256",
+                 "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["strategy"] == "zero3"
+    broken = tmp_path / "broken.json"
+    broken.write_text('{"zero_optimization": {"stage": 3,}}')
+    assert main(["simulate", "--deepspeed-config", str(broken)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "is not valid JSON" in err and "\n" not in err
+
+
+SECTIONS = st.dictionaries(st.sampled_from(["enabled", "device", "type"]),
+                           st.booleans() | st.text(max_size=4),
+                           max_size=2)
+JSON_VALUES = st.one_of(st.none(), st.booleans(), st.integers(-5, 10**10), st.floats(allow_nan=True),
+                        st.sampled_from(["auto", "cpu", "none", "x", "bf16", "fp32"]),
+                        st.lists(st.integers(), max_size=2), SECTIONS)
+KEYS = [*STAGE3, "fp16", "communication_data_type", "wandb", "unknown_key"]
+ZERO_KEYS = [*STAGE3["zero_optimization"], "stage", "overlap_comm", "reduce_scatter", "offload_param",
+             "offload_optimizer", "allgather_bucket_size", "stage3_max_reuse_distance", "sub_group_size",
+             "zero_hpz_partition_size"]
+
+
+@st.composite
+def mutated_configs(draw):
+    config = json.loads(json.dumps(STAGE3))
+    for _ in range(draw(st.integers(1, 3))):
+        if draw(st.booleans()):
+            config[draw(st.sampled_from(KEYS))] = draw(JSON_VALUES)
+        elif isinstance(config.get("zero_optimization"), dict):
+            config["zero_optimization"][draw(st.sampled_from(ZERO_KEYS))] = draw(JSON_VALUES)
+    return config
+
+
+@settings(max_examples=FUZZ_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
+@given(mutated_configs(), st.sampled_from([None, 8, 16]))
+def test_any_deepspeed_config_gives_a_result_or_one_sentence(config, gpus):
+    try:
+        result = simulate(deepspeed_config=config, gpus=gpus, **SMALL)
+    except ScenarioError as refused:
+        assert str(refused) and "\n" not in str(refused)
+        return
+    json.dumps(result.metrics, allow_nan=False)

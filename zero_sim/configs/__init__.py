@@ -1,0 +1,103 @@
+"""Training configurations users already have, read into ``simulate()`` settings.
+
+Each reader turns one file format into a :class:`ConfigReading`: the settings it sets and one
+note per key it did not turn into a setting, saying why (``ignored: <key>: <why>``).  A key
+whose effect the simulator cannot model, and that would change a step's time or memory, is
+refused with one sentence instead, so a reading never silently simulates something else.
+
+:func:`merge` combines a reading with the settings given beside it (flags or keywords): a
+setting given explicitly wins over the file's value, and the note says so.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from zero_sim.settings import ScenarioError
+
+
+class ConfigError(ScenarioError):
+    """A configuration file that cannot be read as given; the message says how to fix it."""
+
+
+@dataclass
+class ConfigReading:
+    """What a configuration file sets (``simulate()`` keywords) and what it left aside, and why."""
+
+    source: str
+    settings: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    origins: dict[str, str] = field(default_factory=dict)  # setting -> the key it was read from
+
+    def blame(self, message: str) -> str:
+        """A refusal of a value read from the file, saying which key of which file held it."""
+        for name, key in self.origins.items():
+            if message.startswith(f"--{name.replace('_', '-')} "):
+                return f"{message} (read from {key} in {self.source})"
+        return message
+
+    def set(self, name: str, value: Any, key: str, written: Any = None) -> None:
+        """``key`` (as ``written`` in the file, when that differs from ``value``) sets ``--name value``."""
+        self.settings[name] = value
+        self.origins[name] = key
+        shown = f" = {written!r}" if written is not None else ""
+        self.notes.append(f"read: {key}{shown} as --{name.replace('_', '-')} {value}")
+
+    def ignore(self, key: str, why: str) -> None:
+        self.notes.append(f"ignored: {key}: {why}")
+
+
+def load_mapping(config, what: str) -> tuple[dict, str]:
+    """A configuration given as a mapping, or as the path of a JSON file holding one."""
+    if isinstance(config, dict):
+        return config, f"the {what}"
+    if not isinstance(config, str | os.PathLike):
+        raise ConfigError(f"the {what} must be a path or a dict, got {type(config).__name__}")
+    path = Path(config)
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else "not readable as text"
+        raise ConfigError(f"cannot read the {what} {str(path)!r}: {reason.lower()}; pass the path of a "
+                          f"JSON file") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path} is not valid JSON ({exc.msg} at line {exc.lineno}); fix the file") \
+            from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} holds a JSON {type(data).__name__}, not an object of settings")
+    return data, str(path)
+
+
+def validated(model: type[BaseModel], data: dict, source: str):
+    """``data`` read as ``model``; the first field that does not fit is one sentence naming its key."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        where = ".".join(str(part) for part in error["loc"]) or "the configuration"
+        what = error["msg"].removeprefix("Input ").removeprefix("Value error, ")
+        if error["type"] in ("model_type", "model_attributes_type", "dict_type"):
+            what = "should be an object of settings ({...} in JSON)"  # not the name of a class inside
+        raise ConfigError(f"{where} in {source} {what[0].lower() + what[1:]}, got {error['input']!r}; "
+                          f"fix the file") from None
+
+
+def merge(reading: ConfigReading, given: dict[str, Any]) -> dict[str, Any]:
+    """The reading's settings overlaid with those given explicitly (None means not given)."""
+    explicit = {k: v for k, v in given.items() if v is not None}
+    for name, value in explicit.items():
+        if name in reading.settings and reading.settings[name] != value:
+            if name == "strategy":
+                raise ConfigError(f"{reading.source} describes {reading.settings[name]} but --strategy is "
+                                  f"{value}; drop --strategy or use another configuration")
+            reading.notes.append(f"overridden: --{name.replace('_', '-')} {value!r} replaces "
+                                 f"{reading.settings[name]!r} from {reading.source}")
+    return reading.settings | explicit

@@ -1,0 +1,261 @@
+"""A DeepSpeed JSON configuration read as ``simulate()`` settings.
+
+Names, units and defaults are DeepSpeed's (``deepspeed/runtime/config.py`` and
+``deepspeed/runtime/zero/config.py``):
+
+* ``zero_optimization.stage`` 1, 2, 3 is ``zero1``, ``zero2``, ``zero3``.  Stage 0 (DeepSpeed's
+  own data parallelism, which all-reduces after backward rather than during it) is refused:
+  torch DDP is ``--strategy ddp``.
+* Sizes are in *elements*.  ``reduce_bucket_size`` (default 5e8) becomes ``--bucket-mb`` for
+  stages 1 and 2 at the gradient's bytes per element (2 in bf16/fp16, 4 in fp32), and stays
+  in elements for stage 3, as do the ``stage3_*`` sizes.
+* ``overlap_comm`` defaults to off for stages 1 and 2 and on for stage 3, as DeepSpeed sets it.
+* ``bf16.enabled`` or ``fp16.enabled`` is mixed precision (2 + 2 + 12 bytes per parameter);
+  neither is fp32.
+* ``train_batch_size`` must equal micro-batch x accumulation x ranks, as DeepSpeed requires;
+  it is checked once the rank count is known (:func:`check_batch`).
+
+Offloading, ZeRO++ quantization and hierarchical partitioning change where a step's time
+and memory go in ways the simulator does not model, so a configuration that turns them on is
+refused.  Keys that do not change a step's time or memory (logging, schedules, learning
+rates) are noted as ignored.  The value ``"auto"`` (filled in by the Hugging Face Trainer at
+launch) is refused: the simulator needs the number.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from zero_sim.configs import ConfigError, ConfigReading, load_mapping, validated
+
+STAGES = {1: "zero1", 2: "zero2", 3: "zero3"}
+
+# DeepSpeed key -> simulate() keyword, for stage 3 (both in elements).
+STAGE3_SIZES = {
+    "stage3_prefetch_bucket_size": "prefetch_bucket_size",
+    "stage3_max_live_parameters": "max_live_params",
+    "stage3_max_reuse_distance": "max_reuse_distance",
+    "stage3_param_persistence_threshold": "param_persistence_threshold",
+    "reduce_bucket_size": "reduce_bucket_size",
+}
+DEFAULT_REDUCE_BUCKET_ELEMENTS = 500_000_000
+
+# Keys that change neither a step's time nor its memory, and why they can be left aside.
+NO_EFFECT = {
+    "scheduler": "a learning-rate schedule changes no step's time or memory",
+    "steps_per_print": "logging",
+    "wall_clock_breakdown": "logging",
+    "tensorboard": "logging",
+    "wandb": "logging",
+    "csv_monitor": "logging",
+    "comms_logger": "logging",
+    "flops_profiler": "profiling",
+    "dump_state": "logging",
+    "zero_allow_untested_optimizer": "permission, not behaviour",
+    "zero_force_ds_cpu_optimizer": "permission, not behaviour",
+    "gradient_clipping": "one norm over the local gradients per step is not modelled",
+    "prescale_gradients": "scales gradients before the reduction; the bytes sent are the same",
+    "gradient_predivide_factor": "scales gradients before the reduction; the bytes sent are the same",
+    "seed": "randomness changes no step's time",
+    "activation_checkpointing": "only for models that call deepspeed.checkpointing; choose --recompute",
+}
+ZERO_NO_EFFECT = {
+    "contiguous_gradients": "avoids fragmentation, which the memory model counts only as --allocator-reserve",
+    "allgather_partitions": "the updated weights are gathered with all-gather, as by default",
+    "allgather_bucket_size": "updated weights are gathered in the reduce buckets' units",
+    "round_robin_gradients": "changes which rank owns a gradient, not the bytes moved",
+    "sub_group_size": "bounds the optimizer step's working memory; the simulator updates layer by layer",
+    "stage3_gather_16bit_weights_on_model_save": "applies when saving a checkpoint only",
+    "gather_16bit_weights_on_model_save": "applies when saving a checkpoint only",
+    "memory_efficient_linear": "saves activation copies inside a linear layer; not modelled",
+    "load_from_fp32_weights": "applies when loading a checkpoint only",
+    "elastic_checkpoint": "applies when loading a checkpoint only",
+    "ignore_unused_parameters": "every parameter of the simulated model is used",
+    "legacy_stage1": "an old code path with the same traffic",
+}
+# Switches that would change time or memory in ways not modelled: refused when turned on.
+NOT_MODELLED = {
+    "zero_quantized_weights": "ZeRO++ quantized weight gathers",
+    "zero_quantized_gradients": "ZeRO++ quantized gradient reductions",
+    "zero_quantized_nontrainable_weights": "ZeRO++ quantized weights",
+    "zero_hpz_partition_size": "ZeRO++ hierarchical partitioning",
+    "mics_shard_size": "MiCS sharding",
+    "cpu_offload": "CPU offload",
+}
+ADAM_FAMILY = {"adam", "adamw", "fusedadam", "deepspeedcpuadam", "cpuadam", "lamb", "fusedlamb"}
+
+
+class _Loose(BaseModel):
+    model_config = ConfigDict(extra="allow")  # keys beside the ones read are noted, not refused
+
+
+class _Switch(_Loose):
+    enabled: bool = False
+
+
+class _Offload(_Loose):
+    device: str = "none"
+
+
+class _Optimizer(_Loose):
+    type: str = ""
+
+
+Elements = Annotated[int, Field(ge=0)]
+
+
+class _Zero(_Loose):
+    stage: Literal[0, 1, 2, 3] = 0
+    overlap_comm: bool | None = None
+    reduce_scatter: bool = True
+    reduce_bucket_size: Elements = DEFAULT_REDUCE_BUCKET_ELEMENTS
+    stage3_prefetch_bucket_size: Elements | None = None
+    stage3_max_live_parameters: Elements | None = None
+    stage3_max_reuse_distance: Elements | None = None
+    stage3_param_persistence_threshold: Elements | None = None
+    offload_optimizer: _Offload | None = None
+    offload_param: _Offload | None = None
+    zero_quantized_weights: bool | None = None
+    zero_quantized_gradients: bool | None = None
+    zero_quantized_nontrainable_weights: bool | None = None
+    zero_hpz_partition_size: int | None = None
+    mics_shard_size: int | None = None
+    cpu_offload: bool | None = None
+
+
+class _DeepSpeed(_Loose):
+    train_batch_size: Annotated[int, Field(gt=0)] | None = None
+    bf16: _Switch | None = None
+    bfloat16: _Switch | None = None
+    fp16: _Switch | None = None
+    communication_data_type: str | None = None
+    optimizer: _Optimizer | None = None
+    zero_optimization: _Zero = _Zero()
+
+
+def read_deepspeed(config) -> ConfigReading:
+    """Read a DeepSpeed configuration (a dict, or the path of its JSON file)."""
+    data, source = load_mapping(config, "DeepSpeed configuration")
+    _refuse_auto(data, source, "")
+    ds = validated(_DeepSpeed, data, source)
+    reading = ConfigReading(source)
+    precision = _precision(ds, reading)
+    for key, name in (("train_micro_batch_size_per_gpu", "micro_batch"),
+                      ("gradient_accumulation_steps", "grad_accum")):
+        if key in data:  # checked by simulate()'s own schema, which names this key if it refuses
+            reading.set(name, data[key], key)
+    if ds.train_batch_size is not None:
+        reading.notes.append(f"read: train_batch_size = {ds.train_batch_size} (checked against the ranks)")
+        reading.settings["train_batch_size"] = ds.train_batch_size
+    _optimizer(ds.optimizer, source, reading)
+    _zero(ds.zero_optimization, data.get("zero_optimization", {}), source, precision, reading)
+    handled = {"train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "train_batch_size",
+               "optimizer", "zero_optimization", "bf16", "fp16", "bfloat16", "communication_data_type"}
+    for key in data:
+        if key in NO_EFFECT:
+            reading.ignore(key, NO_EFFECT[key])
+        elif key not in handled:
+            reading.ignore(key, "not a DeepSpeed setting this reader knows")
+    return reading
+
+
+def check_batch(settings: dict[str, Any], source: str) -> None:
+    """DeepSpeed's rule: train_batch_size = micro-batch x gradient accumulation x ranks."""
+    total = settings.get("train_batch_size")
+    if total is None:
+        return
+    micro, accum, gpus = settings["micro_batch"], settings["grad_accum"], settings["gpus"]
+    if total != micro * accum * gpus:
+        raise ConfigError(f"train_batch_size {total} in {source} is not micro-batch {micro} x gradient "
+                          f"accumulation {accum} x {gpus} ranks = {micro * accum * gpus}, as DeepSpeed "
+                          f"requires; fix one of them (--gpus sets the ranks)")
+
+
+def _refuse_auto(value: Any, source: str, where: str) -> None:
+    if value == "auto":
+        raise ConfigError(f"{where or 'a value'} in {source} is 'auto', which the Hugging Face Trainer fills "
+                          f"in at launch; write the number it would use")
+    if isinstance(value, dict):
+        for key, inner in value.items():
+            _refuse_auto(inner, source, f"{where}.{key}" if where else str(key))
+
+
+def _turned_on(key: str, value: Any) -> bool:
+    """A switch that is true, or a partition size above 1 (1 and DeepSpeed's -1 mean off)."""
+    if key.endswith("_size"):
+        return value is not None and value > 1
+    return bool(value)
+
+
+def _precision(ds: _DeepSpeed, reading: ConfigReading) -> str:
+    """Mixed when bf16 or fp16 is enabled (fp16's loss scaling costs no modelled time), else fp32."""
+    half = any(section is not None and section.enabled for section in (ds.bf16, ds.bfloat16, ds.fp16))
+    precision = "mixed" if half else "fp32"
+    reading.set("precision", precision, "bf16/fp16.enabled")
+    comm = ds.communication_data_type
+    if comm is not None:
+        expected = {"mixed": ("bf16", "fp16", "bfloat16", "float16"), "fp32": ("fp32", "float32")}[precision]
+        if comm not in expected:
+            raise ConfigError(f"communication_data_type {comm!r} in {reading.source} differs from the "
+                              f"gradients' dtype, which the simulator sends; remove it to simulate")
+        reading.ignore("communication_data_type", "the same dtype as the gradients, which is what is sent")
+    return precision
+
+
+def _optimizer(section: _Optimizer | None, source: str, reading: ConfigReading) -> None:
+    if section is None:
+        return
+    if section.type.lower() not in ADAM_FAMILY:
+        raise ConfigError(f"optimizer.type {section.type!r} in {source} is not an Adam-family optimizer, "
+                          f"whose 12 bytes per parameter the simulator counts; use --optimizer-k for another")
+    reading.ignore("optimizer.params", "learning rate and betas change no step's time or memory")
+
+
+def _zero(zero: _Zero, written: dict, source: str, precision: str, reading: ConfigReading) -> None:
+    """``zero`` is the validated section, ``written`` the keys as the file has them."""
+    if zero.stage not in STAGES:
+        raise ConfigError(f"zero_optimization.stage {zero.stage} in {source} is not simulated: stages 1, 2 "
+                          f"and 3 are (stage 0, DeepSpeed's own data parallelism, all-reduces after "
+                          f"backward; use --strategy ddp for torch DDP)")
+    stage = zero.stage
+    reading.set("strategy", STAGES[stage], "zero_optimization.stage", stage)
+    for key in ("offload_optimizer", "offload_param"):
+        offload = getattr(zero, key)
+        if offload is not None and offload.device != "none":
+            raise ConfigError(f"zero_optimization.{key}.device {offload.device!r} in {source} offloads to "
+                              f"the host, which the simulator does not model; remove it to simulate")
+    for key, what in NOT_MODELLED.items():
+        if _turned_on(key, getattr(zero, key)):
+            raise ConfigError(f"zero_optimization.{key} in {source} turns on {what}, which the simulator "
+                              f"does not model; remove it to simulate")
+    overlap = zero.overlap_comm if zero.overlap_comm is not None else stage == 3  # DeepSpeed's default
+    reading.set("overlap_comm", overlap, "zero_optimization.overlap_comm")
+    grad_bytes = 2 if precision == "mixed" else 4
+    if stage == 3:
+        for key, name in STAGE3_SIZES.items():
+            if key in written:
+                reading.set(name, getattr(zero, key), f"zero_optimization.{key}")
+    else:
+        elements = zero.reduce_bucket_size
+        reading.set("bucket_mb", elements * grad_bytes / 2**20, "zero_optimization.reduce_bucket_size",
+                    elements)
+        if stage == 1:
+            reading.set("zero1_reduce", "reduce_scatter" if zero.reduce_scatter else "all_reduce",
+                        "zero_optimization.reduce_scatter")
+        elif not zero.reduce_scatter:
+            raise ConfigError(f"zero_optimization.reduce_scatter false in {source} all-reduces stage 2's "
+                              f"gradients, which the simulator does not model; remove it to simulate")
+        else:
+            reading.set("zero2_launch", "hook", "zero_optimization (reductions from backward hooks)")
+        for key in STAGE3_SIZES:
+            if key.startswith("stage3_") and key in written:
+                reading.ignore(f"zero_optimization.{key}", f"applies to stage 3, not stage {stage}")
+    known = set(_Zero.model_fields)
+    for key in written:
+        if key in ZERO_NO_EFFECT:
+            reading.ignore(f"zero_optimization.{key}", ZERO_NO_EFFECT[key])
+        elif key not in known:
+            raise ConfigError(f"zero_optimization.{key} in {source} is not a DeepSpeed ZeRO setting "
+                              f"(DeepSpeed refuses it too); check its spelling")
