@@ -260,9 +260,9 @@ def test_a_calibration_survives_a_round_trip_through_its_file(tmp_path):
     ("not json", "is not JSON"),
     ('{"format": "something-else"}', "is not a zero-sim calibration file"),
     ('{"format": "zero-sim-calibration/1", "collectives": {"all_reduce": {"world_size": 2}}}',
-     "missing or garbles"),
+     "lacks collectives.all_reduce.latency_s"),
     ('{"format": "zero-sim-calibration/1", "collectives": {"all_reduce": {"world_size": 2, "latency_s": 0, '
-     '"busbw_gbps": -1}}}', "non-positive bus bandwidth"),
+     '"busbw_gbps": -1}}}', "collectives.all_reduce.busbw_gbps -1, which must be at least"),
     ('{"format": "zero-sim-calibration/1", "cpu": {"collective_cpu_s": 0, "overlap_slowdown": 0, '
      '"comm_rate_while_computing": 0}}', "above 0 and at most 1"),
     ('{"format": "zero-sim-calibration/1", "compute": '

@@ -81,3 +81,21 @@ def test_python_api_returns_the_same_dict():
     out = run_cli("simulate", "--model", "gpt2-124m", "--gpus", "4", "--strategy", "zero2", "--json")
     assert json.loads(out.stdout)["step_time_s"] == pytest.approx(
         simulate(model="gpt2-124m", gpus=4, strategy="zero2").metrics["step_time_s"])
+
+
+def test_a_garbled_nccl_tests_row_is_refused_naming_its_line(tmp_path, capsys, data_dir):
+    table = tmp_path / "table.txt"
+    table.write_text((data_dir / "seed002_pcie_pair.txt").read_text().replace("947.6", "94x.6"))
+    assert main(["fit-nccl-tests", str(table)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "line 4 of the nccl-tests output has '94x.6'" in err and len(err.splitlines()) == 1
+
+
+def test_demo_writes_a_picture_and_a_trace_and_says_where(tmp_path, capsys):
+    out = tmp_path / "new" / "dir"
+    assert main(["demo", "--out", str(out)]) == 0
+    said = capsys.readouterr().out
+    assert f"wrote {out / 'demo_timeline.png'} and {out / 'demo_trace.json'}" in said
+    assert (out / "demo_timeline.png").read_bytes()[:4] == b"\x89PNG"
+    assert json.loads((out / "demo_trace.json").read_text())["traceEvents"]
+    assert sorted(p.name for p in out.iterdir()) == ["demo_timeline.png", "demo_trace.json"]

@@ -77,7 +77,10 @@ def fit_sweep(rows: list[dict], world_size: int, min_bytes: int = 0) -> dict[str
                                                   float(r["algbw_gbps"]), float(r["busbw_gbps"]) or 1e-12)
                                      for r in mine),
                                world_size, factor)
-        fits[kind] = _from_lbfit(kind, world_size, fit_nccl_tests(table), table)
+        try:
+            fits[kind] = _from_lbfit(kind, world_size, fit_nccl_tests(table), table)
+        except CollectiveError as exc:  # a sweep that no line fits: say which collective, in one sentence
+            raise CalibrationError(f"the {kind} sweep cannot be fitted: {exc}") from None
     if not fits:
         raise CalibrationError("the sweep has fewer than two sizes of any collective; "
                                "sweep a wider size range")

@@ -10,6 +10,10 @@ from dataclasses import dataclass
 GBps = 1e9
 US = 1e-6
 
+# The kinds the topology code knows how to build links for; a spec read from a file is held to them.
+FABRIC_KINDS = ("nvswitch", "pcie", "loopback")
+NETWORK_KINDS = ("infiniband", "efa", "ethernet", "roce", "tcpx")
+
 
 class TopologyError(ValueError):
     """A topology that cannot be built; the message says how to fix it."""
@@ -34,7 +38,7 @@ class Fabric:
     per protocol (LL, LL128, Simple, NVLS) on this fabric, fitted to published nccl-tests
     curves; empty means NCCL's own base latencies (``collectives.NCCL_BASE_US``)."""
 
-    kind: str  # "nvswitch" | "pcie" | "loopback"
+    kind: str  # one of FABRIC_KINDS
     port_gbps: float  # GB/s per GPU port (NVLink into the switch, or the GPU's PCIe link)
     port_latency_us: float
     subgroups: int = 1  # PCIe only: subgroups behind separate host bridges
@@ -55,7 +59,7 @@ class Network:
     """Between nodes: ``nics`` NICs per node (rails), ``nic_gbps`` achievable GB/s per node per
     direction over all of them, a non-blocking core."""
 
-    kind: str  # "infiniband" | "efa" | "ethernet" | "roce" | "tcpx"
+    kind: str  # one of NETWORK_KINDS
     nic_gbps: float  # GB/s per node per direction, all NICs together
     latency_us: float  # each NIC link's part of one inter-node step (NCCL Simple protocol)
     nics: int = 1

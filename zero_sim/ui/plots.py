@@ -11,6 +11,7 @@ and the CLI reach this module, and a simulation that draws nothing should not lo
 from __future__ import annotations
 
 from zero_sim.vocabulary import MEMORY_CATEGORIES, parse_op_name
+from zero_sim.vocabulary.files import OutputPathError, atomic_output, check_output_path
 
 COLORS = {
     "fwd": "#4C72B0", "bwd": "#DD8452", "recompute": "#E8C547", "opt": "#55A868",
@@ -153,8 +154,31 @@ def plot_overview(result, path=None, max_ranks: int = 4):
     ax1.set_xlabel("")
     fig.tight_layout()
     if path is not None:
-        fig.savefig(path, dpi=110)
+        save_figure(fig, path, dpi=110)
     return fig
+
+
+def picture_format(path) -> str:
+    """The picture format a path asks for by its suffix (PNG when it has none); a suffix matplotlib
+    cannot write is refused in one sentence, before anything is drawn or written."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    path = check_output_path(path)
+    fmt = path.suffix[1:].lower() or "png"
+    supported = FigureCanvasBase.get_supported_filetypes()
+    if fmt not in supported:
+        raise OutputPathError(f"cannot write {path}: {fmt!r} is not a picture format matplotlib writes; "
+                              f"end the name in one of {', '.join('.' + s for s in sorted(supported))}")
+    return fmt
+
+
+def save_figure(fig, path, **savefig_kwargs) -> None:
+    """``fig.savefig`` whole or not at all: drawn into a temporary file beside ``path`` and renamed
+    over it (:func:`zero_sim.vocabulary.files.atomic_output`), so a full disk or an interrupted
+    draw leaves no truncated picture, and a link or a directory at ``path`` is refused."""
+    fmt = picture_format(path)
+    with atomic_output(path, "wb") as f:
+        fig.savefig(f, format=fmt, **savefig_kwargs)
 
 
 def plot_measured_step(ops, ax=None, step: int | None = None, rank: int = 0, heading: str = "measured"):
