@@ -12,7 +12,10 @@ offers the simulator's own commands without torch.
 
 Every flag of ``simulate`` is a keyword of ``zero_sim.simulate()``.  Bad input gets one
 sentence on stderr and exit status 2; a model that does not fit is a result
-(``fits: false`` and the shortfall), not an error.
+(``fits: false`` and the shortfall), not an error.  An output path that cannot be written
+(a directory, a link, a device, a full disk) or an input file that cannot be read gets the
+same one sentence and exit status 2; files are written whole or not at all
+(:mod:`zero_sim.vocabulary.files`), and each command says where it wrote them.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from zero_sim.system.model_presets import PRESET_SOURCES, preset
 from zero_sim.system.model_presets import PRESETS as MODELS
 from zero_sim.system.nccl_tests import fit_nccl_tests, parse_nccl_tests
 from zero_sim.system.topology import PRESETS as TOPOLOGIES
+from zero_sim.vocabulary.files import InputPathError, OutputPathError, check_output_path, read_text_input
 
 
 class UsageError(Exception):
@@ -56,7 +60,8 @@ def _add_setting(parser, name: str, default, help_text: str, kind: type, choices
 
 def _add_simulate_flags(parser) -> None:
     for s in COMMON:
-        _add_setting(parser, s.name, s.default, s.help, s.kind, s.choices)
+        # A setting with its own parser (--params 7.5B) reaches the schema as the text typed.
+        _add_setting(parser, s.name, s.default, s.help, str if s.parse else s.kind, s.choices)
     for name, owners in sorted(all_knobs().items()):
         knob = owners[0][1]
         which = ", ".join(sorted({o for o, _ in owners}))
@@ -68,6 +73,9 @@ def _simulate_args(sim) -> None:
     sim.add_argument("--json", action="store_true", help="print the metrics as one JSON object")
     sim.add_argument("--trace", type=Path, help="write a Chrome/Perfetto trace here")
     sim.add_argument("--plot", type=Path, help="write a timeline + memory PNG here")
+    sim.add_argument("--trace-dir", type=Path, metavar="DIR",
+                     help="write one Kineto trace per simulated rank here, rank-<r>.pt.trace.json "
+                          "(Holistic Trace Analysis, Perfetto, TensorBoard; docs/traces.md)")
 
 
 def _no_args(_parser) -> None:
@@ -107,28 +115,57 @@ def _human(m: dict) -> str:
     ]
     if not mem["fits"]:
         lines.append(f"  DOES NOT FIT: short by {mem['shortfall_bytes'] / 1e9:.2f} GB")
+    lines += [f"  config          {note}" for note in m.get("config_notes", [])]
     return "\n".join(lines)
 
 
 def _simulate(args) -> int:
-    kwargs = {k: v for k, v in vars(args).items() if k not in ("command", "json", "trace", "plot")}
+    outputs = ("command", "json", "trace", "plot", "trace_dir")
+    kwargs = {k: v for k, v in vars(args).items() if k not in outputs}
+    # Output paths are checked before simulating: a bad one is refused at once, not after the run.
+    if args.trace:
+        check_output_path(args.trace)
+    if args.plot:
+        _check_picture_path(args.plot)
+    if args.trace_dir:
+        check_output_path(args.trace_dir / "rank-0.pt.trace.json")
     result = simulate(**kwargs)
+    wrote = []
     if args.trace:
         result.to_chrome_trace(args.trace)
+        wrote.append(f"wrote trace to {args.trace} (open it at ui.perfetto.dev)")
     if args.plot:
         _save_plot(result, args.plot)
+        wrote.append(f"wrote timeline and memory plot to {args.plot}")
+    if args.trace_dir:
+        from zero_sim.kineto import write_rank_traces
+
+        files = write_rank_traces(result, args.trace_dir)
+        wrote.append(f"wrote {len(files)} per-rank traces to {args.trace_dir} (read them with HTA's "
+                     f"TraceAnalysis or open one at ui.perfetto.dev)")
     print(json.dumps(result.metrics) if args.json else _human(result.metrics))
+    # With --json, stdout stays one JSON object; where the files went is said on stderr.
+    for line in wrote:
+        print(line, file=sys.stderr if args.json else sys.stdout)
     return 0
+
+
+def _check_picture_path(path: Path) -> None:
+    from zero_sim.ui.plots import picture_format
+
+    picture_format(path)
 
 
 def _save_plot(result, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     from zero_sim.ui.plots import plot_overview
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    plot_overview(result, path)
+    fig = plot_overview(result, path)
+    plt.close(fig)
 
 
 def _presets() -> int:
@@ -147,9 +184,7 @@ def _presets() -> int:
 
 
 def _fit(args) -> int:
-    if not args.file.is_file():
-        raise UsageError(f"nccl-tests file {str(args.file)!r} does not exist; pass the path of saved output")
-    table = parse_nccl_tests(args.file.read_text(errors="replace"), args.collective)
+    table = parse_nccl_tests(read_text_input(args.file, "nccl-tests file"), args.collective)
     fit = fit_nccl_tests(table)
     out = {"n_ranks": table.n_ranks, "latency_us": fit.latency_s * 1e6, "busbw_gbps": fit.busbw / 1e9,
            "max_rel_error": fit.max_rel_error,
@@ -170,13 +205,14 @@ def _fit(args) -> int:
 
 def _demo(args) -> int:
     out: Path = args.out
-    out.mkdir(parents=True, exist_ok=True)
+    trace, plot = out / "demo_trace.json", out / "demo_timeline.png"
+    check_output_path(trace)
+    _check_picture_path(plot)
     result = simulate(model="gpt2-124m", strategy="ddp", gpus=8, topology="pcie", micro_batch=8)
-    result.to_chrome_trace(out / "demo_trace.json")
-    _save_plot(result, out / "demo_timeline.png")
+    result.to_chrome_trace(trace)
+    _save_plot(result, plot)
     print(_human(result.metrics))
-    print(f"wrote {out / 'demo_timeline.png'} and {out / 'demo_trace.json'} "
-          f"(open the trace at ui.perfetto.dev)")
+    print(f"wrote {plot} and {trace} (open the trace at ui.perfetto.dev)")
     return 0
 
 
@@ -215,7 +251,7 @@ def main(argv=None, commands: dict[str, Command] = COMMANDS) -> int:
             parser.print_help()
             return 2
         return commands[args.command].run(args)
-    except (UsageError, ScenarioError, CollectiveError, ValueError) as exc:
+    except (UsageError, ScenarioError, CollectiveError, OutputPathError, InputPathError, ValueError) as exc:
         print(f"zero-sim: {exc}", file=sys.stderr)
         return 2
     except BrokenPipeError:
