@@ -143,3 +143,132 @@ def test_any_deepspeed_config_gives_a_result_or_one_sentence(config, gpus):
         assert str(refused) and "\n" not in str(refused)
         return
     json.dumps(result.metrics, allow_nan=False)
+
+
+# --- FSDP2's fully_shard arguments and torchtitan's job file -----------------------------------
+
+HSDP = {"mesh": {"replicate": 2, "shard": 8}, "reshard_after_forward": True,
+        "mp_policy": {"param_dtype": "bfloat16", "reduce_dtype": "float32", "output_dtype": "bfloat16"}}
+
+
+def test_an_fsdp2_mesh_with_replicas_is_hsdp_sharded_within_each_node():
+    r = simulate(fsdp_config=HSDP, topology="dgx-h100", **SMALL)
+    s = r.scenario
+    assert (s["strategy"], s["gpus"], s["gpus_per_node"], s["hybrid"]) == ("fsdp", 16, 8, True)
+    assert (s["param_dtype"], s["reduce_dtype"], s["precision"]) == ("bf16", "fp32", "mixed")
+    assert any(n.startswith("ignored: mp_policy.output_dtype: ") for n in r.notes)
+
+
+def test_an_fsdp2_file_may_be_yaml(tmp_path):
+    path = tmp_path / "fsdp.yaml"
+    path.write_text("mesh:\n  shard: 4\nreshard_after_forward: false\n"
+                    "mp_policy:\n  param_dtype: torch.bfloat16\n")
+    s = simulate(fsdp_config=path, **SMALL).scenario
+    assert (s["gpus"], s["reshard_after_forward"], s["param_dtype"]) == (4, False, "bf16")
+
+
+@pytest.mark.parametrize("config, sentence", [
+    ({"mesh": {"shard": 8}, "reshard_after_forward": 2}, "reshards to a group of 2 ranks after forward"),
+    ({"mesh": {"shard": 8}, "offload_policy": {"pin_memory": True}}, "offloads to the host"),
+    ({"mesh": {"shard": 0}}, "mesh.shard in the FSDP configuration should be greater than 0"),
+    ({"reshard_after_forwrd": True}, "reshard_after_forwrd in the FSDP configuration"),
+    ({"mp_policy": {"param_dtype": "float8"}}, "is not a dtype the simulator knows"),
+])
+def test_an_fsdp2_argument_that_cannot_be_simulated_is_refused(config, sentence):
+    with pytest.raises(ScenarioError, match=sentence):
+        simulate(fsdp_config=config, **SMALL)
+
+
+TITAN = """
+[job]
+dump_folder = "./outputs"
+[model]
+name = "llama3"
+flavor = "8B"
+[training]
+local_batch_size = 1
+seq_len = 8192
+mixed_precision_param = "bfloat16"
+mixed_precision_reduce = "float32"
+[parallelism]
+data_parallel_replicate_degree = 1
+data_parallel_shard_degree = -1
+fsdp_reshard_after_forward = "default"
+tensor_parallel_degree = 1
+[activation_checkpoint]
+mode = "selective"
+selective_ac_option = "op"
+[compile]
+enable = true
+"""
+
+
+def test_a_torchtitan_job_file_is_llama3_8b_with_fsdp_over_every_rank(tmp_path):
+    path = tmp_path / "llama3_8b.toml"
+    path.write_text(TITAN)
+    r = simulate(torchtitan_config=path, gpus=8, topology="dgx-h100")
+    s = r.scenario
+    assert (s["strategy"], s["micro_batch"], s["seq_len"], s["recompute"]) == ("fsdp", 1, 8192, "op")
+    assert s["params"] > 7e9 and s["gpus"] == 8 and s["reshard_after_forward"] is True
+    assert "ignored: [job]: changes no step's time or memory" in r.notes
+    assert r.metrics["memory"]["fits"]
+
+
+def test_torchtitan_replicas_with_the_shard_degree_left_open_take_the_rest(tmp_path):
+    path = tmp_path / "hsdp.toml"
+    path.write_text(TITAN.replace("data_parallel_replicate_degree = 1", "data_parallel_replicate_degree = 2"))
+    s = simulate(torchtitan_config=path, gpus=16, topology="dgx-h100", seq_len=1024).scenario
+    assert (s["hybrid"], s["gpus_per_node"]) == (True, 8)
+    with pytest.raises(ScenarioError, match="15 ranks do not split into data_parallel_replicate_degree 2"):
+        simulate(torchtitan_config=path, gpus=15, topology="dgx-h100", seq_len=1024)
+
+
+@pytest.mark.parametrize("change, sentence", [
+    (("tensor_parallel_degree = 1", "tensor_parallel_degree = 2"), "models data parallelism only"),
+    (('selective_ac_option = "op"', 'selective_ac_option = "2"'), "checkpoints every n-th block"),
+    (('flavor = "8B"', 'flavor = "405B"'), "has no preset here"),
+    (("seq_len = 8192", "seq_len = 8192\nseq_len = 1"), "is not valid TOML"),
+])
+def test_a_torchtitan_setting_that_cannot_be_simulated_is_refused(tmp_path, change, sentence):
+    path = tmp_path / "job.toml"
+    path.write_text(TITAN.replace(*change))
+    with pytest.raises(ScenarioError, match=sentence):
+        simulate(torchtitan_config=path, gpus=8)
+
+
+def test_one_configuration_file_at_a_time():
+    with pytest.raises(ScenarioError, match="--deepspeed-config and --fsdp-config each describe the whole"):
+        simulate(deepspeed_config=STAGE3, fsdp_config=HSDP)
+
+
+TITAN_DICT = {"model": {"name": "llama3", "flavor": "8B"},
+              "training": {"local_batch_size": 1, "seq_len": 1024},
+              "parallelism": {"data_parallel_replicate_degree": 1, "data_parallel_shard_degree": -1},
+              "activation_checkpoint": {"mode": "full"}}
+NESTED = {"fsdp_config": (HSDP, ["mesh", "reshard_after_forward", "mp_policy", "wrap", "offload_policy",
+                                 "backward_prefetch"], ["shard", "replicate", "param_dtype", "reduce_dtype"]),
+          "torchtitan_config": (TITAN_DICT, ["model", "training", "parallelism", "activation_checkpoint",
+                                             "float8", "compile"],
+                                ["name", "flavor", "local_batch_size", "seq_len", "mode",
+                                 "selective_ac_option",
+                                 "data_parallel_shard_degree", "data_parallel_replicate_degree",
+                                 "fsdp_reshard_after_forward", "mixed_precision_param", "enabled"])}
+
+
+@settings(max_examples=FUZZ_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.sampled_from(sorted(NESTED)), st.data())
+def test_any_fsdp_or_torchtitan_config_gives_a_result_or_one_sentence(reader, data):
+    base, top, inner = NESTED[reader]
+    config = json.loads(json.dumps(base))
+    for _ in range(data.draw(st.integers(1, 3))):
+        key = data.draw(st.sampled_from(top))
+        if isinstance(config.get(key), dict) and data.draw(st.booleans()):
+            config[key][data.draw(st.sampled_from(inner))] = data.draw(JSON_VALUES)
+        else:
+            config[key] = data.draw(JSON_VALUES)
+    try:
+        result = simulate(**{reader: config}, gpus=data.draw(st.sampled_from([None, 8, 16])), seq_len=256)
+    except ScenarioError as refused:
+        assert str(refused) and "\n" not in str(refused)
+        return
+    json.dumps(result.metrics, allow_nan=False)

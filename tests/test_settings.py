@@ -118,7 +118,8 @@ CHEAP_MAX = {"gpus": 256, "grad_accum": 4, "steps": 3, "micro_batch": 16, "seq_l
 NAMED_TEXT = {"model": ["gpt2-124m", "gpt2-350m", "llama2-7b", "bert-large", "no-such-model"],
               "topology": sorted(TOPOLOGIES)[:6] + ["calibrated", "no-such-topology"],
               "wrap": ["blocks", "none", "0,1,2", "99", "x,y"],
-              "calibration": ["no/such/file.json"], "deepspeed_config": ["no/such/ds.json"]}
+              "calibration": ["no/such/file.json"], "deepspeed_config": ["no/such/ds.json"],
+              "fsdp_config": ["no/such/fsdp.yaml"], "torchtitan_config": ["no/such/job.toml"]}
 NOT_A_VALUE = [math.nan, math.inf, -math.inf, -1, 0, True, False, "", "x", [1], {"a": 1}, 10**30, 1.5, -0.5]
 
 
@@ -170,7 +171,7 @@ def scenarios(draw):
 # Settings the result reports as resolved values (a preset's name, the topology's GPU) rather
 # than as given; every other accepted setting must be reported exactly as it was read.
 REWRITTEN = {"model", "params", "topology", "gpu", "gpus_per_node", "cuda_context_gb", "overlap_slowdown",
-             "calibration", "attention", "deepspeed_config"}
+             "calibration", "attention", "deepspeed_config", "fsdp_config", "torchtitan_config"}
 
 
 @settings(max_examples=FUZZ_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))

@@ -15,8 +15,7 @@ import os
 from dataclasses import replace
 
 from zero_sim.calibration import Calibration, CalibrationError
-from zero_sim.configs import merge
-from zero_sim.configs.deepspeed import check_batch, read_deepspeed
+from zero_sim.configs.read import read_config
 from zero_sim.engine.engine import Engine, EngineConfig, Straggler
 from zero_sim.results import DEFAULT_ALLOCATOR_RESERVE, SimResult, compute_metrics, context_gb
 from zero_sim.settings import ScenarioError, Setting, check_settings
@@ -104,6 +103,9 @@ COMMON: tuple[Setting, ...] = (
             parse=_path_text),
     Setting("deepspeed_config", None, "a DeepSpeed JSON configuration: its ZeRO stage, batch sizes, "
             "precision and ZeRO settings (flags given beside it win)", str, parse=_path_text),
+    Setting("fsdp_config", None, "a JSON or YAML file of FSDP2 fully_shard arguments and mesh "
+            "(docs/configs.md)", str, parse=_path_text),
+    Setting("torchtitan_config", None, "a torchtitan job configuration (TOML)", str, parse=_path_text),
     Setting("allow_huge", False, f"simulate beyond the size budget ({MAX_GPUS:,} ranks, "
             f"{MAX_OP_INSTANCES:,} ops): may take minutes and GBs of memory", bool),
 )
@@ -205,11 +207,7 @@ def simulate(workload: Workload | None = None, **kwargs) -> SimResult:
     ``workload`` (Python only) replaces the model preset with a workload built elsewhere,
     e.g. :func:`sim2real.module_workload.workload_from_module` on a real model.  ``calibration``
     is a file path or a :class:`zero_sim.calibration.Calibration`."""
-    reading = None
-    if kwargs.get("deepspeed_config") is not None:
-        reading = read_deepspeed(kwargs.pop("deepspeed_config"))
-        kwargs = merge(reading, kwargs)
-        train_batch = kwargs.pop("train_batch_size", None)
+    reading, kwargs = read_config(kwargs)
     # A Calibration object is taken as it is; a path is a setting like any other.
     calibration = kwargs.pop("calibration") if isinstance(kwargs.get("calibration"), Calibration) else None
     try:
@@ -217,8 +215,8 @@ def simulate(workload: Workload | None = None, **kwargs) -> SimResult:
     except ScenarioError as exc:
         raise ScenarioError(reading.blame(str(exc)) if reading is not None else str(exc)) from None
     calibration = calibration or r["settings"]["calibration"]
-    if reading is not None:
-        check_batch(r["settings"] | {"train_batch_size": train_batch}, reading.source)
+    for finish in reading.finish if reading is not None else ():
+        finish(r["settings"])
     s, knobs, strategy = r["settings"], r["knobs"], r["strategy"]
     calibration = _load_calibration(calibration)
     if workload is None:
@@ -286,7 +284,7 @@ def simulate(workload: Workload | None = None, **kwargs) -> SimResult:
     scenario = dict(s) | knobs | {
         "cuda_context_gb": context, "attention": workload.attention,
         "calibration": calibration.describe() if calibration is not None else None,
-        "deepspeed_config": reading.source if reading is not None else None,
+        "config_file": reading.source if reading is not None else None,
         "overlap_slowdown": overlap_slowdown, "collective_cpu_us": collective_cpu_s * 1e6,
         "comm_rate_while_computing": comm_rate,
         "strategy": strategy.name, "model": workload.name, "params": workload.params,
@@ -297,6 +295,8 @@ def simulate(workload: Workload | None = None, **kwargs) -> SimResult:
     metrics = compute_metrics(run, program, scenario, s["gpus"], tokens, gpu.hbm_bytes,
                               context_bytes=int(round(context * 1e9)),
                               allocator_reserve=s["allocator_reserve"])
+    # What a configuration file set, ignored (and why) or had overridden, beside the figures it produced.
+    metrics["config_notes"] = reading.notes if reading is not None else []
     ops = [
         {"rank": r.rank, "stream": r.stream, "name": r.name, "start_s": r.start_s, "end_s": r.end_s,
          "bytes": r.bytes, "layer": r.layer, "phase": r.phase, "step": r.step, "kind": r.kind,

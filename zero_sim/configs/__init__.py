@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,8 @@ class ConfigReading:
     settings: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     origins: dict[str, str] = field(default_factory=dict)  # setting -> the key it was read from
+    # Run on the resolved settings: checks that need the rank count, and settings derived from it.
+    finish: list[Callable[[dict[str, Any]], None]] = field(default_factory=list)
 
     def blame(self, message: str) -> str:
         """A refusal of a value read from the file, saying which key of which file held it."""

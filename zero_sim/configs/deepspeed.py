@@ -147,8 +147,9 @@ def read_deepspeed(config) -> ConfigReading:
         if key in data:  # checked by simulate()'s own schema, which names this key if it refuses
             reading.set(name, data[key], key)
     if ds.train_batch_size is not None:
-        reading.notes.append(f"read: train_batch_size = {ds.train_batch_size} (checked against the ranks)")
-        reading.settings["train_batch_size"] = ds.train_batch_size
+        total = ds.train_batch_size
+        reading.notes.append(f"read: train_batch_size = {total} (checked against the ranks)")
+        reading.finish.append(lambda settings: check_batch(total, settings, source))
     _optimizer(ds.optimizer, source, reading)
     _zero(ds.zero_optimization, data.get("zero_optimization", {}), source, precision, reading)
     handled = {"train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "train_batch_size",
@@ -161,11 +162,8 @@ def read_deepspeed(config) -> ConfigReading:
     return reading
 
 
-def check_batch(settings: dict[str, Any], source: str) -> None:
+def check_batch(total: int, settings: dict[str, Any], source: str) -> None:
     """DeepSpeed's rule: train_batch_size = micro-batch x gradient accumulation x ranks."""
-    total = settings.get("train_batch_size")
-    if total is None:
-        return
     micro, accum, gpus = settings["micro_batch"], settings["grad_accum"], settings["gpus"]
     if total != micro * accum * gpus:
         raise ConfigError(f"train_batch_size {total} in {source} is not micro-batch {micro} x gradient "

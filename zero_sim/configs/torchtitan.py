@@ -1,0 +1,171 @@
+"""A torchtitan job configuration (TOML) read as ``simulate()`` settings.
+
+torchtitan trains with FSDP2 over a mesh of ``data_parallel_replicate_degree`` x
+``data_parallel_shard_degree`` ranks (``[parallelism]``); a shard degree of -1 takes every rank
+the other degrees leave.  What is read:
+
+* ``[model] name`` and ``flavor`` pick a model preset (``llama3`` ``8B`` is ``llama3-8b``).
+* ``[training] local_batch_size`` (``batch_size`` in older releases) is the micro-batch,
+  ``seq_len`` the sequence length, ``mixed_precision_param`` / ``mixed_precision_reduce`` the
+  FSDP dtypes.
+* ``[parallelism] fsdp_reshard_after_forward``: ``default`` and ``always`` reshard, ``never``
+  keeps gathered weights until backward.  Tensor, pipeline, context and expert parallel
+  degrees above 1 are refused: the simulator models data parallelism only.
+* ``[activation_checkpoint] mode``: ``none``, ``full``, or ``selective`` with
+  ``selective_ac_option = "op"`` (torchtitan's op-level policy, ``--recompute op``); a layer
+  interval (``selective_ac_option = "2"``) is refused.
+* ``[float8]`` enabled is refused (fp8 matmuls are not modelled); ``[compile]`` is noted as
+  ignored; sections that change no step (job, metrics, checkpoint, schedules) are ignored.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from zero_sim.configs import ConfigError, ConfigReading
+from zero_sim.configs.fsdp import DTYPES
+
+# (model name, flavor) -> preset; flavors are torchtitan's names.
+MODELS = {("llama3", "8B"): "llama3-8b", ("llama3", "70B"): "llama3-70b", ("llama2", "7B"): "llama2-7b",
+          ("llama2", "13B"): "llama2-13b", ("llama2", "70B"): "llama2-70b"}
+NO_EFFECT_SECTIONS = {"job", "profiling", "metrics", "checkpoint", "optimizer", "lr_scheduler", "comm",
+                      "experimental", "validation", "fault_tolerance", "memory_estimation"}
+UNMODELLED_DEGREES = ("tensor_parallel_degree", "pipeline_parallel_degree", "context_parallel_degree",
+                      "expert_parallel_degree")
+RESHARD = {"default": True, "always": True, "never": False}
+
+
+def load_toml(config) -> tuple[dict, str]:
+    if isinstance(config, dict):
+        return config, "the torchtitan configuration"
+    if not isinstance(config, str | os.PathLike):
+        raise ConfigError(f"the torchtitan configuration must be a path or a dict, "
+                          f"got {type(config).__name__}")
+    path = Path(config)
+    try:
+        return tomllib.loads(path.read_text()), str(path)
+    except OSError as exc:
+        reason = (exc.strerror or "unreadable").lower()
+        raise ConfigError(f"cannot read the torchtitan configuration {str(path)!r}: {reason}; pass the "
+                          f"path of its TOML file") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path} is not valid TOML ({str(exc).splitlines()[0]}); fix the file") from None
+
+
+def read_torchtitan(config) -> ConfigReading:
+    """Read a torchtitan job configuration (a dict, or the path of its TOML file)."""
+    data, source = load_toml(config)
+    reading = ConfigReading(source)
+    reading.set("strategy", "fsdp", "torchtitan (FSDP2)")
+    sections = {name: _section(data, name, source) for name in data}
+    _model(sections.get("model", {}), source, reading)
+    _training(sections.get("training", {}), source, reading)
+    _parallelism(sections.get("parallelism", {}), source, reading)
+    _checkpointing(sections.get("activation_checkpoint", {}), source, reading)
+    if sections.get("float8", {}).get("enabled") or sections.get("float8", {}).get("enable_float8_linear"):
+        raise ConfigError(f"[float8] in {source} turns on fp8 matmuls, which the simulator does not model; "
+                          f"remove it to simulate")
+    for name in data:
+        if name == "compile":
+            reading.ignore("[compile]", "compiled kernels are within the per-op compute model's spread")
+        elif name in NO_EFFECT_SECTIONS:
+            reading.ignore(f"[{name}]", "changes no step's time or memory")
+        elif name not in ("model", "training", "parallelism", "activation_checkpoint", "float8"):
+            reading.ignore(f"[{name}]", "not a section this reader knows")
+    return reading
+
+
+def _section(data: dict, name: str, source: str) -> dict:
+    section = data[name]
+    if not isinstance(section, dict):
+        raise ConfigError(f"{name} in {source} must be a [{name}] table, got {section!r}")
+    return section
+
+
+def _model(model: dict, source: str, reading: ConfigReading) -> None:
+    if not model:
+        return
+    key = (str(model.get("name", "")), str(model.get("flavor", "")))
+    if key not in MODELS:
+        known = ", ".join(f"{n} {f}" for n, f in MODELS)
+        raise ConfigError(f"[model] {key[0]} {key[1]} in {source} has no preset here ({known}); drop "
+                          f"[model] and give --model or a shape")
+    reading.set("model", MODELS[key], "[model] name and flavor", f"{key[0]} {key[1]}")
+
+
+def _training(training: dict, source: str, reading: ConfigReading) -> None:
+    batch_key = "local_batch_size" if "local_batch_size" in training else "batch_size"
+    if batch_key in training:
+        reading.set("micro_batch", training[batch_key], f"[training] {batch_key}")
+    if "seq_len" in training:
+        reading.set("seq_len", training["seq_len"], "[training] seq_len")
+    for key, name in (("mixed_precision_param", "param_dtype"), ("mixed_precision_reduce", "reduce_dtype")):
+        if key in training:
+            dtype = DTYPES.get(str(training[key]).removeprefix("torch."))
+            if dtype is None:
+                raise ConfigError(f"[training] {key} {training[key]!r} in {source} is not a dtype the "
+                                  f"simulator knows; use bfloat16 or float32")
+            reading.set(name, dtype, f"[training] {key}", training[key])
+    mixed = DTYPES.get(str(training.get("mixed_precision_param", "bfloat16"))) in ("bf16", "fp16")
+    reading.set("precision", "mixed" if mixed else "fp32", "[training] mixed_precision_param")
+
+
+def _degree(parallelism: dict, key: str, default: int, source: str) -> int:
+    value = parallelism.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value == 0 or value < -1:
+        raise ConfigError(f"[parallelism] {key} in {source} must be a positive whole number (or -1 for the "
+                          f"rest), got {value!r}")
+    return value
+
+
+def _parallelism(parallelism: dict, source: str, reading: ConfigReading) -> None:
+    for key in UNMODELLED_DEGREES:
+        if _degree(parallelism, key, 1, source) > 1:
+            raise ConfigError(f"[parallelism] {key} in {source} is above 1; the simulator models data "
+                              f"parallelism only (FSDP/HSDP), so set it to 1 to simulate")
+    replicate = _degree(parallelism, "data_parallel_replicate_degree", 1, source)
+    shard = _degree(parallelism, "data_parallel_shard_degree", -1, source)
+    if replicate == -1:
+        raise ConfigError(f"[parallelism] data_parallel_replicate_degree -1 in {source} is not allowed by "
+                          f"torchtitan either; give the number of replicas")
+    if shard > 0:
+        reading.set("gpus", shard * replicate, "[parallelism] degrees", f"{replicate} x {shard}")
+    if replicate > 1:
+        reading.set("hybrid", True, "[parallelism] data_parallel_replicate_degree", replicate)
+        if shard > 0:
+            reading.set("gpus_per_node", shard, "[parallelism] data_parallel_shard_degree", shard)
+        else:
+            reading.finish.append(lambda settings: _shard_the_rest(settings, replicate, source))
+    mode = parallelism.get("fsdp_reshard_after_forward", "default")
+    if not isinstance(mode, str) or mode not in RESHARD:
+        raise ConfigError(f"[parallelism] fsdp_reshard_after_forward {mode!r} in {source} is not one of "
+                          f"default, always, never")
+    reading.set("reshard_after_forward", RESHARD[mode], "[parallelism] fsdp_reshard_after_forward", mode)
+    reading.set("wrap", "blocks", "torchtitan (fully_shard on each block)")
+
+
+def _shard_the_rest(settings: dict[str, Any], replicate: int, source: str) -> None:
+    """A shard degree of -1 is every rank the replicas leave: --gpus / replicate, one node each."""
+    if settings["gpus"] % replicate:
+        raise ConfigError(f"{settings['gpus']} ranks do not split into data_parallel_replicate_degree "
+                          f"{replicate} in {source}; give --gpus a multiple of {replicate}")
+    if settings["gpus_per_node"] is None:
+        settings["gpus_per_node"] = settings["gpus"] // replicate
+
+
+def _checkpointing(ac: dict[str, Any], source: str, reading: ConfigReading) -> None:
+    mode = ac.get("mode", "none")
+    if mode in ("none", "full"):
+        reading.set("recompute", mode, "[activation_checkpoint] mode")
+    elif mode == "selective" and str(ac.get("selective_ac_option", "2")) == "op":
+        reading.set("recompute", "op", "[activation_checkpoint] selective_ac_option", "op")
+    elif mode == "selective":
+        raise ConfigError(f"[activation_checkpoint] selective_ac_option {ac.get('selective_ac_option')!r} in "
+                          f"{source} checkpoints every n-th block, which the simulator does not model; use "
+                          f"'op' or mode 'full'")
+    else:
+        raise ConfigError(f"[activation_checkpoint] mode {mode!r} in {source} is not one of none, selective, "
+                          f"full")
