@@ -92,6 +92,8 @@ def _validate_args(val) -> None:
                      help=f"steps per run (default {v.Options.steps}); "
                           f"the first is dropped and the median of the rest is measured")
     val.add_argument("--shape", choices=SHAPES, default="uniform")
+    val.add_argument("--keep", action="store_true",
+                     help="keep the runs' files (removed at the end otherwise) and say where they are")
 
 
 def _validate_published(args) -> int:
@@ -106,7 +108,7 @@ def _validate(args) -> int:
     cases = v.QUICK_GRID if args.quick else v.FULL_GRID
     opts = v.Options(model=args.model, shape=args.shape,
                      **({} if args.steps is None else {"steps": args.steps}))
-    result = v.run_validation(cases, opts, report_dir=args.report,
+    result = v.run_validation(cases, opts, report_dir=args.report, keep=args.keep,
                               on_line=(lambda line: print(line, file=sys.stderr)) if args.json else print)
     if args.json:
         print(json.dumps(result, default=str))
@@ -115,6 +117,8 @@ def _validate(args) -> int:
               f"over {len(result['cases'])} cases")
         if args.report:
             print(f"wrote {args.report / 'report.md'}")
+        if result["files"]:
+            print(f"kept the runs' files in {result['files']}")
     return 0
 
 

@@ -24,18 +24,24 @@ which know nothing of strategies or buckets.  ``error = (predicted - measured) /
 measured``.  With ``--report DIR`` a markdown report with the calibration, the table
 and an overlay figure per case is written there.
 
+The runs' files (run directories, calibrations, sweeps) go to a temporary folder, removed
+when validation ends, by success, failure, Ctrl-C, SIGTERM or SIGHUP alike, so no run leaves
+its files behind.  ``--keep`` keeps them, and the output and the report say where.
+
 Where emulation is not possible (no root, no tc), the cases run on plain loopback and
 the output says so (``emulated: false``); the bandwidth column is then empty.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -128,13 +134,50 @@ def check_grid(cases, opts: Options) -> None:
 
 def run_validation(cases, opts: Options = Options(), workdir: str | os.PathLike | None = None,
                    report_dir: str | os.PathLike | None = None,
-                   on_line: Callable[[str], None] | None = print) -> dict:
-    """Calibrate, predict, then run every case; returns the JSON-able result."""
+                   on_line: Callable[[str], None] | None = print, keep: bool = False) -> dict:
+    """Calibrate, predict, then run every case; returns the JSON-able result.
+
+    The runs' files go to ``workdir``, which stays; without one, to a temporary folder that
+    is removed when validation ends, however it ends, unless ``keep``.  ``files`` in the
+    result says where they are (None once removed, and then every case's ``run_dir`` is too)."""
     say = on_line or (lambda _line: None)
     cases = list(cases)
     check_grid(cases, opts)
-    workdir = Path(workdir or tempfile.mkdtemp(prefix="zero-sim-validate-"))
-    workdir.mkdir(parents=True, exist_ok=True)
+    # SIGTERM and SIGHUP unwind like Ctrl-C, so the clusters and the folder go either way.
+    with emu.stopping_on_signals(), run_files(workdir, keep, say) as files:
+        summary = _run_grid(cases, opts, files, report_dir, say)
+    kept = keep or workdir is not None
+    summary["files"] = str(files) if kept else None
+    if not kept:
+        for row in summary["cases"]:
+            row["run_dir"] = None
+    if report_dir is not None:
+        write_report(summary, Path(report_dir))
+    return summary
+
+
+@contextlib.contextmanager
+def run_files(workdir: str | os.PathLike | None, keep: bool, say: Callable[[str], None]) -> Iterator[Path]:
+    """The folder the runs write into: ``workdir`` (the caller's, so it stays), or a temporary
+    one removed when the with-block ends, by success, failure or interrupt, unless ``keep``."""
+    if workdir is not None:
+        path = Path(workdir)
+        path.mkdir(parents=True, exist_ok=True)
+        yield path
+        return
+    path = Path(tempfile.mkdtemp(prefix="zero-sim-validate-"))
+    say(f"runs' files: {path} " + ("(kept: --keep)" if keep else "(removed at the end; --keep keeps them)"))
+    try:
+        yield path
+    finally:
+        if not keep:
+            # A second Ctrl-C while removing would leave half the folder: it waits until done.
+            with emu.signals_held():
+                shutil.rmtree(path, ignore_errors=True)
+
+
+def _run_grid(cases: list[Case], opts: Options, workdir: Path, report_dir: str | os.PathLike | None,
+              say: Callable[[str], None]) -> dict:
     reason = emu.unavailable_reason()
     emulated = reason is None
     if not emulated:
@@ -152,7 +195,7 @@ def run_validation(cases, opts: Options = Options(), workdir: str | os.PathLike 
         groups.setdefault((c.gpus, c.bandwidth_gbps), []).append(c)
     for (n, bw), group in groups.items():
         shape = emu.ClusterShape(opts.shape, bw) if bw is not None else None
-        ctx = emu.EmulatedCluster(n, shape) if shape is not None else Loopback(n)
+        ctx = emu.EmulatedCluster(n, shape, on_line=say) if shape is not None else Loopback(n)
         # One rank alone, once per group: only to report how much of each case's compute time
         # is ranks sharing cores.
         alone = measure_compute(1, opts.model, micro_of[n], seq_len, workdir, opts.timeout_s,
@@ -231,8 +274,6 @@ def run_validation(cases, opts: Options = Options(), workdir: str | os.PathLike 
             "its collectives timed idle and while every rank computed. "
             "Nothing else was fitted; no case's measurement was used."),
     }
-    if report_dir is not None:
-        write_report(summary, Path(report_dir))
     return summary
 
 
@@ -282,6 +323,7 @@ def write_report(summary: dict, report_dir: Path) -> Path:
              f"exposed communication: {_pct(summary['median_abs_exposed_comm_error'])}. Measured figures are "
              f"medians over the steps after the first: step time the slowest rank's, exposed communication "
              f"the ranks' mean.", "",
+             _files_line(summary), "",
              "## What was calibrated, and on what", "", summary["calibrated_inputs"], ""]
     for key, cal in summary["calibrations"].items():
         lines.append(f"- `{key}`: {cal['summary']}")
@@ -312,6 +354,12 @@ def write_report(summary: dict, report_dir: Path) -> Path:
     path.write_text("\n".join(lines) + "\n")
     (report_dir / "validation.json").write_text(json.dumps(summary, indent=1, default=str))
     return path
+
+
+def _files_line(summary: dict) -> str:
+    if summary.get("files"):
+        return f"The runs' files (run directories, calibrations, sweeps) are kept in `{summary['files']}`."
+    return "The runs' files were in a temporary folder, removed at the end (`--keep` keeps them)."
 
 
 def _pct(x) -> str:

@@ -1,5 +1,6 @@
 """An emulated cluster makes communication between ranks cost what its links allow, runs
-real training inside, and leaves nothing behind however the run ends.
+real training inside, and leaves nothing behind however the run ends: an exception, Ctrl-C,
+SIGTERM or SIGHUP tear it down, and what SIGKILL leaves the next cluster removes.
 
 Everything that builds a cluster needs root and network namespaces; on a machine
 without them those tests skip, saying why.  Bad input is refused everywhere.
@@ -10,8 +11,10 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -21,7 +24,11 @@ from real_runs.cluster import (
     ClusterShape,
     ClusterUnavailable,
     EmulatedCluster,
+    Owner,
+    cleanup_stale,
     launch_in_cluster,
+    link_name,
+    namespace_name,
     unavailable_reason,
 )
 from real_runs.cluster import main as cluster_main
@@ -66,6 +73,17 @@ def still_running(pids: list[int]) -> list[int]:
 def assert_nothing_left(out) -> None:
     assert our_namespaces() == []
     assert processes_mentioning(str(out)) == []
+
+
+def host_links() -> list[str]:
+    listed = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
+    return [line.split(":", 2)[1].strip().split("@")[0] for line in listed.splitlines() if ":" in line]
+
+
+def assert_nothing_of(pid: int) -> None:
+    """No namespace and no host link named for ``pid`` is left."""
+    assert our_namespaces(f"zsim-{pid}-") == []
+    assert [x for x in host_links() if x.startswith(f"zs{pid}")] == []
 
 
 def cluster_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -198,7 +216,8 @@ def sleepers_in(names: list[str]) -> list[int]:
 
 
 @needs_cluster
-@pytest.mark.parametrize("sig", [2, 15], ids=["ctrl-c", "sigterm"])
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP],
+                         ids=["ctrl-c", "sigterm", "sighup"])
 def test_an_interrupted_holder_tears_down_on_its_way_out(sig):
     holder, names = hold_a_cluster()
     sleepers = sleepers_in(names)
@@ -207,6 +226,8 @@ def test_an_interrupted_holder_tears_down_on_its_way_out(sig):
     holder.wait(timeout=20)
     assert not set(names) & set(our_namespaces("zsim-"))
     assert still_running(sleepers) == []
+    if sig != signal.SIGINT:  # a stop signal ends the interpreter through Python, with 128 + the signal
+        assert holder.returncode == 128 + sig
 
 
 @needs_cluster
@@ -219,6 +240,156 @@ def test_a_cluster_whose_holder_was_killed_outright_is_cleaned_up_by_the_next_on
     with EmulatedCluster(1, ClusterShape("shared-bus", 1.0)):
         assert not set(names) & set(our_namespaces("zsim-"))
     assert still_running(sleepers) == []
+
+
+@needs_cluster
+def test_two_clusters_coexist_and_a_new_one_leaves_the_live_one_alone():
+    holder, names = hold_a_cluster()
+    try:
+        lines = []
+        with EmulatedCluster(2, ClusterShape("uniform", 1.0), on_line=lines.append) as mine:
+            assert set(names) <= set(our_namespaces("zsim-"))
+            assert not set(names) & set(mine.namespaces)
+        assert set(names) <= set(our_namespaces("zsim-"))
+        assert not [line for line in lines if any(ns in line for ns in names)]
+    finally:
+        holder.terminate()
+        holder.wait(timeout=20)
+    assert not set(names) & set(our_namespaces("zsim-"))
+
+
+def ended_owner() -> Owner:
+    """The owner a process that has ended would have been: its pid is known to be free."""
+    sleeper = subprocess.Popen(["sleep", "60"])
+    owner = Owner.of(sleeper.pid)
+    sleeper.kill()
+    sleeper.wait()
+    return owner
+
+
+def ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True)
+
+
+def leave_a_cluster(owner: Owner) -> tuple[list[str], list[str]]:
+    """What a cluster of ``owner`` killed outright leaves, made with the cluster's own naming:
+    a bridge namespace and a node joined by a shaped veth, a process inside, and a stray
+    host-namespace veth.  Returns (namespaces, host links)."""
+    br, node = namespace_name(owner, 0, "br"), namespace_name(owner, 0, "n0")
+    ip("netns", "add", br)
+    ip("netns", "add", node)
+    inner, outer = link_name(owner.pid, "n0"), link_name(owner.pid, "b0")
+    ip("-n", br, "link", "add", outer, "type", "veth", "peer", "name", inner, "netns", node)
+    subprocess.run(["tc", "-n", node, "qdisc", "add", "dev", inner, "root", "tbf", "rate", "1gbit",
+                    "burst", "128k", "limit", "1m"], check=True, capture_output=True)
+    stray = link_name(owner.pid, "b1")
+    ip("link", "add", stray, "type", "veth", "peer", "name", link_name(owner.pid, "n1"))
+    return [br, node], [stray, link_name(owner.pid, "n1")]
+
+
+@needs_cluster
+def test_stale_cleanup_removes_what_ended_processes_left_and_spares_live_owners():
+    gone = ended_owner()
+    # A live pid that started at another time is some later process, not the one that built it.
+    reused = Owner(os.getpid(), Owner.me().start + 1)
+    live_process = subprocess.Popen(["sleep", "60"])
+    live = Owner.of(live_process.pid)
+    stale_ns, stale_links = leave_a_cluster(gone)
+    inside = subprocess.Popen(["ip", "netns", "exec", stale_ns[1], "sleep", "60"], start_new_session=True)
+    reused_ns = namespace_name(reused, 0, "n0")
+    ip("netns", "add", reused_ns)
+    live_ns, live_links = leave_a_cluster(live)
+    try:
+        removed = cleanup_stale()
+        assert set(stale_ns + [reused_ns]) <= set(removed.namespaces)
+        assert set(stale_links) <= set(removed.links) and removed.processes >= 1
+        assert {gone.pid, reused.pid} <= set(removed.owners) and removed.failed == []
+        assert not set(stale_ns + [reused_ns]) & set(our_namespaces("zsim-"))
+        assert not set(stale_links) & set(host_links())
+        inside.wait(timeout=10)  # killed, as a rank left inside would be
+        # What a live process built is left alone.
+        assert set(live_ns) <= set(our_namespaces("zsim-")) and set(live_links) <= set(host_links())
+        sentence = removed.sentence()
+        assert len(sentence.splitlines()) == 1 and stale_ns[0] in sentence and str(gone.pid) in sentence
+    finally:
+        for ns in live_ns:
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+        subprocess.run(["ip", "link", "del", live_links[0]], capture_output=True)
+        live_process.kill()
+        live_process.wait()
+    assert_nothing_of(gone.pid)
+    assert_nothing_of(live.pid)
+
+
+def test_interface_names_fit_linux_limit_for_the_largest_pid():
+    assert len(link_name(4194304, "n249")) <= 15  # pid_max's ceiling, the largest node index
+    with pytest.raises(ValueError):
+        link_name(4194304, "n1234567")
+
+
+class CommandLine:
+    """``python -m real_runs.cluster`` running a long training run, its output followed live."""
+
+    def __init__(self, out, shape: str = "uniform"):
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "real_runs.cluster", "--shape", shape, "--bandwidth-gbps", "1",
+             "--nproc", "2", "--", "--strategy", "ddp", "--out", str(out), "--model", "nano",
+             "--seq-len", "32", "--global-batch", "8", "--steps", "100000"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        self.lines: list[str] = []
+        self.stepping = threading.Event()
+        threading.Thread(target=self._follow, daemon=True).start()
+
+    def _follow(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.append(line)
+            if line.startswith("step "):
+                self.stepping.set()
+
+    def wait_until_stepping(self) -> None:
+        assert self.stepping.wait(60), "".join(self.lines[-20:])
+
+    def end(self, sig: int) -> tuple[int, str]:
+        self.proc.send_signal(sig)
+        status = self.proc.wait(timeout=30)  # stderr holds a line or two: the pipe cannot fill
+        return status, self.proc.stderr.read()
+
+
+@needs_cluster
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGINT, signal.SIGTERM],
+                         ids=["sighup", "ctrl-c", "sigterm"])
+def test_the_command_line_stopped_mid_run_says_so_in_one_line_and_leaves_nothing(tmp_path, sig):
+    run = CommandLine(tmp_path)
+    run.wait_until_stepping()
+    status, err = run.end(sig)
+    name = signal.Signals(sig).name
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err and name in err, err
+    assert status == 128 + sig, err  # the shells' convention
+    assert "nothing of the emulated cluster is left" in err
+    assert_nothing_of(run.proc.pid)
+    assert still_running(processes_mentioning(str(tmp_path))) == []
+
+
+@needs_cluster
+@pytest.mark.slow
+def test_what_a_killed_command_line_left_is_removed_by_the_next_start(tmp_path):
+    run = CommandLine(tmp_path)
+    run.wait_until_stepping()
+    status, _ = run.end(signal.SIGKILL)
+    assert status == -signal.SIGKILL
+    left = our_namespaces(f"zsim-{run.proc.pid}-")
+    assert len(left) == 3  # bind mounts in /run/netns outlive their creator: the bridge's and two nodes
+    lines = []
+    with EmulatedCluster(1, ClusterShape("shared-bus", 1.0), on_line=lines.append):
+        assert_nothing_of(run.proc.pid)
+    (line,) = lines
+    assert line.startswith("cluster: Removed") and all(ns in line for ns in left)
+    deadline = time.monotonic() + 10
+    while still_running(processes_mentioning(str(tmp_path))) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert still_running(processes_mentioning(str(tmp_path))) == []
 
 
 # --- 5. Bad input: one sentence -------------------------------------------------------

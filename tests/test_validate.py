@@ -1,16 +1,20 @@
 """Measuring inputs on this machine, and the validation loop: calibrate, predict, then run, then compare."""
 
+import contextlib
 import json
+import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
-from real_runs.launch import run_module
+from real_runs.cluster import Stopped
+from real_runs.launch import RunFailed, run_module
 from real_runs.microbench import main as microbench_main
-
-pytestmark = pytest.mark.slow
+from sim2real import validate as v
 
 
 def zero_sim_command(*args, timeout=900):
@@ -19,6 +23,7 @@ def zero_sim_command(*args, timeout=900):
                           timeout=timeout)
 
 
+@pytest.mark.slow
 def test_the_collective_sweep_prints_an_nccl_tests_table_and_writes_its_rows(tmp_path):
     lines = []
     out = tmp_path / "sweep.json"
@@ -46,6 +51,7 @@ def test_the_collective_sweep_prints_an_nccl_tests_table_and_writes_its_rows(tmp
     assert any("while every rank computes" in line for line in lines)
 
 
+@pytest.mark.slow
 def test_layer_timings_cover_every_layer_kind_of_the_real_model(tmp_path):
     out = tmp_path / "layers.json"
     run_module("real_runs.microbench", ["layers", "--model", "nano", "--micro-batch", "2", "--iters", "2",
@@ -58,6 +64,7 @@ def test_layer_timings_cover_every_layer_kind_of_the_real_model(tmp_path):
     assert 1.0 <= layers["slowest_rank_factor"] < 3
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("argv,fragment", [
     (["collectives", "--max-bytes", "lots"], "Cannot read 'lots' as a size"),
     (["collectives", "--collectives", "all_to_all"], "Unknown collective all_to_all"),
@@ -69,6 +76,7 @@ def test_microbenchmark_bad_input_is_one_sentence_and_status_2(argv, fragment, c
     assert fragment in err and err.count("\n") == 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("argv,fragment", [
     (["validate", "--steps", "1"], "--steps must be at least 2"),
     (["validate", "--model", "huge"], "unknown model 'huge'"),
@@ -81,11 +89,16 @@ def test_validate_and_calibrate_bad_input_is_one_sentence_and_status_2(argv, fra
     assert fragment in proc.stderr and proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_quick_validation_predicts_every_case_before_running_it_and_reports_the_errors(tmp_path, figures):
-    proc = zero_sim_command("validate", "--quick", "--json", "--report", str(tmp_path))
+    proc = zero_sim_command("validate", "--quick", "--json", "--keep", "--report", str(tmp_path))
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads(proc.stdout)
     log = proc.stderr
+    # --keep: the runs' files stay, and the log and the report say where.
+    files = Path(result["files"])
+    assert files.is_dir() and f"runs' files: {files} (kept" in log
+    assert str(files) in (tmp_path / "report.md").read_text()
     cases = result["cases"]
     assert len(cases) == 4
     for c in cases:
@@ -111,5 +124,54 @@ def test_quick_validation_predicts_every_case_before_running_it_and_reports_the_
               f"measured {c['measured_step_s']:.3f} s, error {c['error']:+.1%}" for c in cases),
             f"median |error| {result['median_abs_error']:.1%} (emulated: {result['emulated']}), "
             f"{result['wall_s']:.0f} s")
+    shutil.rmtree(files)
     # A gross modelling error would show here; the 5% goal is judged on the full grid, on a quiet machine.
     assert result["median_abs_error"] < 0.25
+
+
+# --- The runs' temporary folder goes when validation ends, however it ends ----------------
+
+@pytest.fixture
+def temp_root(tmp_path, monkeypatch):
+    """Temporary folders are made here, so what is left of them can be seen."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    return tmp_path
+
+
+@pytest.mark.parametrize("ending", [None, RunFailed("The run failed."), KeyboardInterrupt(),
+                                    Stopped(signal.SIGHUP)], ids=["success", "failure", "ctrl-c", "sighup"])
+def test_the_temporary_folder_is_removed_however_validation_ends(temp_root, ending):
+    said = []
+    with pytest.raises(type(ending)) if ending else contextlib.nullcontext():
+        with v.run_files(None, keep=False, say=said.append) as files:
+            (files / "case" / "run.json").parent.mkdir()
+            (files / "case" / "run.json").write_text("{}")
+            if ending is not None:
+                raise ending
+    assert list(temp_root.iterdir()) == []
+    assert said == [f"runs' files: {files} (removed at the end; --keep keeps them)"]
+
+
+def test_keep_keeps_the_folder_and_says_where_and_a_callers_folder_always_stays(temp_root, tmp_path):
+    said = []
+    with pytest.raises(KeyboardInterrupt), v.run_files(None, keep=True, say=said.append) as files:
+        raise KeyboardInterrupt
+    assert files.is_dir() and said == [f"runs' files: {files} (kept: --keep)"]
+    mine = tmp_path / "mine"
+    with pytest.raises(RuntimeError), v.run_files(mine, keep=False, say=said.append):
+        raise RuntimeError("boom")
+    assert mine.is_dir()
+
+
+def test_a_validation_that_fails_midway_leaves_no_folder(temp_root, monkeypatch):
+    seen = []
+
+    def failing_compute(nproc, model, micro_batch, seq_len, workdir, *args, **kwargs):
+        seen.append(Path(workdir))
+        assert Path(workdir).is_dir()
+        raise RunFailed("The run failed: rank 0 raised RuntimeError: injected.")
+
+    monkeypatch.setattr(v, "measure_compute", failing_compute)
+    with pytest.raises(RunFailed):
+        v.run_validation([v.Case("ddp", 2, 1.0)], v.Options(model="nano"), on_line=None)
+    assert seen and not seen[0].exists() and list(temp_root.iterdir()) == []

@@ -20,9 +20,9 @@ Building a cluster needs root (network namespaces, ``tc``); :func:`unavailable_r
 says whether this machine can, in one sentence when it cannot.
 
 - :mod:`.shapes`: the shapes (``uniform``, ``two-nodes``, ``shared-bus``) and their checks;
-- :mod:`.namespaces`: the ``ip netns`` / veth / bridge / ``tc`` commands, what tbf does to
-  bursty traffic, stale cleanup and :func:`unavailable_reason`;
-- :mod:`.signals`: teardown at exit, on SIGTERM, and with Ctrl-C held back during it;
+- :mod:`.namespaces`: the ``ip netns`` / veth / bridge / ``tc`` commands, the names that carry
+  their owner's pid, what tbf does to bursty traffic, stale cleanup and :func:`unavailable_reason`;
+- :mod:`.signals`: teardown at exit, on Ctrl-C, SIGTERM and SIGHUP, with signals held back during it;
 - :mod:`.emulated`: :class:`EmulatedCluster`, :func:`launch_in_cluster`, :func:`stamp_run_json`,
   and what the emulation does not model;
 - :mod:`.cli`: the command line (``__main__`` runs it).
@@ -30,10 +30,20 @@ says whether this machine can, in one sentence when it cannot.
 
 from .cli import main, make_parser
 from .emulated import EmulatedCluster, launch_in_cluster, stamp_run_json
-from .namespaces import ClusterUnavailable, cleanup_stale, unavailable_reason
+from .namespaces import (
+    ClusterUnavailable,
+    Owner,
+    Removed,
+    cleanup_stale,
+    link_name,
+    namespace_name,
+    unavailable_reason,
+)
 from .shapes import SHAPES, ClusterShape
+from .signals import Stopped, signals_held, stopping_on_signals
 
 __all__ = [
-    "SHAPES", "ClusterShape", "ClusterUnavailable", "EmulatedCluster", "cleanup_stale", "launch_in_cluster",
-    "main", "make_parser", "stamp_run_json", "unavailable_reason",
+    "SHAPES", "ClusterShape", "ClusterUnavailable", "EmulatedCluster", "Owner", "Removed", "Stopped",
+    "cleanup_stale", "launch_in_cluster", "link_name", "main", "make_parser", "namespace_name",
+    "signals_held", "stamp_run_json", "stopping_on_signals", "unavailable_reason",
 ]

@@ -2,12 +2,15 @@
 
 Everything that can be checked is checked before anything is built: the shape, whether
 this machine can build it, and the training options.  Bad input and a machine that cannot
-build the cluster exit with status 2 and one sentence; a failed run with status 1.
+build the cluster exit with status 2 and one sentence; a failed run with status 1.  Ctrl-C
+(SIGINT), SIGTERM and SIGHUP, at any point, tear the cluster down and exit with one sentence
+and status 128 + the signal (130, 143, 129), the shells' convention; no traceback.
 """
 
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 
 from .. import options
@@ -15,6 +18,7 @@ from ..launch import RunFailed
 from .emulated import EmulatedCluster, stamp_run_json
 from .namespaces import ClusterUnavailable, unavailable_reason
 from .shapes import SHAPES, ClusterShape
+from .signals import Stopped, stopping_on_signals
 
 
 def make_parser() -> argparse.ArgumentParser:
@@ -33,11 +37,29 @@ def make_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        with stopping_on_signals():
+            return _main(argv)
+    except KeyboardInterrupt:
+        return _stopped_by(signal.SIGINT)
+    except Stopped as e:
+        return _stopped_by(e.signum)
+
+
+def _stopped_by(signum: int) -> int:
+    # Said only once the with-blocks have unwound, so it is true: the cluster is gone.
+    print(f"error: stopped by {signal.Signals(signum).name} before the run finished; "
+          f"nothing of the emulated cluster is left.", file=sys.stderr)
+    return 128 + signum
+
+
+def _main(argv: list[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     ours, rest = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
     try:
         args = make_parser().parse_args(ours)
-        cluster = EmulatedCluster(args.nproc, ClusterShape(args.shape, args.bandwidth_gbps, args.latency_ms))
+        cluster = EmulatedCluster(args.nproc, ClusterShape(args.shape, args.bandwidth_gbps, args.latency_ms),
+                                  on_line=print)
         # Before the module's own checks, which may import torch: a machine that cannot
         # build the cluster says so at once.
         why = unavailable_reason(latency=args.latency_ms > 0)

@@ -24,17 +24,20 @@ from .. import options
 from ..launch import kill_group, rank_env, start, supervise, without_nproc
 from .namespaces import ClusterUnavailable, Node, build, cleanup_stale, delete_namespace, unavailable_reason
 from .shapes import ClusterShape, check_shape, node_count
-from .signals import sigint_held, track_live, untrack_live
+from .signals import signals_held, track_live, untrack_live
 
 _STORE_PORT = 29500  # the namespaces are new, so nothing else listens there
 
 
 class EmulatedCluster:
-    """``nproc`` ranks on this machine, wired as ``shape`` says; a context manager."""
+    """``nproc`` ranks on this machine, wired as ``shape`` says; a context manager.
 
-    def __init__(self, nproc: int, shape: ClusterShape):
+    ``on_line`` gets the cluster's own lines (what stale cleanup removed); stderr when None."""
+
+    def __init__(self, nproc: int, shape: ClusterShape, on_line: Callable[[str], None] | None = None):
         check_shape(nproc, shape)
         self.nproc, self.shape = nproc, shape
+        self.say = on_line or (lambda line: print(line, file=sys.stderr, flush=True))
         self.n_nodes = node_count(nproc, shape)
         self.ranks_per_node = nproc // self.n_nodes
         self.nodes: list[Node] = []
@@ -63,7 +66,9 @@ class EmulatedCluster:
         why = unavailable_reason(latency=self.shape.latency_ms > 0)
         if why:
             raise ClusterUnavailable(why)
-        cleanup_stale()
+        removed = cleanup_stale()
+        if removed:
+            self.say(f"cluster: {removed.sentence()}")
         track_live(self)
         try:
             self.nodes = build(self.shape, self.n_nodes, self.namespaces)
@@ -77,11 +82,14 @@ class EmulatedCluster:
 
     def teardown(self) -> None:
         """Kill every process left in the cluster's namespaces and delete them (what ``__exit__`` does)."""
-        with sigint_held():
-            for ns in reversed(self.namespaces):
-                delete_namespace(ns)
-            self.namespaces = []
-            self.nodes = []
+        try:
+            with signals_held():
+                for ns in reversed(self.namespaces):
+                    delete_namespace(ns)
+                self.namespaces = []
+                self.nodes = []
+        finally:
+            # After a held signal is handed on: until then it must still reach Stopped.
             untrack_live(self)
 
     # -- running ----------------------------------------------------------------------
@@ -137,7 +145,7 @@ def launch_in_cluster(strategy: str, nproc: int, out: str | os.PathLike, shape: 
 
     Returns ``run.json`` as a dict, with a ``cluster`` block added to it (and to the file).
     Bad input raises ValueError before anything is built."""
-    cluster = EmulatedCluster(nproc, shape)
+    cluster = EmulatedCluster(nproc, shape, on_line=on_line)
     argv = options.train_argv(strategy, nproc, out, flags)
     with cluster:
         cluster.run_module("real_runs.train", argv, on_line=on_line, timeout_s=timeout_s)

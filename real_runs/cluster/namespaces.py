@@ -1,9 +1,31 @@
 """The Linux side of an emulated cluster: ``ip netns``, veth pairs, a bridge, ``tc`` qdiscs.
 
 Every command that builds, probes or deletes namespaces is here; each failure is one
-sentence (:class:`ClusterUnavailable`).  Namespaces are named ``zsim-<pid>-<n>-br`` (the
-bridge) and ``zsim-<pid>-<n>-n<i>`` (the nodes), so those left by a process that was killed
-outright are recognised, by its pid, and deleted by :func:`cleanup_stale`.
+sentence (:class:`ClusterUnavailable`).
+
+**Names carry their owner.**  Everything a cluster creates is named for the process that
+built it (its :class:`Owner`), so that what a process killed outright left behind is
+recognised by the next cluster built on the machine, and deleted by :func:`cleanup_stale`:
+
+- namespaces: ``zsim-<pid>-<start>-<serial>-br`` (the bridge's), ``...-n<i>`` (node ``i``),
+  ``...-probe`` (:func:`unavailable_reason`'s throwaway), e.g. ``zsim-4242-93710-0-n1``;
+- the bridge ``zs<pid>br``; veth ends ``zs<pid>n<i>`` (in node ``i``, the interface gloo
+  binds) and ``zs<pid>b<i>`` (on the bridge), e.g. ``zs4242n1``; the qdiscs sit on those
+  (on the node's ``lo`` for ``shared-bus``).
+
+``<start>`` is when the owner started (clock ticks after boot, ``/proc/<pid>/stat``), so a
+later process that happens to get the same pid is not taken for the owner; ``<serial>``
+counts the clusters one process builds.  Interface names must fit Linux's 15 characters
+(IFNAMSIZ - 1), which leaves no room for the start time: at most 7 digits of pid (the
+kernel's pid_max is 4194304) and ``n249`` make 13.  Interfaces and qdiscs live only inside
+the cluster's namespaces (nothing is created in the host's), so deleting a namespace
+deletes them with it; :func:`cleanup_stale` still deletes host-namespace links named
+``zs<pid>...`` whose pid owns no live cluster, in case one ever got there.  A namespace
+outlives its owner (``ip netns add`` bind-mounts it at ``/run/netns/<name>``), and so do the
+processes in it (``torchrun`` and the ranks): deleting one first kills every process inside.
+
+Two clusters, in one process or in two, coexist: their names differ, and their addresses
+and ports lie inside their own namespaces.
 
 **What tbf does to bursty traffic.**  Up to ``burst`` bytes (4 ms of the rate, at least
 128 KiB) leave at memory speed, then bytes leave at the rate; whatever arrives faster
@@ -28,11 +50,14 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .shapes import ClusterShape
 
-PREFIX = "zsim"  # namespaces: zsim-<pid>-<n>-br, zsim-<pid>-<n>-n<i>
+PREFIX = "zsim"  # namespaces: zsim-<pid>-<start>-<serial>-<role>
+_OUR_NAMESPACE = re.compile(rf"{PREFIX}-(\d+)-(\d+)-")
+_OUR_LINK = re.compile(r"zs(\d+)(br|[nb]\d+)")
+_IFNAME_MAX = 15  # Linux's IFNAMSIZ (16) less the terminating NUL
 _SUBNET = "10.213.0"  # private, and inside the cluster's own namespaces: it cannot clash with the host
 _MIN_BURST = 128 << 10
 _QUEUE = 32 << 20
@@ -50,6 +75,63 @@ class Node:
     ns: str  # network namespace
     ifname: str  # the interface gloo binds (GLOO_SOCKET_IFNAME)
     addr: str
+
+
+def _stat(pid: int) -> list[str] | None:
+    """The fields of ``/proc/<pid>/stat`` after the command name (state first), or None if gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+@dataclass(frozen=True)
+class Owner:
+    """The process that built a cluster: its pid, and when it started (so that a later
+    process given the same pid is not taken for it)."""
+
+    pid: int
+    start: int  # clock ticks after boot (field 22 of /proc/<pid>/stat)
+
+    @classmethod
+    def of(cls, pid: int) -> Owner | None:
+        fields = _stat(pid)
+        return cls(pid, int(fields[19])) if fields else None
+
+    @classmethod
+    def me(cls) -> Owner:
+        return cls.of(os.getpid())  # type: ignore[return-value]
+
+    def alive(self) -> bool:
+        """This very process still runs (a zombie has ended: only its exit status is left)."""
+        fields = _stat(self.pid)
+        return fields is not None and fields[0] not in "ZX" and int(fields[19]) == self.start
+
+
+def namespace_name(owner: Owner, serial: int, role: str) -> str:
+    """``zsim-<pid>-<start>-<serial>-<role>``; role ``br``, ``n<i>`` or ``probe``."""
+    return f"{PREFIX}-{owner.pid}-{owner.start}-{serial}-{role}"
+
+
+def link_name(pid: int, role: str) -> str:
+    """``zs<pid><role>``; role ``br``, ``n<i>`` or ``b<i>``: at most 15 characters, as Linux requires."""
+    name = f"zs{pid}{role}"
+    if len(name) > _IFNAME_MAX:
+        raise ValueError(f"Interface name {name!r} is longer than Linux's {_IFNAME_MAX} characters.")
+    return name
+
+
+def owner_of_namespace(ns: str) -> Owner | None:
+    """Who built namespace ``ns``; None when it is not an emulated cluster's."""
+    m = _OUR_NAMESPACE.match(ns)
+    return Owner(int(m[1]), int(m[2])) if m else None
+
+
+def owner_pid_of_link(name: str) -> int | None:
+    """The pid in link ``name``; None when it is not an emulated cluster's."""
+    m = _OUR_LINK.fullmatch(name)
+    return int(m[1]) if m else None
 
 
 def _one_line(text: str) -> str:
@@ -92,20 +174,19 @@ def shape_link(ns: str, dev: str, shape: ClusterShape, delay: bool) -> None:
 def build(shape: ClusterShape, n_nodes: int, built: list[str]) -> list[Node]:
     """Build ``n_nodes`` nodes wired as ``shape`` says; every namespace goes into ``built``
     (the bridge first) as it is created, so the caller can delete them all if this fails."""
-    base = f"{PREFIX}-{os.getpid()}-{next(_serial)}"
-    tag = f"zs{os.getpid()}"  # interface names: at most 15 characters
+    me, serial = Owner.me(), next(_serial)
     if shape.kind == "shared-bus":
-        ns = add_namespace(f"{base}-n0", built)
+        ns = add_namespace(namespace_name(me, serial, "n0"), built)
         shape_link(ns, "lo", shape, delay=True)
         return [Node(ns, "lo", "127.0.0.1")]
     nodes = []
-    bridge_ns = add_namespace(f"{base}-br", built)
-    bridge = f"{tag}br"
+    bridge_ns = add_namespace(namespace_name(me, serial, "br"), built)
+    bridge = link_name(me.pid, "br")
     _sh("ip", "-n", bridge_ns, "link", "add", bridge, "type", "bridge")
     _sh("ip", "-n", bridge_ns, "link", "set", bridge, "up")
     for i in range(n_nodes):
-        ns = add_namespace(f"{base}-n{i}", built)
-        inner, outer, addr = f"{tag}n{i}", f"{tag}b{i}", f"{_SUBNET}.{i + 1}"
+        ns = add_namespace(namespace_name(me, serial, f"n{i}"), built)
+        inner, outer, addr = link_name(me.pid, f"n{i}"), link_name(me.pid, f"b{i}"), f"{_SUBNET}.{i + 1}"
         _sh("ip", "-n", bridge_ns, "link", "add", outer, "type", "veth", "peer", "name", inner, "netns", ns)
         _sh("ip", "-n", bridge_ns, "link", "set", outer, "master", bridge)
         _sh("ip", "-n", bridge_ns, "link", "set", outer, "up")
@@ -127,6 +208,12 @@ def _namespaces() -> list[str]:
     return [line.split()[0] for line in done.stdout.splitlines() if line.strip()]
 
 
+def _host_links() -> list[str]:
+    done = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True)
+    # "7: zs42b0@zs42n0: <BROADCAST,...> ...": the name, less the peer after "@".
+    return [line.split(":", 2)[1].strip().split("@")[0] for line in done.stdout.splitlines() if ":" in line]
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -138,16 +225,13 @@ def _pid_alive(pid: int) -> bool:
 
 
 def _is_zombie(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except (OSError, IndexError):
-        return True
+    fields = _stat(pid)
+    return fields is None or fields[0] == "Z"
 
 
-def delete_namespace(ns: str) -> None:
+def delete_namespace(ns: str) -> int:
     """Kill whatever still runs inside ``ns`` and delete it (a namespace outlives its name while a
-    process is in it, and a process in it would outlive the run)."""
+    process is in it, and a process in it would outlive the run); returns how many were killed."""
     pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split()
     for pid in pids:
         with contextlib.suppress(ProcessLookupError, ValueError):
@@ -157,17 +241,63 @@ def delete_namespace(ns: str) -> None:
     for pid in pids:
         while _pid_alive(int(pid)) and not _is_zombie(int(pid)) and time.monotonic() < deadline:
             time.sleep(0.02)
+    return len(pids)
 
 
-def cleanup_stale() -> list[str]:
-    """Delete the namespaces of processes that died without tearing their cluster down."""
-    gone = []
+@dataclass
+class Removed:
+    """What :func:`cleanup_stale` removed (and what it could not); false when it found nothing."""
+
+    owners: list[int] = field(default_factory=list)  # pids of the processes that left them
+    namespaces: list[str] = field(default_factory=list)
+    links: list[str] = field(default_factory=list)
+    processes: int = 0  # killed because they still ran inside those namespaces
+    failed: list[str] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.namespaces or self.links or self.failed)
+
+    def sentence(self) -> str:
+        what = [f"namespaces {', '.join(self.namespaces)}"] if self.namespaces else []
+        what += [f"links {', '.join(self.links)}"] if self.links else []
+        text = (f"Removed what emulated clusters of ended processes ({', '.join(map(str, self.owners))}) "
+                f"left behind: {' and '.join(what) or 'nothing'}")
+        if self.processes:
+            text += f", killing {self.processes} process{'es' if self.processes > 1 else ''} still inside"
+        if self.failed:
+            text += f"; could not remove {', '.join(self.failed)}"
+        return text + "."
+
+
+def cleanup_stale() -> Removed:
+    """Delete what clusters of ended processes left: their namespaces (with every process, link and
+    qdisc inside) and host-namespace links named for them.  What a live owner built is left alone."""
+    removed, live = Removed(), set()
+    stale = []
     for ns in _namespaces():
-        m = re.match(rf"{PREFIX}-(\d+)-", ns)
-        if m and not _pid_alive(int(m[1])):
-            delete_namespace(ns)
-            gone.append(ns)
-    return gone
+        owner = owner_of_namespace(ns)
+        if owner is not None and owner.alive():
+            live.add(owner.pid)
+        elif owner is not None:
+            stale.append((owner.pid, ns))
+    for pid, ns in stale:
+        removed.processes += delete_namespace(ns)
+        removed.namespaces.append(ns)
+        removed.owners.append(pid)
+    # Links carry no start time: one is stale unless its pid owns a live cluster's namespace,
+    # which every cluster creates before its first link.
+    for link in _host_links():
+        pid = owner_pid_of_link(link)
+        if pid is not None and pid not in live:
+            subprocess.run(["ip", "link", "del", link], capture_output=True)
+            removed.links.append(link)
+            removed.owners.append(pid)
+    left = set(_namespaces()) | set(_host_links())
+    removed.failed = [x for x in removed.namespaces + removed.links if x in left]
+    removed.namespaces = [x for x in removed.namespaces if x not in left]
+    removed.links = [x for x in removed.links if x not in left]
+    removed.owners = sorted(set(removed.owners))
+    return removed
 
 
 # -- probing --------------------------------------------------------------------------
@@ -186,7 +316,7 @@ def unavailable_reason(latency: bool = False) -> str | None:
     missing = [c for c in ("ip", "tc") if shutil.which(c) is None]
     if missing:
         return f"Emulated clusters need iproute2's `ip` and `tc`, and {' and '.join(missing)} is not on PATH."
-    ns = f"{PREFIX}-{os.getpid()}-probe{next(_serial)}"
+    ns = namespace_name(Owner.me(), next(_serial), "probe")
     checks = [
         (["ip", "netns", "add", ns], "This machine does not permit creating network namespaces"),
         (["ip", "-n", ns, "link", "add", "p0", "type", "veth", "peer", "name", "p1"],
