@@ -1,7 +1,7 @@
 # Two commands do everything on a fresh machine:
 #   make lab    set up .venv and start JupyterLab on notebooks/
 #   make test   set up .venv and run every test
-# Other targets: demo, bench, lint, clean.
+# Other targets: fuzz, demo, bench, lint, clean.
 
 PYTHON ?= python3
 VENV   := .venv
@@ -9,7 +9,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 PORT   ?= 8888
 
-.PHONY: lab test demo bench lint browser-deps clean
+.PHONY: lab test fuzz demo bench lint browser-deps clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,10 @@ browser-deps:
 test: $(STAMP) browser-deps
 	$(BIN)/ruff check zero_sim real_runs sim2real tests bench
 	$(BIN)/python -m pytest -q
+
+# Every property-based test with 10,000 examples (the suite runs a few hundred): minutes, not CI.
+fuzz: $(STAMP)
+	ZERO_SIM_FUZZ_EXAMPLES=10000 $(BIN)/python -m pytest -q -m fuzz -p no:cacheprovider
 
 demo: $(STAMP)
 	mkdir -p out

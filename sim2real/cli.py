@@ -6,16 +6,19 @@
     zero-sim validate --published            # predict published GPU runs; no run is started
 
 A real run or an emulated cluster that fails ends with its one sentence and exit status 1;
-bad input, as everywhere, with one sentence and exit status 2.
+bad input, as everywhere, with one sentence and exit status 2.  Ctrl-C, SIGTERM and SIGHUP stop
+the ranks and tear any emulated cluster down, then say so in one line and exit with 128 + the
+signal, the shells' convention.
 """
 
 from __future__ import annotations
 
 import json
+import signal
 import sys
 from pathlib import Path
 
-from real_runs.cluster import SHAPES, ClusterUnavailable
+from real_runs.cluster import SHAPES, ClusterUnavailable, Stopped, stopping_on_signals
 from real_runs.launch import RunFailed
 from sim2real import measure
 from sim2real import validate as v
@@ -133,10 +136,22 @@ COMMANDS: dict[str, cli.Command] = {
 
 def main(argv=None) -> int:
     try:
-        return cli.main(argv, COMMANDS)
+        with stopping_on_signals():
+            return cli.main(argv, COMMANDS)
     except (RunFailed, ClusterUnavailable) as exc:  # a real run or an emulated cluster that failed
         print(f"zero-sim: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        return _stopped_by(signal.SIGINT)
+    except Stopped as stop:
+        return _stopped_by(stop.signum)
+
+
+def _stopped_by(signum: int) -> int:
+    # Said once the with-blocks have unwound: the ranks and any emulated cluster are gone.
+    print(f"zero-sim: stopped by {signal.Signals(signum).name}; every run it started was stopped too.",
+          file=sys.stderr)
+    return 128 + signum
 
 
 if __name__ == "__main__":

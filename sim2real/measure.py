@@ -7,6 +7,7 @@ calls :func:`measure_compute` and :func:`measure_network` per case.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -95,16 +96,20 @@ def measure(nproc: int, model: str = "small", micro_batch: int = 4, seq_len: int
             shape: str | None = None, bandwidth_gbps: float | None = None, max_bytes: str = "32M",
             workdir: Path | None = None, on_line=None) -> Calibration:
     """Calibrate this machine: compute with ``nproc`` ranks, and the network they use (an
-    emulated cluster of ``shape`` at ``bandwidth_gbps`` when given, else plain loopback)."""
-    workdir = Path(workdir or tempfile.mkdtemp(prefix="zero-sim-calibrate-"))
-    compute = measure_compute(nproc, model, micro_batch, seq_len, workdir, on_line=on_line)
-    if shape is not None:
-        runner = EmulatedCluster(nproc, ClusterShape(shape, float(bandwidth_gbps)))
-    else:
-        runner = Loopback(nproc)
-    with runner as r:
-        where = r.describe()
-        fits, cpu, _ = (measure_network(r, nproc, workdir, max_bytes, on_line=on_line) if nproc > 1
-                        else ({}, None, {}))
+    emulated cluster of ``shape`` at ``bandwidth_gbps`` when given, else plain loopback).
+    The runs write into ``workdir``, or into a temporary folder removed when measuring ends."""
+    with contextlib.ExitStack() as cleanup:
+        if workdir is None:
+            workdir = cleanup.enter_context(tempfile.TemporaryDirectory(prefix="zero-sim-calibrate-"))
+        workdir = Path(workdir)
+        compute = measure_compute(nproc, model, micro_batch, seq_len, workdir, on_line=on_line)
+        if shape is not None:
+            runner = EmulatedCluster(nproc, ClusterShape(shape, float(bandwidth_gbps)))
+        else:
+            runner = Loopback(nproc)
+        with runner as r:
+            where = r.describe()
+            fits, cpu, _ = (measure_network(r, nproc, workdir, max_bytes, on_line=on_line) if nproc > 1
+                            else ({}, None, {}))
     return Calibration(fits, compute, "gloo", machine_facts(ranks=nproc, network=where, model=model,
                                                           micro_batch=micro_batch), cpu=cpu)

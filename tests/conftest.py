@@ -34,3 +34,11 @@ def figures(capsys):
 @pytest.fixture
 def data_dir() -> Path:
     return DATA
+
+
+def pytest_collection_modifyitems(items):
+    # Every property-based test is also a fuzz test: `make fuzz` runs them alone with
+    # ZERO_SIM_FUZZ_EXAMPLES=10000 where the test reads it (the suite's default is a few hundred).
+    for item in items:
+        if getattr(getattr(item, "obj", None), "is_hypothesis_test", False):
+            item.add_marker(pytest.mark.fuzz)

@@ -50,7 +50,8 @@ class ConfigReading:
         self.settings[name] = value
         self.origins[name] = key
         shown = f" = {written!r}" if written is not None else ""
-        self.notes.append(f"read: {key}{shown} as --{name.replace('_', '-')} {value}")
+        value_shown = f"{value:.6g}" if isinstance(value, float) else value
+        self.notes.append(f"read: {key}{shown} as --{name.replace('_', '-')} {value_shown}")
 
     def ignore(self, key: str, why: str) -> None:
         self.notes.append(f"ignored: {key}: {why}")
