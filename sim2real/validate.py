@@ -39,11 +39,14 @@ import json
 import os
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+
+from tqdm import tqdm
 
 from real_runs import cluster as emu
 from real_runs.options import train_argv
@@ -176,6 +179,14 @@ def run_files(workdir: str | os.PathLike | None, keep: bool, say: Callable[[str]
                 shutil.rmtree(path, ignore_errors=True)
 
 
+def _above(bar, say: Callable[[str], None]) -> Callable[[str], None]:
+    def say_above(line: str) -> None:
+        with bar.external_write_mode(file=sys.stderr):
+            say(line)
+
+    return say_above
+
+
 def _run_grid(cases: list[Case], opts: Options, workdir: Path, report_dir: str | os.PathLike | None,
               say: Callable[[str], None]) -> dict:
     reason = emu.unavailable_reason()
@@ -186,6 +197,10 @@ def _run_grid(cases: list[Case], opts: Options, workdir: Path, report_dir: str |
         cases = list(dict.fromkeys(cases))
 
     t_start = time.monotonic()
+    # A bar over the cases on a terminal (none in logs: disable=None means "only on a TTY"); each
+    # line said meanwhile is written above it.
+    bar = tqdm(total=len(cases), desc="validation cases", unit="case", file=sys.stderr, disable=None)
+    say = _above(bar, say)
     results, calibrations = [], {}
     micro_of = {n: opts.global_batch // n for n in {c.gpus for c in cases}}
     seq_len = PRESETS[opts.model].max_seq
@@ -251,6 +266,8 @@ def _run_grid(cases: list[Case], opts: Options, workdir: Path, report_dir: str |
                     f"(error {row['error']:+.1%})")
                 if report_dir is not None:
                     _overlay_png(out, sim, Path(report_dir), row)
+                bar.update(1)
+    bar.close()
 
     errors = [abs(r["error"]) for r in results]
     comm_errors = [abs(r["exposed_comm_error"]) for r in results if r.get("exposed_comm_error") is not None]

@@ -34,14 +34,19 @@ def test_a_sweep_reports_each_finished_scenario_to_a_callback():
     assert seen == [(1, 2), (2, 2)]
 
 
-def test_a_sweep_advances_a_bar_it_is_given_and_marks_it_done():
-    class Bar:
-        value = 0
-        bar_style = ""
+def test_a_sweep_advances_a_bar_it_is_given():
+    import io
 
-    bar = Bar()
-    sweep(PAIR, progress=bar)
-    assert bar.value == 2 and bar.bar_style == "success"
+    from tqdm import tqdm
+
+    with tqdm(total=2, file=io.StringIO()) as bar:
+        sweep(PAIR, progress=bar)
+        assert bar.n == 2
+
+
+def test_a_sweep_shows_its_own_tqdm_bar_when_asked(capsys):
+    sweep(PAIR, progress=True, description="pair")
+    assert "pair: 100%" in capsys.readouterr().err
 
 
 def test_scenario_errors_are_one_sentence():

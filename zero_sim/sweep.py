@@ -6,10 +6,9 @@ The notebooks compare scenarios by the dozen (bucket sizes, bandwidths, N, strat
 A scenario the simulator refuses still gets its row, with the one-sentence reason in
 ``error``, so one bad corner of a grid does not lose the rest.
 
-Progress is optional: a callback ``progress(done, total)`` or a progress bar (anything with a
-``value`` to advance, such as an ``ipywidgets.IntProgress``).  This module imports no widget
-library, so sweeps run in scripts and tests; the notebooks' bar is
-:func:`zero_sim.ui.controls.sweep_with_bar`.
+Progress is optional: ``progress=True`` shows a ``tqdm`` bar (a text bar in a terminal, a
+widget in JupyterLab, through ``tqdm.auto``), a callback gets ``progress(done, total)``, and a
+bar the caller made (anything with ``update``, such as a ``tqdm``) is advanced.
 """
 
 from __future__ import annotations
@@ -22,8 +21,8 @@ import pandas as pd
 from zero_sim.scenario import ScenarioError, simulate
 from zero_sim.system.hardware import GB
 
-# How a sweep reports each finished scenario: None or False, silently; a callable, by calling it
-# with (done, total); anything else is a bar whose ``value`` is advanced.
+# How a sweep reports each finished scenario: None or False, silently; True, on a tqdm bar of its
+# own; a callable, by calling it with (done, total); anything else is a bar whose update(1) it calls.
 Progress = Any
 
 
@@ -54,15 +53,21 @@ def summary_row(result) -> dict:
     }
 
 
-def sweep(scenarios: Iterable[Mapping[str, Any]], progress: Progress = None) -> pd.DataFrame:
+def sweep(scenarios: Iterable[Mapping[str, Any]], progress: Progress = None,
+          description: str = "simulating") -> pd.DataFrame:
     """Simulate each scenario (a dict of ``simulate()`` keywords) into one pandas frame.
 
     Each row holds the scenario's keywords, then :func:`summary_row`'s metrics; a refused
     scenario gets its sentence in ``error`` instead of metrics.  ``progress`` says how to
-    report each finished scenario (see :data:`Progress`).
+    report each finished scenario (see :data:`Progress`); ``description`` labels its own bar.
     """
     scenarios = [dict(s) for s in scenarios]
-    if progress is False:
+    own_bar = progress is True
+    if own_bar:
+        from tqdm.auto import tqdm
+
+        progress = tqdm(total=len(scenarios), desc=description, unit="scenario")
+    elif progress is False:
         progress = None
     rows = []
     for done, s in enumerate(scenarios, start=1):
@@ -74,9 +79,9 @@ def sweep(scenarios: Iterable[Mapping[str, Any]], progress: Progress = None) -> 
         if callable(progress):
             progress(done, len(scenarios))
         elif progress is not None:
-            progress.value += 1
-    if progress is not None and not callable(progress):
-        progress.bar_style = "success"
+            progress.update(1)
+    if own_bar:
+        progress.close()
     return pd.DataFrame(rows)
 
 

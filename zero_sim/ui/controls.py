@@ -20,7 +20,6 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import ipywidgets as W
-from IPython.display import display
 
 from zero_sim.scenario import COMMON, ScenarioError
 from zero_sim.strategies import STRATEGIES, all_knobs, get_strategy
@@ -28,7 +27,6 @@ from zero_sim.sweep import sweep
 from zero_sim.system.hardware import GB
 from zero_sim.system.model_presets import PRESETS as MODELS
 from zero_sim.system.topology import PRESETS as TOPOLOGIES
-from zero_sim.ui.figure import in_kernel
 
 STYLE = {"description_width": "10em"}
 COMMON_SETTINGS = {s.name: s for s in COMMON}
@@ -190,19 +188,9 @@ def knob_default(strategy: str, name: str):
     raise KeyError(name)
 
 
-def progress_bar(total: int, description: str = "simulating") -> W.IntProgress:
-    """A progress bar over ``total`` items, shown at once when running in a notebook."""
-    bar = W.IntProgress(value=0, min=0, max=max(total, 1), description=description, style=STYLE)
-    bar.add_class("zs-progress")
-    if in_kernel():
-        display(bar)
-    return bar
-
-
 def sweep_with_bar(scenarios, description: str = "simulating"):
-    """:func:`zero_sim.sweep.sweep` with a progress bar shown in the notebook while it runs."""
-    scenarios = list(scenarios)
-    return sweep(scenarios, progress=progress_bar(len(scenarios), description))
+    """:func:`zero_sim.sweep.sweep` with a tqdm progress bar (a widget in the notebook)."""
+    return sweep(scenarios, progress=True, description=description)
 
 
 # ----------------------------------------------------------------------------- text
@@ -259,6 +247,6 @@ def error_html(sentence: str) -> str:
 
 __all__ = [
     "COMMON_SETTINGS", "DEFAULT", "LABELS", "STOPS", "STYLE", "control_label", "error_html", "format_gb",
-    "format_ms", "kind_of", "knob_default", "make_control", "metrics_html", "metrics_text", "progress_bar",
+    "format_ms", "kind_of", "knob_default", "make_control", "metrics_html", "metrics_text",
     "read_control", "set_control", "setting_control", "strategy_knob_names", "wide_layout", "with_stop",
 ]

@@ -16,10 +16,17 @@ from IPython.display import display
 
 from zero_sim.planner import candidates, plan
 from zero_sim.system.workload import RECOMPUTE_MODES
-from zero_sim.ui.controls import STYLE, error_html, kind_of, read_control, setting_control
+from zero_sim.ui.controls import error_html, kind_of, read_control, setting_control
 from zero_sim.ui.figure import Figure, in_kernel
 from zero_sim.ui.panel import Panel
 from zero_sim.ui.plots import COLORS
+
+
+def _bar(total: int):
+    """A tqdm bar over the candidates, kept out of view until the panel places its widget."""
+    from tqdm.notebook import tqdm
+
+    return tqdm(total=total, desc="candidates", display=False)
 
 TABLE_COLUMNS = ["strategy", "knobs", "recompute", "fits", "step_ms", "exposed_comm_ms", "tokens_per_s",
                  "tflops_per_gpu", "peak_GB", "model_states_GB", "activations_GB", "error"]
@@ -39,8 +46,7 @@ class Planner(Panel):
                           ("gpu", None), ("micro_batch", micro_batch))}
         self.button = W.Button(description="plan", icon="search", button_style="primary")
         self.button.on_click(lambda _: self.update())
-        self.progress = W.IntProgress(value=0, min=0, max=1, description="candidates", style=STYLE)
-        self.progress.add_class("zs-progress")
+        self.progress = _bar(1)
         self.summary = W.HTML()
         self.summary.add_class("zs-metrics")
         self.table = W.Output()
@@ -49,7 +55,7 @@ class Planner(Panel):
         c = self.controls
         self.widget = W.VBox([
             W.HBox([W.VBox([c["model"], c["topology"], c["gpu"]]), W.VBox([c["gpus"], c["micro_batch"]])]),
-            W.HBox([self.button, self.progress]), self.summary, self.figure.widget, self.table])
+            W.HBox([self.button, self.progress.container]), self.summary, self.figure.widget, self.table])
         if auto:
             self.update()
 
@@ -58,9 +64,10 @@ class Planner(Panel):
 
     def update(self, *_):
         s = self.settings()
-        n = len(candidates(None, self.recompute))
-        self.progress.max, self.progress.value, self.progress.bar_style = n, 0, ""
+        self.progress = _bar(len(candidates(None, self.recompute)))
+        self.widget.children[1].children = (self.button, self.progress.container)
         self.result = plan(**s, recompute=self.recompute, progress=self.progress)
+        self.progress.close()
         errors = self.result["error"]
         self.error = None if errors.isna().any() else f"no candidate could be simulated: {errors.iloc[0]}"
         self.render()
