@@ -6,30 +6,40 @@
     run = launch("fsdp", nproc=2, out="out/fsdp", steps=5, on_line=print)
     run["step_times_s"], run["param_l2"]
 
-``torchrun`` runs in its own process group.  If any rank fails, torchrun stops the
-others; if the whole run outlives ``timeout_s``, or the caller is interrupted, the
-process group is killed.  Either way :class:`RunFailed` is raised with one sentence,
-naming the failing rank and its error when a rank said what went wrong.
+The launcher owns every process a run starts (:mod:`real_runs.processes`): on a timeout, a
+failure, or SIGINT/SIGTERM/SIGHUP every process of the run, at any depth, is stopped, and a
+run whose launcher is killed outright dies with it.  :class:`RunFailed` is raised with one
+sentence, naming the failing rank and its error when a rank said what went wrong, or the
+signal that stopped the run (SIGTERM, SIGHUP; SIGINT stays Python's KeyboardInterrupt,
+raised once the run is stopped).
 
-:func:`supervise` does that watching for any number of ``torchrun`` processes at once,
+The run directory is complete or visibly not: :func:`launch_argv` clears a previous run's
+outputs before starting anything, ``run.json`` is written last and atomically by rank 0,
+and a run that fails leaves ``failed.json`` holding its one sentence
+(:func:`mark_failed`), which :func:`sim2real.overlay.load_run` refuses, quoting it.
+
+:func:`supervise` does the watching for any number of ``torchrun`` processes at once,
 so :mod:`real_runs.cluster` (one ``torchrun`` per emulated node) fails the same way.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
 import re
-import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
+from zero_sim.vocabulary.files import write_json_atomic
+
 from .options import train_argv
+from .processes import Family, StopRequested, StopSignals, adopting_orphans, start
 
 
 class RunFailed(RuntimeError):
@@ -39,6 +49,37 @@ class RunFailed(RuntimeError):
         super().__init__(sentence)
         self.output = output or []
 
+
+# --- the run directory --------------------------------------------------------------------
+
+FAILED_FILE = "failed.json"
+INTERRUPTED = "The run was stopped by SIGINT before it finished."
+# Everything a run writes into --out; a previous run's copies go before a new run starts.
+RUN_OUTPUTS = ("run.json", "rank*.json", "trace_rank*.json", "state.pt", FAILED_FILE, ".*.tmp")
+
+
+def out_of(argv: Sequence[str]) -> Path:
+    """The ``--out`` folder of a training command line."""
+    argv = list(argv)
+    return Path(argv[argv.index("--out") + 1]) if "--out" in argv else Path("out/real_run")
+
+
+def clear_outputs(out: str | os.PathLike) -> None:
+    """Remove a previous run's outputs, so nothing of it can pass for the new run's result."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    for pattern in RUN_OUTPUTS:
+        for f in out.glob(pattern):
+            f.unlink(missing_ok=True)
+
+
+def mark_failed(out: str | os.PathLike, sentence: str) -> None:
+    """Leave ``failed.json`` holding the run's one sentence in ``out`` (if the folder takes it)."""
+    with contextlib.suppress(OSError):
+        write_json_atomic(Path(out) / FAILED_FILE, {"reason": sentence})
+
+
+# --- starting runs ----------------------------------------------------------------------
 
 def launch(strategy: str, nproc: int = 2, out: str | os.PathLike = "out/real_run",
            on_line: Callable[[str], None] | None = None, timeout_s: float = 600.0, **flags) -> dict:
@@ -52,10 +93,39 @@ def launch(strategy: str, nproc: int = 2, out: str | os.PathLike = "out/real_run
 
 def launch_argv(argv: list[str], nproc: int, on_line: Callable[[str], None] | None = None,
                 timeout_s: float = 600.0) -> dict:
-    run_module("real_runs.train", argv, nproc, on_line=on_line, timeout_s=timeout_s)
-    out = Path(argv[argv.index("--out") + 1]) if "--out" in argv else Path("out/real_run")
-    with open(out / "run.json") as f:
-        return json.load(f)
+    """Run ``real_runs.train <argv>`` on ``nproc`` ranks; a failure leaves ``failed.json`` in ``--out``."""
+    out = out_of(argv)
+    with run_outputs(out):
+        run_module("real_runs.train", argv, nproc, on_line=on_line, timeout_s=timeout_s)
+        try:
+            with open(out / "run.json") as f:
+                return json.load(f)
+        except (OSError, ValueError) as e:
+            why = getattr(e, "strerror", None) or e
+            raise RunFailed(f"The run ended but its run.json cannot be read: {why}.") from None
+
+
+@contextlib.contextmanager
+def run_outputs(out: str | os.PathLike) -> Iterator[Path]:
+    """The run directory of one run: a previous run's outputs cleared before the with-block, and
+    ``failed.json`` left with the reason if the block ends in any exception."""
+    out = Path(out)
+    try:
+        clear_outputs(out)
+    except OSError as e:
+        raise RunFailed(f"--out {out} cannot be cleared of the previous run: {e.strerror or e}; "
+                        f"choose another folder.") from None
+    try:
+        yield out
+    except RunFailed as e:
+        mark_failed(out, str(e))
+        raise
+    except KeyboardInterrupt:
+        mark_failed(out, INTERRUPTED)
+        raise
+    except BaseException as e:
+        mark_failed(out, f"The launcher stopped the run: {type(e).__name__}.")
+        raise
 
 
 def without_nproc(argv: list[str]) -> list[str]:
@@ -86,11 +156,7 @@ def run_module(module: str, argv: list[str], nproc: int, on_line: Callable[[str]
     supervise([start(cmd, rank_env())], on_line=on_line, timeout_s=timeout_s)
 
 
-def start(cmd: list[str], env: dict[str, str]) -> subprocess.Popen:
-    """Start ``cmd`` in a session of its own, so killing its process group stops every rank."""
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=env, start_new_session=True)
-
+# --- owning every process of a run (Linux; a no-op elsewhere) ---------------------------------
 
 def supervise(procs: Sequence[subprocess.Popen], on_line: Callable[[str], None] | None = None,
               timeout_s: float = 600.0, grace_s: float = 5.0) -> None:
@@ -98,50 +164,68 @@ def supervise(procs: Sequence[subprocess.Popen], on_line: Callable[[str], None] 
 
     When one process fails the others get ``grace_s`` to end by themselves (their ranks
     lost a peer) and to print why: the rank that raised may live in a process that ends
-    second.  Then, or at the deadline, or on any exception, every process group is killed."""
+    second.  Then, or at the deadline, on SIGINT/SIGTERM/SIGHUP (:class:`StopSignals`) or on
+    any exception, every process the run started is stopped (:class:`Family`)."""
+    family = Family(procs)
+    output: list[str] = []
+    with adopting_orphans(), StopSignals() as signals:
+        try:
+            failed_rc, errors = _watch(procs, family, output, on_line, timeout_s, grace_s)
+        except StopRequested as e:
+            raise RunFailed(f"The run was stopped by {e.name} before it finished.", output) from None
+        finally:
+            signals.hold()
+            family.stop()
+    if failed_rc is not None:
+        raise RunFailed(_failure_sentence(failed_rc, errors, output), output)
+
+
+def _watch(procs, family: Family, output: list[str], on_line, timeout_s: float,
+           grace_s: float) -> tuple[int | None, list[str]]:
+    """Follow ``procs`` until all end, one fails (plus ``grace_s``), or the deadline passes."""
     lines: queue.Queue = queue.Queue()
     for i, proc in enumerate(procs):
         threading.Thread(target=_pump, args=(i, proc, lines), daemon=True).start()
-
+    timed_out = f"The run did not finish within {timeout_s:.0f} s and was stopped."
     errors: list[str] = []
-    output: list[str] = []
     failed_rc = None
     failed_at = 0.0
     open_ = len(procs)
     deadline = time.monotonic() + timeout_s
-    try:
-        while open_:
-            until = deadline if failed_rc is None else min(deadline, failed_at + grace_s)
-            try:
-                i, line = lines.get(timeout=max(0.0, until - time.monotonic()))
-            except queue.Empty:
-                if failed_rc is not None:
-                    break
-                raise RunFailed(f"The run did not finish within {timeout_s:.0f} s and was stopped.",
-                                output) from None
-            if line is None:
-                open_ -= 1
-                try:
-                    rc = procs[i].wait(timeout=max(1.0, deadline - time.monotonic()))
-                except subprocess.TimeoutExpired:
-                    raise RunFailed(f"The run did not finish within {timeout_s:.0f} s and was stopped.",
-                                    output) from None
-                if rc != 0 and failed_rc is None:
-                    failed_rc, failed_at = rc, time.monotonic()
+    scanned = 0.0
+    while open_:
+        # Twice a second, lines or not, note new processes while their parents still live:
+        # one that ends after its parent can then still be found, and reaped.
+        if time.monotonic() - scanned >= 0.5:
+            family.refresh()
+            scanned = time.monotonic()
+        until = deadline if failed_rc is None else min(deadline, failed_at + grace_s)
+        try:
+            i, line = lines.get(timeout=max(0.0, min(until - time.monotonic(), 0.5)))
+        except queue.Empty:
+            if time.monotonic() < until:
                 continue
-            line = line.rstrip("\n")
-            output.append(line)
-            # Searched, not matched at the start: a line another process left unfinished
-            # may precede a rank's error on the same pipe.
-            if m := re.search(r"\[rank \d+\] error: .*", line):
-                errors.append(m[0])
-            if on_line is not None:
-                on_line(line)
-    finally:
-        for proc in procs:
-            kill_group(proc)
-    if failed_rc is not None:
-        raise RunFailed(_failure_sentence(failed_rc, errors, output), output)
+            if failed_rc is not None:
+                break
+            raise RunFailed(timed_out, output) from None
+        if line is None:
+            open_ -= 1
+            try:
+                rc = procs[i].wait(timeout=max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                raise RunFailed(timed_out, output) from None
+            if rc != 0 and failed_rc is None:
+                failed_rc, failed_at = rc, time.monotonic()
+            continue
+        line = line.rstrip("\n")
+        output.append(line)
+        # Searched, not matched at the start: a line another process left unfinished
+        # may precede a rank's error on the same pipe.
+        if m := re.search(r"\[rank \d+\] error: .*", line):
+            errors.append(m[0])
+        if on_line is not None:
+            on_line(line)
+    return failed_rc, errors
 
 
 def _pump(i: int, proc: subprocess.Popen, lines: queue.Queue) -> None:
@@ -175,6 +259,11 @@ def _failure_sentence(rc: int, errors: list[str], output: list[str]) -> str:
             said = _native_abort(output)
             return (f"The run failed: rank {rank} died ({how}{': ' + said if said else ''}) "
                     "and the other ranks were stopped.")
+    # Ranks refuse bad input (exit status 2) with one "error: ..." line before they connect;
+    # two ranks saying the same at once may share a line.
+    refused = next((m[1] for line in output if (m := re.search(r"\berror: (.*?)(?=error: |$)", line))), None)
+    if refused:
+        return f"The run failed to start: {refused.strip().rstrip('.')}."
     return f"The run failed with torchrun exit status {rc} and no rank said why."
 
 
@@ -189,13 +278,3 @@ def _native_abort(output: list[str]) -> str | None:
         where = re.search(r"Current thread [^\n]*\n\s*(File [^\n]+)", text[m.end():])
         return f"{m[0]}, {where[1]}" if where else m[0]
     return None
-
-
-def kill_group(proc: subprocess.Popen) -> None:
-    """SIGKILL the process group of a process :func:`start` started, and reap it."""
-    if proc.poll() is None:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from pathlib import Path
 
 from zero_sim.vocabulary import REAL_STRATEGIES
 from zero_sim.vocabulary.buckets import DEFAULT_BUCKET_MB
@@ -63,8 +64,10 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--nproc", type=int, default=1, help="ranks to start when not already under torchrun")
     p.add_argument("--fail-rank", type=int, default=None, help="fault injection: the rank that fails")
     p.add_argument("--fail-at-step", type=int, default=0, help="fault injection: the step it fails in")
-    p.add_argument("--fail-mode", choices=("raise", "kill", "abort"), default="raise",
-                   help="raise a Python error, die of SIGKILL, or abort as a native crash would")
+    p.add_argument("--fail-mode", choices=("raise", "kill", "abort", "stall"), default="raise",
+                   help="raise a Python error, die of SIGKILL, abort as a native crash would, "
+                        "or stall for --stall-s seconds and carry on, as a straggler would")
+    p.add_argument("--stall-s", type=float, default=10.0, help="fault injection: how long a stall lasts")
     return p
 
 
@@ -81,6 +84,33 @@ def validate(args: argparse.Namespace, world: int) -> None:
         raise BadInput("--device cuda was asked for but this machine has no CUDA device.")
     if args.nproc < 1:
         raise BadInput("--nproc must be at least 1.")
+    if args.stall_s < 0:
+        raise BadInput("--stall-s must be zero or more.")
+    check_out(args.out)
+
+
+# Rank files and run.json of the larger presets take a few MB, traces tens; below this much
+# free space a run would train every step and then fail to write what it learned.
+MIN_FREE_MB = 50
+
+
+def check_out(out: str) -> None:
+    """``--out`` must take files and have room for them, checked before the first step
+    rather than found out after the last; creates the folder."""
+    path = Path(out)
+    probe = path / f".write-check.{os.getpid()}.tmp"
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe.write_bytes(b"")
+        # Rank 0, clearing the previous run's leftovers, may already have taken it away.
+        probe.unlink(missing_ok=True)
+        stat = os.statvfs(path) if hasattr(os, "statvfs") else None
+    except OSError as e:
+        raise BadInput(f"--out {out} is not writable: {e.strerror or e}; choose another folder.") from None
+    free_mb = stat.f_bavail * stat.f_frsize / 2**20 if stat is not None else float("inf")
+    if free_mb < MIN_FREE_MB:
+        raise BadInput(f"--out {out} has only {free_mb:.0f} MB free and a run needs at least "
+                       f"{MIN_FREE_MB} MB; choose another folder.")
 
 
 def _cuda_available() -> bool:

@@ -16,14 +16,28 @@ Output, in ``--out``: ``rank<r>.json`` per rank (ops and memory over time),
 ``trace_rank<r>.json`` with ``--trace``, ``state.pt`` with ``--save-state`` (whole
 parameters and Adam moments, for tests), and last, written by rank 0 only once every
 rank's file is in place, ``run.json``.  Every file is written to a temporary name and
-renamed, and a run that fails never writes ``run.json``.
+renamed.  Rank 0 clears a previous run's outputs before the ranks connect, a run that
+fails never writes ``run.json``, and a rank that fails leaves ``failed.json`` saying why.
+
+Under torchrun every rank dies with its torchrun (a parent-death signal), so a stopped
+run stops: see :mod:`real_runs.launch`.
 """
 
+# ruff: noqa: E402 (a rank ties its life to torchrun's before the imports below)
 from __future__ import annotations
 
+import os
+
+if __name__ == "__main__" and "TORCHELASTIC_RUN_ID" in os.environ:
+    # Before importing torch, which takes seconds: a torchrun killed meanwhile would leave
+    # this rank orphaned and training, since nothing would yet tie its life to torchrun's.
+    from real_runs.processes import die_with_torchrun
+
+    die_with_torchrun()
+
+import contextlib
 import datetime
 import math
-import os
 import platform
 import signal
 import statistics
@@ -37,19 +51,18 @@ import torch.distributed as dist
 from zero_sim.vocabulary.files import write_json_atomic
 from zero_sim.vocabulary.model_states import formula
 
-from .launch import RunFailed, launch_argv
+from .launch import (
+    FAILED_FILE,
+    INTERRUPTED,
+    RunFailed,
+    clear_outputs,
+    launch_argv,
+    mark_failed,
+)
 from .model import PRESETS, build_model, count_params, global_batch, rank_shard
 from .options import BadInput, make_parser, validate
 from .record import Recorder, peak_cuda_bytes
 from .strategies import STRATEGIES, AdamW
-
-
-def _clear_outputs(out: Path) -> None:
-    """A stale run.json must vanish before anything else, so no old run looks complete."""
-    out.mkdir(parents=True, exist_ok=True)
-    for pattern in ("run.json", "rank*.json", "trace_rank*.json", "state.pt", ".*.tmp"):
-        for f in out.glob(pattern):
-            f.unlink(missing_ok=True)
 
 
 def _init_distributed(args) -> tuple[int, int, torch.device]:
@@ -70,6 +83,9 @@ def _init_distributed(args) -> tuple[int, int, torch.device]:
 
 def _inject_fault(args, rank: int, step: int) -> None:
     if args.fail_rank == rank and args.fail_at_step == step:
+        if args.fail_mode == "stall":
+            time.sleep(args.stall_s)
+            return
         if args.fail_mode == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
         if args.fail_mode == "abort":
@@ -84,10 +100,11 @@ def _versions() -> dict:
 
 
 def train(args) -> dict | None:
-    rank, world, device = _init_distributed(args)
     out = Path(args.out)
-    if rank == 0:
-        _clear_outputs(out)
+    # Before the ranks connect: a run that fails to start must not leave an old run looking complete.
+    if int(os.environ.get("RANK", 0)) == 0:
+        clear_outputs(out)
+    rank, world, device = _init_distributed(args)
     dist.barrier()
 
     cfg = PRESETS[args.model]
@@ -203,14 +220,26 @@ def _finish() -> None:
     dist.destroy_process_group()
 
 
+def _leave_failed(out: str, sentence: str, overwrite: bool = True) -> None:
+    """Write the failure down; a rank that only lost a peer does not hide the cause another rank wrote."""
+    if overwrite or not (Path(out) / FAILED_FILE).exists():
+        mark_failed(out, sentence)
+
+
 def main(argv: list[str] | None = None) -> int:
     world = int(os.environ.get("WORLD_SIZE", 1))
     rank = int(os.environ.get("RANK", 0))
+    args = None
     try:
         args = make_parser().parse_args(argv)
         validate(args, world if "RANK" in os.environ else args.nproc)
     except BadInput as e:
-        print(f"error: {e}", file=sys.stderr)
+        _say_line(f"error: {e}")
+        # Under torchrun this is a run that failed to start: its folder must say so.
+        if "RANK" in os.environ and rank == 0 and args is not None:
+            with contextlib.suppress(OSError):
+                clear_outputs(args.out)
+            mark_failed(args.out, f"Bad input: {e}")
         return 2
     if "RANK" not in os.environ and args.nproc > 1:
         try:
@@ -218,6 +247,9 @@ def main(argv: list[str] | None = None) -> int:
         except RunFailed as e:
             print(f"error: {e}", file=sys.stderr)
             return 1
+        except KeyboardInterrupt:
+            print(f"error: {INTERRUPTED}", file=sys.stderr)
+            return 128 + signal.SIGINT
         return 0
     try:
         train(args)
@@ -227,8 +259,12 @@ def main(argv: list[str] | None = None) -> int:
         # that only lost a peer says so, so the launcher can name the rank that failed first.
         if _lost_peer(e):
             _say_line(f"[rank {rank}] lost a peer: {type(e).__name__}")
+            _leave_failed(args.out, f"Rank {rank} lost a peer ({type(e).__name__}) and the run failed.",
+                          overwrite=False)
         else:
-            _say_line(f"[rank {rank}] error: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+            said = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            _say_line(f"[rank {rank}] error: {said}")
+            _leave_failed(args.out, f"The run failed: rank {rank} raised {said}.")
         # Leave at once: a clean interpreter exit would wait on, or tear down mid-call,
         # threads still parked in collectives that can never complete.
         os._exit(1)

@@ -1,4 +1,5 @@
-"""Shared by the real-runs tests: a single-process reference and a cached launcher."""
+"""Shared by the real-runs tests: a single-process reference, a cached launcher, and a
+watch over the processes a run starts."""
 
 from __future__ import annotations
 
@@ -8,7 +9,10 @@ import json
 import os
 import re
 import shutil
+import signal
 import tempfile
+import threading
+import time
 import warnings
 
 import torch
@@ -92,3 +96,77 @@ def max_rel_err(a: dict, b: dict) -> float:
     ref = torch.cat([b[n].flatten().double() for n in names])
     got = torch.cat([a[n].flatten().double() for n in names])
     return float((got - ref).norm() / ref.norm())
+
+
+# --- the processes a run starts -------------------------------------------------------------
+
+def process_table() -> dict[int, tuple[int, str, str]]:
+    """pid -> (parent pid, start time, state) of every process, from ``/proc``."""
+    table = {}
+    for name in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        table[int(name)] = (int(fields[1]), fields[19], fields[0])
+    return table
+
+
+class Descendants:
+    """Every process descended from ``root`` (this process by default) while the with-block
+    runs, sampled from ``/proc`` every 50 ms and remembered by pid and start time, so one
+    that outlives its parent (reparented to init) is still counted."""
+
+    def __init__(self, root: int | None = None):
+        self.root = os.getpid() if root is None else root
+        self.seen: dict[int, str] = {}
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def __enter__(self) -> Descendants:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._done.set()
+        self._thread.join()
+
+    def _watch(self) -> None:
+        while not self._done.is_set():
+            self.sample()
+            self._done.wait(0.05)
+
+    def sample(self) -> None:
+        table = process_table()
+        children: dict[int, list[int]] = {}
+        for pid, (ppid, _, _) in table.items():
+            children.setdefault(ppid, []).append(pid)
+        todo = list(children.get(self.root, ())) + [p for p, s in list(self.seen.items())
+                                                    if table.get(p, (0, None))[1] == s]
+        while todo:
+            pid = todo.pop()
+            if pid in table and pid != os.getpid():
+                self.seen.setdefault(pid, table[pid][1])
+                todo += [c for c in children.get(pid, ()) if c not in self.seen]
+
+    def alive(self) -> list[int]:
+        """Those seen that still run: the same pid and start time, and not a zombie."""
+        table = process_table()
+        running = {p for p, (_, _, state) in table.items() if state != "Z"}
+        return sorted(p for p, s in self.seen.items() if p in running and table[p][1] == s)
+
+    def gone_within(self, seconds: float) -> list[int]:
+        """Wait up to ``seconds`` for every process seen to end; returns those still running."""
+        deadline = time.monotonic() + seconds
+        while (left := self.alive()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return left
+
+    def kill_survivors(self) -> None:
+        """A test that failed must not leave its run training in the background."""
+        for pid in self.alive():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass

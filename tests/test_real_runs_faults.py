@@ -3,6 +3,7 @@ that looks complete."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -10,9 +11,10 @@ import time
 
 import pytest
 import torch
-from real_runs_helpers import RUN
+from real_runs_helpers import RUN, Descendants
 
-from real_runs.launch import RunFailed, launch, start, supervise
+from real_runs.launch import FAILED_FILE, RunFailed, launch, supervise
+from real_runs.processes import start
 
 
 def train_cli(*args: str) -> subprocess.CompletedProcess:
@@ -72,14 +74,22 @@ def test_a_failing_rank_ends_the_whole_run_with_a_clear_error(tmp_path, mode, sa
     assert says in str(failure.value)
     assert len(str(failure.value).splitlines()) == 1
     assert not (tmp_path / "run.json").exists()
+    assert json.loads((tmp_path / FAILED_FILE).read_text()) == {"reason": str(failure.value)}
 
 
 @pytest.mark.slow
 def test_a_run_that_outlives_its_timeout_is_stopped(tmp_path):
+    # Stopped means every process it started: torchrun starts each rank in a session of its own.
     started = time.monotonic()
-    with pytest.raises(RunFailed, match="did not finish within"):
-        launch("ddp", nproc=2, out=tmp_path, timeout_s=3, **{**RUN, "steps": 10_000})
-    assert time.monotonic() - started < 20
+    with Descendants() as family:
+        try:
+            with pytest.raises(RunFailed, match="did not finish within"):
+                launch("ddp", nproc=2, out=tmp_path, timeout_s=6, **{**RUN, "steps": 10_000})
+            assert time.monotonic() - started < 20
+            assert len(family.seen) >= 3, "torchrun and two ranks were running"
+            assert family.gone_within(2.0) == []
+        finally:
+            family.kill_survivors()
     assert not (tmp_path / "run.json").exists()
 
 

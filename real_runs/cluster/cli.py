@@ -10,11 +10,12 @@ and status 128 + the signal (130, 143, 129), the shells' convention; no tracebac
 from __future__ import annotations
 
 import argparse
+import contextlib
 import signal
 import sys
 
 from .. import options
-from ..launch import RunFailed
+from ..launch import RunFailed, out_of, run_outputs
 from .emulated import EmulatedCluster, stamp_run_json
 from .namespaces import ClusterUnavailable, unavailable_reason
 from .shapes import SHAPES, ClusterShape
@@ -71,17 +72,19 @@ def _main(argv: list[str] | None) -> int:
     except (options.BadInput, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    # A training run's folder is cleared first and marked failed if anything below fails.
+    outputs = run_outputs(out_of(rest)) if args.module == "real_runs.train" else contextlib.nullcontext()
     try:
-        with cluster:
-            print(f"cluster: {cluster.describe()}", flush=True)
-            cluster.run_module(args.module, rest, on_line=print, timeout_s=args.timeout_s)
+        with outputs:
+            with cluster:
+                print(f"cluster: {cluster.describe()}", flush=True)
+                cluster.run_module(args.module, rest, on_line=print, timeout_s=args.timeout_s)
+            if args.module == "real_runs.train":
+                stamp_run_json(out_of(rest), cluster)
     except ClusterUnavailable as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except RunFailed as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    if args.module == "real_runs.train":
-        out = rest[rest.index("--out") + 1] if "--out" in rest else "out/real_run"
-        stamp_run_json(out, cluster)
     return 0

@@ -21,7 +21,8 @@ from pathlib import Path
 from zero_sim.vocabulary.files import write_json_atomic
 
 from .. import options
-from ..launch import kill_group, rank_env, start, supervise, without_nproc
+from ..launch import rank_env, run_outputs, supervise, without_nproc
+from ..processes import kill_group, start
 from .namespaces import ClusterUnavailable, Node, build, cleanup_stale, delete_namespace, unavailable_reason
 from .shapes import ClusterShape, check_shape, node_count
 from .signals import signals_held, track_live, untrack_live
@@ -147,6 +148,7 @@ def launch_in_cluster(strategy: str, nproc: int, out: str | os.PathLike, shape: 
     Bad input raises ValueError before anything is built."""
     cluster = EmulatedCluster(nproc, shape, on_line=on_line)
     argv = options.train_argv(strategy, nproc, out, flags)
-    with cluster:
-        cluster.run_module("real_runs.train", argv, on_line=on_line, timeout_s=timeout_s)
-    return stamp_run_json(out, cluster)
+    with run_outputs(out):  # cleared before, marked failed if the run or the cluster fails
+        with cluster:
+            cluster.run_module("real_runs.train", argv, on_line=on_line, timeout_s=timeout_s)
+        return stamp_run_json(out, cluster)

@@ -20,6 +20,15 @@ measured::
 - :mod:`.cli`: the command line (``__main__`` runs it).
 """
 
+import os
+
+if "TORCHELASTIC_RUN_ID" in os.environ:
+    # A rank under torchrun dies with it, asked before torch is imported (seconds): a torchrun
+    # killed meanwhile would leave the rank orphaned (real_runs.processes).
+    from real_runs.processes import die_with_torchrun
+
+    die_with_torchrun()
+
 from .calls import launcher
 from .cli import DESCRIPTION, main, make_parser, run, validate
 from .collectives import (
