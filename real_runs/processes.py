@@ -100,7 +100,7 @@ def start(cmd: list[str], env: dict[str, str]) -> subprocess.Popen:
     return proc
 
 
-def _process_table() -> dict[int, tuple[int, str, str]]:
+def process_table() -> dict[int, tuple[int, str, str]]:
     """pid -> (parent pid, start time, state) of every process in ``/proc``; empty without it."""
     table = {}
     try:
@@ -138,7 +138,7 @@ class Family:
 
     def refresh(self) -> set[int]:
         """Look for new members; return those alive (neither gone nor a zombie)."""
-        table = _process_table()
+        table = process_table()
         children: dict[int, list[int]] = {}
         for pid, (ppid, _, _) in table.items():
             children.setdefault(ppid, []).append(pid)
@@ -177,7 +177,7 @@ class Family:
         started_here = {p.pid for p in self.procs}
         deadline = time.monotonic() + wait_s
         while True:
-            me, table = os.getpid(), _process_table()
+            me, table = os.getpid(), process_table()
             # Only a zombie child that is still this member: waiting on a reused pid could
             # take the exit status of a process someone else started.
             ready = [pid for pid, started in self.known.items()

@@ -19,6 +19,7 @@ import torch
 
 from real_runs.launch import RunFailed, launch
 from real_runs.model import PRESETS, build_model, global_batch
+from real_runs.processes import process_table
 from real_runs.strategies import AdamW
 
 # Small enough that four ranks on two cores finish a run in a few seconds.
@@ -99,19 +100,6 @@ def max_rel_err(a: dict, b: dict) -> float:
 
 
 # --- the processes a run starts -------------------------------------------------------------
-
-def process_table() -> dict[int, tuple[int, str, str]]:
-    """pid -> (parent pid, start time, state) of every process, from ``/proc``."""
-    table = {}
-    for name in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{name}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        table[int(name)] = (int(fields[1]), fields[19], fields[0])
-    return table
-
 
 class Descendants:
     """Every process descended from ``root`` (this process by default) while the with-block
