@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import signal
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,12 @@ NEEDS = {
 }
 collect_ignore_glob = [glob for module, globs in NEEDS.items() if not importlib.util.find_spec(module)
                        for glob in globs]
+
+
+# Tests send SIGHUP to the processes they start and expect its default action (to end them);
+# a suite started under nohup would hand its "ignore SIGHUP" down to every child instead.
+if hasattr(signal, "SIGHUP"):
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
 
 @pytest.fixture

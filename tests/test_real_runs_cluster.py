@@ -352,7 +352,12 @@ class CommandLine:
 
     def end(self, sig: int) -> tuple[int, str]:
         self.proc.send_signal(sig)
-        status = self.proc.wait(timeout=30)  # stderr holds a line or two: the pipe cannot fill
+        try:
+            status = self.proc.wait(timeout=30)  # stderr holds a line or two: the pipe cannot fill
+        except subprocess.TimeoutExpired:
+            self.proc.kill()  # a failed test must not leave a 100,000-step run to the next ones
+            self.proc.wait()
+            raise
         return status, self.proc.stderr.read()
 
 
