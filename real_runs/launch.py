@@ -55,7 +55,8 @@ class RunFailed(RuntimeError):
 FAILED_FILE = "failed.json"
 INTERRUPTED = "The run was stopped by SIGINT before it finished."
 # Everything a run writes into --out; a previous run's copies go before a new run starts.
-RUN_OUTPUTS = ("run.json", "rank*.json", "trace_rank*.json", "state.pt", FAILED_FILE, ".*.tmp")
+RUN_OUTPUTS = ("run.json", "rank*.json", "trace_rank*.json", "traces/rank*.pt.trace.json", "traces/.*.tmp",
+               "state.pt", FAILED_FILE, ".*.tmp")
 
 
 def out_of(argv: Sequence[str]) -> Path:

@@ -57,7 +57,10 @@ def make_parser() -> argparse.ArgumentParser:
                    help="gradient bucket cap (ddp, zero1, zero2); at the default the first bucket is 1 MiB")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--out", default="out/real_run")
-    p.add_argument("--trace", action="store_true", help="also write a torch.profiler Chrome trace per rank")
+    p.add_argument("--trace", action="store_true",
+                   help="also write a torch.profiler trace per rank to <out>/traces/rank<r>.pt.trace.json")
+    p.add_argument("--profile-memory", action="store_true",
+                   help="with --trace: add allocations and tensor shapes to the traces (slower, larger)")
     p.add_argument("--save-state", action="store_true",
                    help="write whole params and Adam moments to state.pt")
     p.add_argument("--timeout-s", type=float, default=90.0, help="give up on a collective after this long")
@@ -86,6 +89,8 @@ def validate(args: argparse.Namespace, world: int) -> None:
         raise BadInput("--nproc must be at least 1.")
     if args.stall_s < 0:
         raise BadInput("--stall-s must be zero or more.")
+    if args.profile_memory and not args.trace:
+        raise BadInput("--profile-memory adds memory events to the --trace profiler traces; add --trace too.")
     check_out(args.out)
 
 

@@ -17,10 +17,20 @@ Memory is tracked per category (:data:`zero_sim.vocabulary.MEMORY_CATEGORIES`): 
 strategy reports the exact bytes of the tensors it allocates and frees, activations
 are the bytes autograd saves for backward, and every change is a sample
 ``{step, t_s, category, bytes}`` holding the category's new total.
+
+With ``labels=True`` (``train.py --trace``) every recorded span is also a
+``torch.profiler.record_function`` span of the same name, so a profiler trace speaks the
+shared vocabulary: ``fwd L3``, ``bwd L3``, ``opt B0`` and ``wait all_reduce B2`` around
+the work itself, and ``all_reduce B2`` around a collective's launch on the host (the
+collective runs on after the launch: gloo's worker-thread span, or NCCL's kernel, times it).
+Each label opens just before its record starts and closes just after it ends, so a label's
+own cost falls outside its record (a launch labelled inside ``bwd L3`` adds its few
+microseconds to that span, as the launch itself does).
 """
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import time
@@ -40,10 +50,12 @@ from zero_sim.vocabulary import (
 
 
 class Recorder:
-    def __init__(self, rank: int, device: torch.device, enabled: bool = True):
+    def __init__(self, rank: int, device: torch.device, enabled: bool = True, labels: bool = False):
         self.rank = rank
         self.cuda = device.type == "cuda"
         self.enabled = enabled
+        self.labels = labels
+        self._labels: dict[str, torch.profiler.record_function] = {}
         self.step = -1
         self.phase = FORWARD
         self.ops: list[dict] = []
@@ -90,8 +102,8 @@ class Recorder:
                 op["end_s"] = self._step_event.elapsed_time(end) / 1e3
             self._cuda_ops.clear()
         self._open.clear()
-
-    # --- ops ------------------------------------------------------------------
+        for name in reversed(list(self._labels)):  # a span left open ends with its step
+            self._end_label(name)
 
     def _new_op(self, stream: str, name: str, layer: int | None, nbytes: int) -> dict:
         op = {"rank": self.rank, "stream": stream, "name": name, "start_s": self.now(), "end_s": None,
@@ -100,7 +112,27 @@ class Recorder:
             self.ops.append(op)
         return op
 
+    # --- profiler labels ------------------------------------------------------
+
+    def label(self, name: str):
+        """A ``record_function`` span named ``name`` when labelling, else nothing."""
+        return torch.profiler.record_function(name) if self.labels else contextlib.nullcontext()
+
+    def _begin_label(self, name: str) -> None:
+        if self.labels:
+            self._end_label(name)  # reopening a name ends its previous span, as ``_open`` forgets it
+            self._labels[name] = fn = torch.profiler.record_function(name)
+            fn.__enter__()
+
+    def _end_label(self, name: str) -> None:
+        fn = self._labels.pop(name, None)
+        if fn is not None:
+            fn.__exit__(None, None, None)
+
+    # --- ops ------------------------------------------------------------------
+
     def open(self, name: str, layer: int | None = None, nbytes: int = 0, stream: str = COMPUTE) -> None:
+        self._begin_label(name)
         op = self._new_op(stream, name, layer, nbytes)
         if self.cuda and stream != HOST:
             op["_start"] = self._event()
@@ -114,6 +146,7 @@ class Recorder:
             self._cuda_ops.append((op, op.pop("_start"), self._event()))
         else:
             op["end_s"] = self.now()
+        self._end_label(name)
 
     def is_open(self, name: str) -> bool:
         return name in self._open
@@ -207,9 +240,10 @@ class Pending:
 
     def wait(self) -> None:
         rec = self.rec
-        host = rec._new_op(HOST, wait(self.op["name"]), self.op["layer"], self.op["bytes"])
-        self.work.wait()
-        host["end_s"] = rec.now()
+        with rec.label(wait(self.op["name"])):
+            host = rec._new_op(HOST, wait(self.op["name"]), self.op["layer"], self.op["bytes"])
+            self.work.wait()
+            host["end_s"] = rec.now()
         if rec.cuda:
             for i, (op, start, end) in enumerate(rec._cuda_ops):
                 if op is self.op and end is None:

@@ -13,9 +13,11 @@ ranks trains the same model on the same data.  The backend follows the device: n
 CUDA, gloo on CPU, where each rank uses one thread.
 
 Output, in ``--out``: ``rank<r>.json`` per rank (ops and memory over time),
-``trace_rank<r>.json`` with ``--trace``, ``state.pt`` with ``--save-state`` (whole
-parameters and Adam moments, for tests), and last, written by rank 0 only once every
-rank's file is in place, ``run.json``.  Every file is written to a temporary name and
+``traces/rank<r>.pt.trace.json`` with ``--trace`` (a torch.profiler trace per rank, in a
+folder of their own so that HTA and TensorBoard find nothing else there; see
+:func:`profiler_schedule`), ``state.pt`` with ``--save-state`` (whole parameters and Adam
+moments, for tests), and last, written by rank 0 only once every rank's file is in place,
+``run.json``.  Every file is written to a temporary name and
 renamed.  Rank 0 clears a previous run's outputs before the ranks connect, a run that
 fails never writes ``run.json``, and a rank that fails leaves ``failed.json`` saying why.
 
@@ -93,6 +95,53 @@ def _inject_fault(args, rank: int, step: int) -> None:
         raise RuntimeError(f"injected fault at step {step}")
 
 
+TRACES = "traces"  # the folder under --out that holds the profiler traces, and nothing else
+
+
+def profiler_schedule(steps: int) -> dict[str, int]:
+    """``torch.profiler.schedule``'s wait, warmup and active steps for a run of ``steps``.
+
+    Rule: step 0 warms the profiler up and every later step is recorded, because the overlay
+    compares steps 1 and later only (step 0 pays one-off costs; see
+    :func:`sim2real.overlay.measured_step`); a one-step run records its only step."""
+    warmup = 1 if steps > 1 else 0
+    return {"wait": 0, "warmup": warmup, "active": steps - warmup}
+
+
+def _start_profiler(args, out: Path, rank: int, device: torch.device):
+    """A started torch.profiler whose trace lands in ``traces/rank<r>.pt.trace.json`` at the last step."""
+    traces = out / TRACES
+    traces.mkdir(exist_ok=True)
+
+    def save(prof) -> None:  # written to a temporary name and renamed, as every output is
+        tmp = traces / f".rank{rank}.pt.trace.json.{os.getpid()}.tmp"
+        prof.export_chrome_trace(str(tmp))
+        os.replace(tmp, traces / f"rank{rank}.pt.trace.json")
+
+    acts = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        acts.append(torch.profiler.ProfilerActivity.CUDA)
+    # Created after init_process_group, so torch writes distributedInfo (rank, world size) into the trace.
+    profiler = torch.profiler.profile(
+        activities=acts, schedule=torch.profiler.schedule(**profiler_schedule(args.steps), repeat=1),
+        on_trace_ready=save, profile_memory=args.profile_memory, record_shapes=args.profile_memory)
+    profiler.start()
+    return profiler
+
+
+def _outputs(out: Path) -> list[str]:
+    """What the run left in ``out``, the traces folder by its files (``traces/rank0.pt.trace.json``)."""
+    names = []
+    for f in out.iterdir():
+        if f.name.startswith("."):
+            continue
+        if f.is_dir() and f.name == TRACES:
+            names += [f"{TRACES}/{t.name}" for t in f.iterdir() if not t.name.startswith(".")]
+        else:
+            names.append(f.name)
+    return sorted(names)
+
+
 def _versions() -> dict:
     return {"torch": torch.__version__, "python": platform.python_version(),
             "cuda": torch.version.cuda, "nccl": ".".join(map(str, torch.cuda.nccl.version()))
@@ -104,23 +153,19 @@ def train(args) -> dict | None:
     # Before the ranks connect: a run that fails to start must not leave an old run looking complete.
     if int(os.environ.get("RANK", 0)) == 0:
         clear_outputs(out)
+        with contextlib.suppress(OSError):  # the emptied traces folder of a previous run goes too
+            (out / TRACES).rmdir()
     rank, world, device = _init_distributed(args)
     dist.barrier()
 
     cfg = PRESETS[args.model]
     model = build_model(cfg, args.seed, device)
     n_params = count_params(model)
-    rec = Recorder(rank, device)
+    rec = Recorder(rank, device, labels=args.trace)
     strategy = STRATEGIES[args.strategy](model, rec, AdamW(lr=args.lr), args.bucket_mb)
     strategy.record_model_states()
 
-    profiler = None
-    if args.trace:
-        acts = [torch.profiler.ProfilerActivity.CPU]
-        if device.type == "cuda":
-            acts.append(torch.profiler.ProfilerActivity.CUDA)
-        profiler = torch.profiler.profile(activities=acts)
-        profiler.__enter__()
+    profiler = _start_profiler(args, out, rank, device) if args.trace else None
 
     losses, step_times = [], []
     for step in range(args.steps):
@@ -138,12 +183,11 @@ def train(args) -> dict | None:
         if rank == 0:
             print(f"step {step + 1}/{args.steps} loss {losses[-1]:.4f} time {step_times[-1]:.3f}s",
                   flush=True)
+        if profiler is not None:
+            profiler.step()  # ends ProfilerStep#<step>; after the last step the trace is written
 
     if profiler is not None:
-        profiler.__exit__(None, None, None)
-        tmp = out / f".trace_rank{rank}.json.{os.getpid()}.tmp"
-        profiler.export_chrome_trace(str(tmp))
-        os.replace(tmp, out / f"trace_rank{rank}.json")
+        profiler.stop()
 
     # Everything below is collective: gather the whole model back and agree on figures.
     full = strategy.full_params()
@@ -192,7 +236,7 @@ def train(args) -> dict | None:
         "step_times_s": times.tolist(), "median_step_s": statistics.median(times.tolist()),
         "losses": mean_loss.tolist(), "final_loss": float(mean_loss[-1]), "param_l2": param_l2,
         "memory": {str(r): m for r, m in enumerate(per_rank)}, "model_states_formula": model_states,
-        "versions": _versions(), "files": sorted(f.name for f in out.iterdir() if not f.name.startswith(".")),
+        "versions": _versions(), "files": _outputs(out),
     }
     write_json_atomic(out / "run.json", run)
     return run

@@ -318,7 +318,7 @@ def test_a_real_fsdp_torch_trace_supplies_the_collectives_its_record_lacks(runs)
     comm = run.ops[run.ops["stream"] == "comm"]
     assert len(comm) and set(comm["source"]) == {"trace"}
     assert set(comm["kind"]) == {"all_gather", "reduce_scatter"}
-    assert any("read from trace_rank0.json" in n for n in run.notes)
+    assert any("read from traces/rank0.pt.trace.json" in n for n in run.notes)
     step = measured_step(run)
     ops = step.ops
     n_layers = run.run["model_config"]["n_layer"] + 2

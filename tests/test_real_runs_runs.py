@@ -148,6 +148,6 @@ def test_progress_streams_to_the_caller_and_a_profiler_trace_is_written_on_reque
     lines = []
     run = launch("ddp", nproc=1, out=tmp_path, trace=True, on_line=lines.append, **RUN)
     assert any(line.startswith(f"step {RUN['steps']}/{RUN['steps']} loss") for line in lines)
-    assert "trace_rank0.json" in run["files"]
-    with open(tmp_path / "trace_rank0.json") as f:
+    assert "traces/rank0.pt.trace.json" in run["files"]
+    with open(tmp_path / "traces" / "rank0.pt.trace.json") as f:
         assert json.load(f)["traceEvents"]

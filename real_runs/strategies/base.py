@@ -302,20 +302,23 @@ class Strategy:
         self.before_backward(last)
         self.rec.open(bwd(last), last)
 
-    # --- collectives, recorded ---------------------------------------------------
+    # --- collectives, recorded (and labelled by name in a profiler trace) ---------
 
     def all_reduce(self, buf: torch.Tensor, name: str, layer: int | None = None) -> Pending:
-        work = dist.all_reduce(buf, op=dist.ReduceOp.AVG, async_op=True)
+        with self.rec.label(name):
+            work = dist.all_reduce(buf, op=dist.ReduceOp.AVG, async_op=True)
         return self.rec.comm(work, name, buf.nbytes, layer)
 
     def reduce_scatter(self, out: torch.Tensor, inp: torch.Tensor, name: str,
                        layer: int | None = None) -> Pending:
-        work = reduce_scatter_flat(out, inp, op=dist.ReduceOp.AVG, async_op=True)
+        with self.rec.label(name):
+            work = reduce_scatter_flat(out, inp, op=dist.ReduceOp.AVG, async_op=True)
         return self.rec.comm(work, name, inp.nbytes, layer)
 
     def all_gather(self, out: torch.Tensor, inp: torch.Tensor, name: str,
                    layer: int | None = None) -> Pending:
-        work = all_gather_flat(out, inp, async_op=True)
+        with self.rec.label(name):
+            work = all_gather_flat(out, inp, async_op=True)
         return self.rec.comm(work, name, out.nbytes, layer)
 
 

@@ -42,8 +42,9 @@ occurrence; the ``matched_by`` column says which rule paired a row.
 Runs that recorded no collectives: profiler traces
 --------------------------------------------------
 ``fsdp-torch`` runs FSDP2's collectives inside torch, so its rank files hold compute
-ops only.  When such a rank has a ``trace_rank<r>.json`` (``train.py --trace``), the
-collectives are read from the torch.profiler Chrome trace:
+ops only.  When such a rank has a profiler trace (``train.py --trace`` writes
+``traces/rank<r>.pt.trace.json``; older runs ``trace_rank<r>.json``), the collectives are
+read from it:
 
 * gloo runs each collective on a worker thread as a ``gloo:all_gather`` /
   ``gloo:all_reduce`` span (gloo's reduce-scatter *is* an all-reduce, so the kind comes
@@ -55,8 +56,10 @@ collectives are read from the torch.profiler Chrome trace:
   (``FSDP::all_gather (layers.3)`` -> ``all_gather L3``); the root unit (embeddings and
   head, no suffix) is named after layer 0, as the simulator names its root unit; with no
   annotation the op has no layer (``all_gather``);
-* the trace's clock is tied to the rank file's by one anchor per step: the optimizer's
-  ``Optimizer.step#...`` span and the recorded ``opt all`` span time the same call.  If
+* the trace's clock is tied to the rank file's by one anchor per profiled step
+  (``ProfilerStep#n``): the recorder's own ``opt ...`` label in that step (torch's
+  ``Optimizer.step#...`` span in traces without labels) and the recorded ``opt`` span time
+  the same call.  If
   their durations disagree by more than 2 ms + 10 %, or any pairing fails, loading stops
   with an :class:`OverlayError` instead of guessing.
 

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from real_runs.launch import FAILED_FILE
 from sim2real.overlay.base import OverlayError, op_kind
-from sim2real.overlay.traces import collectives_from_trace
+from sim2real.overlay.traces import collectives_from_trace, trace_file
 from zero_sim.vocabulary import (
     COMM,
     MEMORY_CATEGORIES,
@@ -155,12 +155,13 @@ def load_run(path) -> MeasuredRun:
         record = _rank_record(path, rank, world)
         rank_ops = [dict(op, source="record") for op in record["ops"] if op.get("end_s") is not None]
         step_times[rank] = list(record["step_times_s"])
-        trace = path / f"trace_rank{rank}.json"
+        trace = trace_file(path, rank)
         has_comm = any(str(op.get("stream", "")).startswith(COMM) for op in rank_ops)
-        if not has_comm and trace.is_file():
+        if not has_comm and trace is not None:
             traced = _traced(trace, rank, rank_ops, step_times[rank])
             rank_ops += traced
-            notes.append(f"rank {rank}'s {len(traced)} collectives were read from {trace.name}")
+            notes.append(f"rank {rank}'s {len(traced)} collectives were read from "
+                         f"{trace.relative_to(path).as_posix()}")
         ops += rank_ops
         memory += [dict(m, rank=rank) for m in record["memory_timeline"]]
     _refuse_uneven_steps(run_file, header, step_times)

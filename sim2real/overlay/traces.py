@@ -3,6 +3,11 @@ compute ops only (torch's own FSDP2 runs its collectives inside torch).
 
 The rules (gloo worker spans paired with their launches, FSDP annotations for layers, one
 clock anchor per step) are set out in :mod:`sim2real.overlay`'s docstring.
+
+Where a rank's trace is (:func:`trace_file`): ``traces/rank<r>.pt.trace.json`` in the run
+directory, or ``trace_rank<r>.json`` beside ``run.json`` in runs written before the traces
+had a folder of their own.  A trace with ``ProfilerStep#<n>`` spans (``train.py --trace``
+records on a schedule) holds those steps only, and only they are anchored and read.
 """
 
 from __future__ import annotations
@@ -38,6 +43,20 @@ _GLOO_SPANS = {
     "gloo:reduce_scatter": {REDUCE_SCATTER}, "gloo:broadcast": {BROADCAST},
 }
 _FSDP_ANNOTATION = re.compile(r"^FSDP::(all_gather|post_backward_reduce)(?: \(layers\.(\d+)\))?$")
+# train.py calls profiler.step() once at the end of every training step from step 0 on,
+# so ProfilerStep#<n> spans training step n.
+_PROFILER_STEP = re.compile(r"^ProfilerStep#(\d+)$")
+# Where train.py --trace has put a rank's trace, newest layout first.
+TRACE_NAMES = ("traces/rank{rank}.pt.trace.json", "trace_rank{rank}.json")
+
+
+def trace_file(run_dir, rank: int) -> Path | None:
+    """Rank ``rank``'s profiler trace in a run directory, at its place now or in older runs; None if none."""
+    for pattern in TRACE_NAMES:
+        path = Path(run_dir) / pattern.format(rank=rank)
+        if path.is_file():
+            return path
+    return None
 
 
 def collectives_from_trace(trace_path, rank: int, rank_ops: list[dict],
@@ -62,29 +81,7 @@ def collectives_from_trace(trace_path, rank: int, rank_ops: list[dict],
                            f"but gloo ran {len(workers)}, "
                            f"so they cannot be paired reliably and are not guessed.")
     annotations = [e for e in spans if _FSDP_ANNOTATION.match(e.get("name", ""))]
-
-    # One clock anchor per step: the optimizer's span in the trace and ``opt ...`` in the record.
-    anchors = sorted((e for e in spans if str(e.get("name", "")).startswith("Optimizer.step#")),
-                     key=lambda e: e["ts"])
-    recorded = {}
-    for op in rank_ops:
-        if op["stream"] == COMPUTE and op_kind(op["name"]) == "opt":
-            recorded.setdefault(op["step"], op)
-    steps = sorted(recorded)
-    if len(anchors) != len(steps) or not steps:
-        raise OverlayError(f"{trace_path.name} has {len(anchors)} optimizer steps "
-                           f"but rank{rank}.json recorded "
-                           f"{len(steps)}, so the trace's clock cannot be tied to the record's.")
-    offsets = {}
-    for step, anchor in zip(steps, anchors, strict=True):
-        op = recorded[step]
-        rec_dur, trace_dur = op["end_s"] - op["start_s"], anchor["dur"] / 1e6
-        if abs(rec_dur - trace_dur) > 2e-3 + 0.1 * rec_dur:
-            raise OverlayError(f"{trace_path.name}'s optimizer step {step} lasted "
-                               f"{trace_dur * 1e3:.1f} ms but the "
-                               f"record says {rec_dur * 1e3:.1f} ms, "
-                               f"so the two clocks cannot be tied together.")
-        offsets[step] = anchor["ts"] / 1e6 - op["start_s"]  # trace seconds at the step's t = 0
+    offsets = _clock_offsets(trace_path, spans, rank, rank_ops)
 
     ops = []
     for launch, work in zip(launches, workers, strict=True):
@@ -103,6 +100,69 @@ def collectives_from_trace(trace_path, rank: int, rank_ops: list[dict],
                     "end_s": start + work["dur"] / 1e6 - t0, "bytes": None, "layer": layer,
                     "phase": None, "step": step, "source": "trace"})
     return ops
+
+
+def _clock_offsets(trace_path: Path, spans: list[dict], rank: int, rank_ops: list[dict]) -> dict[int, float]:
+    """Trace seconds at t = 0 of every step the trace holds, one anchor per step: the first
+    ``opt ...`` op the record holds for the step and the same call's span in the trace."""
+    recorded = {}
+    for op in rank_ops:
+        if op["stream"] == COMPUTE and op_kind(op["name"]) == "opt":
+            recorded.setdefault(op["step"], op)
+    windows = {int(m[1]): e for e in spans if (m := _PROFILER_STEP.match(str(e.get("name", ""))))}
+    if windows:
+        pairs = _anchors_by_step(trace_path, spans, rank, recorded, windows)
+    else:
+        pairs = _anchors_in_order(trace_path, spans, rank, recorded)
+    offsets = {}
+    for step, anchor in pairs:
+        op = recorded[step]
+        rec_dur, trace_dur = op["end_s"] - op["start_s"], anchor["dur"] / 1e6
+        if abs(rec_dur - trace_dur) > 2e-3 + 0.1 * rec_dur:
+            raise OverlayError(f"{trace_path.name}'s optimizer step {step} lasted "
+                               f"{trace_dur * 1e3:.1f} ms but the "
+                               f"record says {rec_dur * 1e3:.1f} ms, "
+                               f"so the two clocks cannot be tied together.")
+        offsets[step] = anchor["ts"] / 1e6 - op["start_s"]  # trace seconds at the step's t = 0
+    return offsets
+
+
+def _anchors_by_step(trace_path: Path, spans: list[dict], rank: int, recorded: dict[int, dict],
+                     windows: dict[int, dict]) -> list[tuple[int, dict]]:
+    """A scheduled trace: each ``ProfilerStep#n`` holds step n's anchor, the recorder's own
+    ``opt ...`` label (or, in traces without labels, torch's ``Optimizer.step#`` span)."""
+    unrecorded = sorted(set(windows) - set(recorded))
+    if unrecorded:
+        raise OverlayError(f"{trace_path.name} profiled step {unrecorded[0]} but rank{rank}.json recorded "
+                           f"no optimizer step there, so the trace's clock cannot be tied to the record's.")
+    labels = {op["name"] for op in recorded.values()}
+    candidates = sorted((e for e in spans if e.get("name") in labels
+                         or str(e.get("name", "")).startswith("Optimizer.step#")), key=lambda e: e["ts"])
+    pairs = []
+    for step in sorted(windows):
+        w = windows[step]
+        inside = [e for e in candidates if w["ts"] <= e["ts"] <= w["ts"] + w["dur"]]
+        label = recorded[step]["name"]
+        anchor = next((e for e in inside if e.get("name") == label), None) or next(
+            (e for e in inside if str(e.get("name", "")).startswith("Optimizer.step#")), None)
+        if anchor is None:
+            raise OverlayError(f"{trace_path.name}'s ProfilerStep#{step} holds no {label!r} or "
+                               f"Optimizer.step span, so the trace's clock cannot be tied to the record's.")
+        pairs.append((step, anchor))
+    return pairs
+
+
+def _anchors_in_order(trace_path: Path, spans: list[dict], rank: int,
+                      recorded: dict[int, dict]) -> list[tuple[int, dict]]:
+    """An unscheduled trace (older runs) holds every step: the k-th ``Optimizer.step#`` span is step k's."""
+    anchors = sorted((e for e in spans if str(e.get("name", "")).startswith("Optimizer.step#")),
+                     key=lambda e: e["ts"])
+    steps = sorted(recorded)
+    if len(anchors) != len(steps) or not steps:
+        raise OverlayError(f"{trace_path.name} has {len(anchors)} optimizer steps "
+                           f"but rank{rank}.json recorded "
+                           f"{len(steps)}, so the trace's clock cannot be tied to the record's.")
+    return list(zip(steps, anchors, strict=True))
 
 
 def _step_of(t: float, offsets: dict[int, float], step_times: list[float]) -> int | None:
