@@ -11,8 +11,12 @@ import contextlib
 import json
 import os
 import platform
+import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+
+from tqdm import tqdm
 
 from real_runs.cluster import ClusterShape, EmulatedCluster
 from real_runs.launch import run_module
@@ -92,6 +96,15 @@ class Loopback:
         return None
 
 
+def lines_above(bar, say: Callable[[str], None]) -> Callable[[str], None]:
+    """``say`` with each line written above ``bar`` (a tqdm bar), which is redrawn below it."""
+    def say_above(line: str) -> None:
+        with bar.external_write_mode(file=sys.stderr):
+            say(line)
+
+    return say_above
+
+
 def measure(nproc: int, model: str = "small", micro_batch: int = 4, seq_len: int | None = None,
             shape: str | None = None, bandwidth_gbps: float | None = None, max_bytes: str = "32M",
             workdir: Path | None = None, on_line=None) -> Calibration:
@@ -102,7 +115,12 @@ def measure(nproc: int, model: str = "small", micro_batch: int = 4, seq_len: int
         if workdir is None:
             workdir = cleanup.enter_context(tempfile.TemporaryDirectory(prefix="zero-sim-calibrate-"))
         workdir = Path(workdir)
+        # Compute, then the network: a bar over the two on a terminal, the ranks' lines above it.
+        bar = cleanup.enter_context(tqdm(total=2, desc="calibrating", unit="phase", file=sys.stderr,
+                                         disable=None))
+        on_line = lines_above(bar, on_line) if on_line is not None else None
         compute = measure_compute(nproc, model, micro_batch, seq_len, workdir, on_line=on_line)
+        bar.update(1)
         if shape is not None:
             runner = EmulatedCluster(nproc, ClusterShape(shape, float(bandwidth_gbps)))
         else:
@@ -111,5 +129,6 @@ def measure(nproc: int, model: str = "small", micro_batch: int = 4, seq_len: int
             where = r.describe()
             fits, cpu, _ = (measure_network(r, nproc, workdir, max_bytes, on_line=on_line) if nproc > 1
                             else ({}, None, {}))
+        bar.update(1)
     return Calibration(fits, compute, "gloo", machine_facts(ranks=nproc, network=where, model=model,
                                                           micro_batch=micro_batch), cpu=cpu)

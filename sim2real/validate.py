@@ -51,7 +51,7 @@ from tqdm import tqdm
 from real_runs import cluster as emu
 from real_runs.options import train_argv
 from real_runs.presets import PRESETS
-from sim2real.measure import Loopback, machine_facts, measure_compute, measure_network
+from sim2real.measure import Loopback, lines_above, machine_facts, measure_compute, measure_network
 from sim2real.overlay import compare, load_run, steady_timing
 from sim2real.replay import REAL_TO_SIM, predict_run
 from zero_sim.calibration import Calibration
@@ -179,14 +179,6 @@ def run_files(workdir: str | os.PathLike | None, keep: bool, say: Callable[[str]
                 shutil.rmtree(path, ignore_errors=True)
 
 
-def _above(bar, say: Callable[[str], None]) -> Callable[[str], None]:
-    def say_above(line: str) -> None:
-        with bar.external_write_mode(file=sys.stderr):
-            say(line)
-
-    return say_above
-
-
 def _run_grid(cases: list[Case], opts: Options, workdir: Path, report_dir: str | os.PathLike | None,
               say: Callable[[str], None]) -> dict:
     reason = emu.unavailable_reason()
@@ -200,7 +192,7 @@ def _run_grid(cases: list[Case], opts: Options, workdir: Path, report_dir: str |
     # A bar over the cases on a terminal (none in logs: disable=None means "only on a TTY"); each
     # line said meanwhile is written above it.
     bar = tqdm(total=len(cases), desc="validation cases", unit="case", file=sys.stderr, disable=None)
-    say = _above(bar, say)
+    say = lines_above(bar, say)
     results, calibrations = [], {}
     micro_of = {n: opts.global_batch // n for n in {c.gpus for c in cases}}
     seq_len = PRESETS[opts.model].max_seq

@@ -73,6 +73,13 @@ def test_a_sweep_with_one_size_cannot_be_fitted():
         fit_sweep(sweep_rows("all_reduce", 2, 1e-4, 1e9, [1 << 20]), 2)
 
 
+def test_a_sweep_of_latency_bound_sizes_only_asks_for_larger_ones():
+    # Up to 64 KB every call costs its latency: times that do not grow with size hold no bandwidth.
+    rows = sweep_rows("all_reduce", 2, 1e-3, 1e15, [1024 << i for i in range(7)])
+    with pytest.raises(CalibrationError, match=r"reaches only 65,536 bytes.*at least 1M \(--max-bytes\)"):
+        fit_sweep(rows, 2)
+
+
 def calibration(n=2, latency_s=1e-3, busbw=50e6):
     fits = {k: CollectiveFit(k, n, latency_s, busbw, 0.0)
             for k in ("all_reduce", "reduce_scatter", "all_gather")}

@@ -80,6 +80,10 @@ def fit_sweep(rows: list[dict], world_size: int, min_bytes: int = 0) -> dict[str
         try:
             fits[kind] = _from_lbfit(kind, world_size, fit_nccl_tests(table), table)
         except CollectiveError as exc:  # a sweep that no line fits: say which collective, in one sentence
+            largest = max(r["size_bytes"] for r in mine)
+            if largest < BANDWIDTH_MIN_BYTES:  # only latency-bound sizes: no bandwidth to read
+                raise CalibrationError(f"the {kind} sweep reaches only {largest:,} bytes, where a call costs "
+                                       f"its latency alone; sweep up to at least 1M (--max-bytes)") from None
             raise CalibrationError(f"the {kind} sweep cannot be fitted: {exc}") from None
     if not fits:
         raise CalibrationError("the sweep has fewer than two sizes of any collective; "
