@@ -99,3 +99,18 @@ def test_demo_writes_a_picture_and_a_trace_and_says_where(tmp_path, capsys):
     assert (out / "demo_timeline.png").read_bytes()[:4] == b"\x89PNG"
     assert json.loads((out / "demo_trace.json").read_text())["traceEvents"]
     assert sorted(p.name for p in out.iterdir()) == ["demo_timeline.png", "demo_trace.json"]
+
+
+def test_the_single_file_trace_numbers_ranks_from_pid_1_and_joins_each_collective_across_them(tmp_path):
+    # Perfetto reads pid 0 as the kernel's idle process; flows draw one collective as one arrow chain.
+    trace_path = tmp_path / "step.json"
+    assert main(["simulate", "--strategy", "zero2", "--gpus", "4", "--seq-len", "128",
+                 "--trace", str(trace_path)]) == 0
+    events = json.loads(trace_path.read_text())["traceEvents"]
+    assert {e["pid"] for e in events if e["ph"] == "X"} == {1, 2, 3, 4}
+    starts = [e for e in events if e["ph"] == "s"]
+    ends = {e["id"]: e for e in events if e["ph"] == "f"}
+    assert starts and all(e["id"] in ends and ends[e["id"]]["bp"] == "e" for e in starts)
+    # Four ranks: each collective instance is a chain of three arrows, rank r to rank r + 1.
+    assert all(ends[e["id"]]["pid"] == e["pid"] + 1 for e in starts)
+    assert len(starts) % 3 == 0
