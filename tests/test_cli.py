@@ -29,7 +29,9 @@ def test_simulate_json_has_the_contracted_fields(tmp_path):
     metrics = json.loads(out.stdout)
     assert CONTRACT <= metrics.keys()
     assert MEMORY <= metrics["memory"].keys()
-    assert set(metrics["phases"]) == {"forward_s", "backward_s", "optimizer_s"}
+    phases = metrics["phases"]
+    assert set(phases) == {"forward_s", "backward_s", "optimizer_s", "optimizer_wait_s", "optimizer_update_s"}
+    assert phases["optimizer_s"] == pytest.approx(phases["optimizer_wait_s"] + phases["optimizer_update_s"])
     assert plot.stat().st_size > 10_000
     chrome = json.loads(trace.read_text())
     assert chrome["distributedInfo"]["world_size"] == 8

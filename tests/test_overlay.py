@@ -111,7 +111,7 @@ def test_the_measured_metrics_use_the_simulators_own_definitions(comparisons):
         assert t["compute_time_s"] == pytest.approx(m["compute_time_s"], rel=1e-9, abs=1e-12)
         assert t["exposed_comm_s"] == pytest.approx(m["exposed_comm_s"], rel=1e-9, abs=1e-12)
         assert t["comm_time_s"] == pytest.approx(m["comm_time_s"], rel=1e-9, abs=1e-12)
-        for phase in ("forward_s", "backward_s", "optimizer_s"):
+        for phase in ("forward_s", "backward_s", "optimizer_s", "optimizer_wait_s", "optimizer_update_s"):
             assert t[phase] == pytest.approx(m["phases"][phase], rel=1e-9, abs=1e-12)
         assert c.phases.loc["exposed comm", "predicted_s"] == m["exposed_comm_s"]
 

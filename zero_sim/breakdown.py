@@ -8,8 +8,17 @@ a difference of timelines and never of bookkeeping:
 * ``exposed_comm_s``: time a collective is in flight while compute is idle, the
   communication that nothing hid;
 * phases: ``forward_s`` up to the first backward compute op, ``backward_s`` to the end of
-  the last one, ``optimizer_s`` from there to the end of the step (this includes waiting
-  for the last gradient reductions, which is why it can be long while the update is short).
+  the last one, ``optimizer_s`` from there to the end of the step.  So
+  ``step = forward + backward + optimizer`` exactly.
+
+The optimizer phase holds two different things, split so that a reader never mistakes a
+network wait for a slow optimizer:
+
+* ``optimizer_update_s``: the time the compute stream is busy in that phase, the update
+  itself (Adam's arithmetic, and any copy of gathered weights);
+* ``optimizer_wait_s``: the rest of the phase, where compute idles: waiting for the last
+  gradient reductions (DDP's final all-reduces, ZeRO's reduce-scatters) or for the
+  updated shards' all-gathers.  ``optimizer_s = optimizer_wait_s + optimizer_update_s``.
 
 Spans are clipped to the step's window ``[lo, hi]``.
 """
@@ -17,6 +26,9 @@ Spans are clipped to the step's window ``[lo, hi]``.
 from __future__ import annotations
 
 Span = tuple[float, float]
+
+# The phase keys a step's ``phases`` holds, in the order they happen.
+PHASE_KEYS = ("forward_s", "backward_s", "optimizer_s", "optimizer_wait_s", "optimizer_update_s")
 
 
 def union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -69,6 +81,8 @@ def step_breakdown(compute: list[Span], comm: list[Span], backward: list[Span], 
     talking = union(clip(comm, lo, hi))
     first_bwd = min((s for s, _ in backward), default=hi)
     last_bwd = max((e for _, e in backward), default=hi)
+    optimizer_s = max(0.0, hi - max(last_bwd, lo))
+    update_s = length(clip(busy, max(last_bwd, lo), hi))
     return {
         "step_time_s": hi - lo,
         "compute_time_s": length(busy),
@@ -76,6 +90,8 @@ def step_breakdown(compute: list[Span], comm: list[Span], backward: list[Span], 
         "exposed_comm_s": uncovered(talking, busy),
         "forward_s": max(0.0, min(first_bwd, hi) - lo),
         "backward_s": max(0.0, min(last_bwd, hi) - max(first_bwd, lo)),
-        "optimizer_s": max(0.0, hi - max(last_bwd, lo)),
+        "optimizer_s": optimizer_s,
+        "optimizer_wait_s": max(0.0, optimizer_s - update_s),
+        "optimizer_update_s": update_s,
         "backward_end_s": min(last_bwd, hi),
     }

@@ -96,6 +96,7 @@ def _demo_args(demo) -> None:
 def _human(m: dict) -> str:
     mem = m["memory"]
     ov = m["comm_overlap_fraction"]
+    ph = m["phases"]
     lines = [
         f"{m['strategy']} · {m['model']} ({m['params']:,} params) · "
         f"{m['gpus']} x {m['gpu']} on {m['topology']}",
@@ -105,9 +106,10 @@ def _human(m: dict) -> str:
         f"  exposed comm    {m['exposed_comm_s'] * 1e3:10.2f} ms   (overlap "
         + (f"{ov:.0%}" if ov is not None else "n/a")
         + f", {m['comm_volume_bytes'] / 1e9:.3f} GB sent per rank)",
-        f"  phases          fwd {m['phases']['forward_s'] * 1e3:.2f} ms, "
-        f"bwd {m['phases']['backward_s'] * 1e3:.2f} ms, "
-        f"opt {m['phases']['optimizer_s'] * 1e3:.2f} ms",
+        f"  phases          forward {ph['forward_s'] * 1e3:.2f} ms + backward {ph['backward_s'] * 1e3:.2f} ms"
+        f" + optimizer {ph['optimizer_s'] * 1e3:.2f} ms",
+        f"  optimizer phase {ph['optimizer_wait_s'] * 1e3:10.2f} ms waiting for communication + "
+        f"{ph['optimizer_update_s'] * 1e3:.2f} ms update",
         f"  memory          model states {mem['model_states_bytes'] / 1e9:.2f} GB, activations "
         f"{mem['activations_bytes'] / 1e9:.2f} GB, buffers {mem['buffers_bytes'] / 1e9:.2f} GB, "
         f"peak {mem['peak_bytes'] / 1e9:.2f} GB of tensors, "

@@ -12,7 +12,9 @@ the window from the end of the step before to the end of its own last op:
 * ``comm_volume_bytes``: bytes this rank sends per step under ring algorithms
   (nccl-tests' bus factors; gloo's reduce-scatter counts as an all-reduce);
 * ``phases``: ``forward_s`` from step start to the first backward op, ``backward_s`` to
-  the end of the last backward op, ``optimizer_s`` from there to the end of the step;
+  the end of the last backward op, ``optimizer_s`` from there to the end of the step, split
+  into ``optimizer_wait_s`` (compute idle, waiting for communication) and
+  ``optimizer_update_s`` (the update's own compute), see :mod:`zero_sim.breakdown`;
 * ``memory``: resident model states, peaks of activations and buffers, the tensors' peak
   total (``peak_bytes``: what ``torch.cuda.max_memory_allocated`` reports), the reserved peak
   (``reserved_peak_bytes``: what the GPU must hold, see below), the GPU's capacity and whether
@@ -47,7 +49,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from zero_sim.breakdown import step_breakdown
+from zero_sim.breakdown import PHASE_KEYS, step_breakdown
 from zero_sim.trace import to_chrome_trace
 from zero_sim.vocabulary import (
     ACTIVATIONS,
@@ -163,7 +165,7 @@ def compute_metrics(run, program, scenario, world_size: int, tokens_per_step: in
         "comm_overlap_fraction": (1.0 - exposed / comm_s) if comm_s > 0 else None,
         "comm_volume_bytes": volume,
         "collectives_per_step": sum(1 for op in program.ops if op.kind == "collective"),
-        "phases": {k: parts[k] for k in ("forward_s", "backward_s", "optimizer_s")},
+        "phases": {k: parts[k] for k in PHASE_KEYS},
         "memory": memory,
         "tflops_per_gpu": program.model_flops / step_time / 1e12 if step_time > 0 else 0.0,
         "hardware_tflops_per_gpu": hw_flops / step_time / 1e12 if step_time > 0 else 0.0,

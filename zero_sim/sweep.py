@@ -40,6 +40,8 @@ def summary_row(result) -> dict:
         "forward_ms": m["phases"]["forward_s"] * 1e3,
         "backward_ms": m["phases"]["backward_s"] * 1e3,
         "optimizer_ms": m["phases"]["optimizer_s"] * 1e3,
+        "optimizer_wait_ms": m["phases"]["optimizer_wait_s"] * 1e3,
+        "optimizer_update_ms": m["phases"]["optimizer_update_s"] * 1e3,
         "tflops_per_gpu": m["tflops_per_gpu"],
         "tokens_per_s": m["tokens_per_s"],
         "comm_GB": m["comm_volume_bytes"] / GB,

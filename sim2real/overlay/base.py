@@ -15,7 +15,8 @@ class OverlayError(ValueError):
 
 # Op categories in the order tables list them.
 CATEGORIES = ("fwd", "bwd", "recompute", "opt", *COLLECTIVES, "wait")
-PHASE_ROWS = ("step time", "compute", "exposed comm", "forward", "backward", "optimizer")
+PHASE_ROWS = ("step time", "compute", "exposed comm", "forward", "backward", "optimizer",
+              "optimizer wait", "optimizer update")
 
 
 def op_kind(name: str) -> str | None:

@@ -195,13 +195,12 @@ def _calibration_label(cal) -> str | None:
 
 
 def _phase_table(m: dict, meas: dict) -> pd.DataFrame:
-    pred = {"step time": m["step_time_s"], "compute": m["compute_time_s"],
-            "exposed comm": m["exposed_comm_s"],
-            "forward": m["phases"]["forward_s"], "backward": m["phases"]["backward_s"],
-            "optimizer": m["phases"]["optimizer_s"]}
-    got = {"step time": meas["step_time_s"], "compute": meas["compute_time_s"],
-           "exposed comm": meas["exposed_comm_s"], "forward": meas["forward_s"],
-           "backward": meas["backward_s"], "optimizer": meas["optimizer_s"]}
+    # Row name -> key of the step breakdown (``zero_sim.breakdown``), the same on both sides.
+    keys = {"step time": "step_time_s", "compute": "compute_time_s", "exposed comm": "exposed_comm_s",
+            "forward": "forward_s", "backward": "backward_s", "optimizer": "optimizer_s",
+            "optimizer wait": "optimizer_wait_s", "optimizer update": "optimizer_update_s"}
+    pred = {row: m["phases"][key] if key in m["phases"] else m[key] for row, key in keys.items()}
+    got = {row: meas[key] for row, key in keys.items()}
     frame = pd.DataFrame({"predicted_s": pred, "measured_s": got}).loc[list(PHASE_ROWS)]
     frame["error"] = [_err(p, q) for p, q in zip(frame["predicted_s"], frame["measured_s"], strict=True)]
     frame.index.name = "phase"
