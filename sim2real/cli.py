@@ -3,6 +3,7 @@
     zero-sim calibrate --nproc 2 --shape uniform --bandwidth-gbps 1 --out cal.json
     zero-sim calibrate --nccl-tests all_reduce_perf.txt --nvidia-smi-topo topo.txt --out box.json
     zero-sim validate --quick --report out/validation
+    zero-sim validate --sample 30 --seed 7 --report out/validation   # 30 cases drawn at random
     zero-sim validate --published            # predict published GPU runs; no run is started
 
 A real run or an emulated cluster that fails ends with its one sentence and exit status 1;
@@ -14,14 +15,17 @@ signal, the shells' convention.
 from __future__ import annotations
 
 import json
+import secrets
 import signal
 import sys
 from pathlib import Path
 
-from real_runs.cluster import SHAPES, ClusterUnavailable, Stopped, stopping_on_signals
+from real_runs.cluster import SHAPES, ClusterUnavailable, Stopped, stopping_on_signals, unavailable_reason
 from real_runs.launch import RunFailed
 from sim2real import measure
 from sim2real import validate as v
+from sim2real.sampling import sample_cases
+from sim2real.validate_report import headline
 from zero_sim import cli
 from zero_sim.calibration import Calibration, fit_nccl_tests_text, topology_from_imports
 from zero_sim.calibration.format import FITTED_COLLECTIVES
@@ -83,7 +87,16 @@ def _calibrate(args) -> int:
 
 
 def _validate_args(val) -> None:
-    val.add_argument("--quick", action="store_true", help="a small grid fit for CI")
+    val.add_argument("--quick", action="store_true",
+                     help=f"four cases drawn with the fixed seed {v.QUICK_SEED} from the two smaller models "
+                          f"(minutes; for CI)")
+    val.add_argument("--sample", type=int, default=None, metavar="K",
+                     help="draw K cases at random from every strategy, N 2-4, cluster shape, bandwidth "
+                          "0.3-5 Gbit/s, bucket size 1-50 MB and model tiny/small/medium (the judge); "
+                          "without it, the fixed 32-case grid")
+    val.add_argument("--seed", type=int, default=None,
+                     help="the random seed of --sample (printed, so a sample can be drawn again); "
+                          "default: one drawn now")
     val.add_argument("--published", action="store_true",
                      help="predict published GPU measurements instead of running anything "
                           "(see docs/published.md)")
@@ -108,21 +121,40 @@ def _validate_published(args) -> int:
 def _validate(args) -> int:
     if args.published:
         return _validate_published(args)
-    cases = v.QUICK_GRID if args.quick else v.FULL_GRID
+    say = (lambda line: print(line, file=sys.stderr)) if args.json else print
+    cases, sample = _chosen_cases(args, say)
     opts = v.Options(model=args.model, shape=args.shape,
                      **({} if args.steps is None else {"steps": args.steps}))
-    result = v.run_validation(cases, opts, report_dir=args.report, keep=args.keep,
-                              on_line=(lambda line: print(line, file=sys.stderr)) if args.json else print)
+    result = v.run_validation(cases, opts, report_dir=args.report, keep=args.keep, on_line=say, sample=sample)
     if args.json:
         print(json.dumps(result, default=str))
     else:
-        print(f"median |error| of step time: {result['median_abs_error']:.1%} "
-              f"over {len(result['cases'])} cases")
+        print(headline(result))
         if args.report:
             print(f"wrote {args.report / 'report.md'}")
         if result["files"]:
             print(f"kept the runs' files in {result['files']}")
     return 0
+
+
+def _chosen_cases(args, say) -> tuple[tuple, dict | None]:
+    """The cases to run and, for a sample, how they were drawn (the seed is said at once)."""
+    if args.sample is None:
+        if args.seed is not None:
+            raise v.ValidationError("--seed draws a --sample; give --sample K too")
+        return (v.QUICK_GRID if args.quick else v.FULL_GRID), (
+            {"k": len(v.QUICK_GRID), "seed": v.QUICK_SEED, "latency": "no latency"} if args.quick else None)
+    if args.quick:
+        raise v.ValidationError("--quick is a fixed small sample; give either --quick or --sample K")
+    seed = args.seed if args.seed is not None else secrets.randbelow(10**6)
+    latency_reason = unavailable_reason(latency=True)
+    try:
+        cases = sample_cases(args.sample, seed, with_latency=latency_reason is None)
+    except ValueError as exc:
+        raise v.ValidationError(str(exc)) from None
+    latency = "latency sampled" if latency_reason is None else f"no latency: {latency_reason}"
+    say(f"drew {len(cases)} cases with --seed {seed} ({latency})")
+    return cases, {"k": args.sample, "seed": seed, "latency": latency}
 
 
 COMMANDS: dict[str, cli.Command] = {

@@ -22,7 +22,14 @@ emulated link bandwidth x bucket size) on this machine it:
 No case's measurement feeds any prediction: the inputs are the two microbenchmarks,
 which know nothing of strategies or buckets.  ``error = (predicted - measured) /
 measured``.  With ``--report DIR`` a markdown report with the calibration, the table
-and an overlay figure per case is written there.
+and an overlay figure per case is written there (:mod:`sim2real.validate_report`).
+
+Which cases: the fixed grids (:data:`FULL_GRID`, :data:`QUICK_GRID`) stay for regression;
+the judge is a random sample of the whole space this machine supports
+(:mod:`sim2real.sampling`, ``--sample K --seed S``): every recorded strategy, N in 2-4,
+every cluster shape, bandwidths, bucket sizes and three model sizes.  Each case also
+measures its own **noise band**, how far its figures moved between the first and the
+second half of its steps, and the headline puts the median error beside the median band.
 
 The runs' files (run directories, calibrations, sweeps) go to a temporary folder, removed
 when validation ends, by success, failure, Ctrl-C, SIGTERM or SIGHUP alike, so no run leaves
@@ -49,25 +56,20 @@ from pathlib import Path
 from tqdm import tqdm
 
 from real_runs import cluster as emu
+from real_runs.cluster.shapes import check_shape
 from real_runs.options import train_argv
 from real_runs.presets import PRESETS
 from sim2real.measure import Loopback, lines_above, machine_facts, measure_compute, measure_network
-from sim2real.overlay import compare, load_run, steady_timing
+from sim2real.overlay import load_run, steady_timing
 from sim2real.replay import REAL_TO_SIM, predict_run
+from sim2real.sampling import Case, sample_cases
+from sim2real.validate_report import error_summary, noise_band, overlay_png, write_report
 from zero_sim.calibration import Calibration
 from zero_sim.vocabulary.buckets import DEFAULT_BUCKET_MB
 
 
 class ValidationError(ValueError):
     """Bad validation input; one sentence saying how to fix it."""
-
-
-@dataclass(frozen=True)
-class Case:
-    strategy: str
-    gpus: int
-    bandwidth_gbps: float | None
-    bucket_mb: float | None = None  # None: the strategy's default (25 MB) or per-tensor variants
 
 
 # The judged grid: every strategy that records its collectives, two rank counts, two
@@ -81,8 +83,10 @@ FULL_GRID = tuple(
                        ("zero2-step", (None,)), ("zero2-hook", (None,)), ("fsdp", (None,)))
     for b in buckets
 )
-# Small enough for CI: two strategies, both rank counts, one bandwidth.
-QUICK_GRID = tuple(Case(s, n, 1.0, None) for n in (2, 4) for s in ("ddp", "zero2-hook"))
+# Small enough for CI: four cases drawn from the sampled space with a fixed seed, from the
+# two smaller models so that the sample runs in minutes.
+QUICK_SEED = 2026
+QUICK_GRID = sample_cases(4, QUICK_SEED, models=("tiny", "small"))
 
 
 @dataclass(frozen=True)
@@ -98,11 +102,18 @@ class Options:
     timeout_s: float = 300.0
 
 
+def resolved(case: Case, opts: Options) -> Case:
+    """The case with what it leaves open (model, shape, global batch) taken from ``opts``."""
+    return replace(case, model=case.model or opts.model, shape=case.shape or opts.shape,
+                   global_batch=case.global_batch or opts.global_batch)
+
+
 def planned_run(case: Case, opts: Options, cluster: dict | None) -> dict:
     """The fields of the ``run.json`` the case will write, known before it runs."""
-    cfg = PRESETS[opts.model]
-    run = {"strategy": case.strategy, "world_size": case.gpus, "global_batch": opts.global_batch,
-           "seq_len": cfg.max_seq, "model": opts.model, "model_config": cfg.to_dict(), "device": "cpu",
+    case = resolved(case, opts)
+    cfg = PRESETS[case.model]
+    run = {"strategy": case.strategy, "world_size": case.gpus, "global_batch": case.global_batch,
+           "seq_len": cfg.max_seq, "model": case.model, "model_config": cfg.to_dict(), "device": "cpu",
            "bucket_mb": case.bucket_mb if case.bucket_mb is not None else DEFAULT_BUCKET_MB}
     if cluster is not None:
         run["cluster"] = cluster
@@ -110,8 +121,9 @@ def planned_run(case: Case, opts: Options, cluster: dict | None) -> dict:
 
 
 def _train_argv(case: Case, opts: Options, out: Path) -> list[str]:
+    case = resolved(case, opts)
     return train_argv(case.strategy, case.gpus, out, {
-        "model": opts.model, "global_batch": opts.global_batch, "steps": opts.steps,
+        "model": case.model, "global_batch": case.global_batch, "steps": opts.steps,
         "timeout_s": min(opts.timeout_s, 120.0), "bucket_mb": case.bucket_mb})
 
 
@@ -121,34 +133,57 @@ def measured_step_s(run: dict) -> float:
     return statistics.median(times[1:] if len(times) > 1 else times)
 
 
+def halves(steps: int) -> tuple[tuple[int, int], tuple[int, int]]:
+    """The steps after the first, cut in two halves (first and last step of each, included)."""
+    middle = 1 + (steps - 1) // 2
+    return (1, middle - 1), (middle, steps - 1)
+
+
+def step_noise_band(run: dict) -> float:
+    """How far the median step time of the run's first half of steps is from its second half's."""
+    times = run["step_times_s"]
+    (a0, a1), (b0, b1) = halves(len(times))
+    return noise_band(statistics.median(times[a0:a1 + 1]), statistics.median(times[b0:b1 + 1]))
+
+
 def check_grid(cases, opts: Options) -> None:
-    if opts.model not in PRESETS:
-        raise ValidationError(f"unknown model {opts.model!r}; choose one of {', '.join(PRESETS)}")
-    if opts.steps < 2:
-        raise ValidationError("--steps must be at least 2: the first step is warm-up and is not compared")
+    if opts.steps < 5:
+        raise ValidationError("--steps must be at least 5: the first step is warm-up, and the noise band "
+                              "compares two halves of the rest")
     for c in cases:
+        c = resolved(c, opts)
+        if c.model not in PRESETS:
+            raise ValidationError(f"unknown model {c.model!r}; choose one of {', '.join(PRESETS)}")
         if c.strategy not in REAL_TO_SIM:
             raise ValidationError(f"unknown strategy {c.strategy!r}; choose from {', '.join(REAL_TO_SIM)}")
-        if opts.global_batch % c.gpus:
-            raise ValidationError(f"--global-batch {opts.global_batch} does not split across {c.gpus} ranks")
+        if c.global_batch % c.gpus:
+            raise ValidationError(f"--global-batch {c.global_batch} does not split across {c.gpus} ranks")
         if c.bandwidth_gbps is not None and c.bandwidth_gbps <= 0:
             raise ValidationError(f"bandwidth must be positive, got {c.bandwidth_gbps}")
+        if c.bandwidth_gbps is not None:
+            try:
+                check_shape(c.gpus, emu.ClusterShape(c.shape, c.bandwidth_gbps, c.latency_ms))
+            except ValueError as exc:
+                raise ValidationError(str(exc).rstrip(".")) from None
 
 
 def run_validation(cases, opts: Options = Options(), workdir: str | os.PathLike | None = None,
                    report_dir: str | os.PathLike | None = None,
-                   on_line: Callable[[str], None] | None = print, keep: bool = False) -> dict:
+                   on_line: Callable[[str], None] | None = print, keep: bool = False,
+                   sample: dict | None = None) -> dict:
     """Calibrate, predict, then run every case; returns the JSON-able result.
 
     The runs' files go to ``workdir``, which stays; without one, to a temporary folder that
     is removed when validation ends, however it ends, unless ``keep``.  ``files`` in the
-    result says where they are (None once removed, and then every case's ``run_dir`` is too)."""
+    result says where they are (None once removed, and then every case's ``run_dir`` is too).
+    ``sample`` (``k``, ``seed``, ``latency``) says how the cases were drawn, for the report."""
     say = on_line or (lambda _line: None)
     cases = list(cases)
     check_grid(cases, opts)
     # SIGTERM and SIGHUP unwind like Ctrl-C, so the clusters and the folder go either way.
     with emu.stopping_on_signals(), run_files(workdir, keep, say) as files:
         summary = _run_grid(cases, opts, files, report_dir, say)
+    summary["sample"] = sample
     kept = keep or workdir is not None
     summary["files"] = str(files) if kept else None
     if not kept:
@@ -183,10 +218,11 @@ def _run_grid(cases: list[Case], opts: Options, workdir: Path, report_dir: str |
               say: Callable[[str], None]) -> dict:
     reason = emu.unavailable_reason()
     emulated = reason is None
+    cases = [resolved(c, opts) for c in cases]
     if not emulated:
         say(f"emulated cluster unavailable ({reason}); running every case on plain loopback")
-        cases = [Case(c.strategy, c.gpus, None, c.bucket_mb) for c in cases]
-        cases = list(dict.fromkeys(cases))
+        cases = list(dict.fromkeys(replace(c, bandwidth_gbps=None, shape=None, latency_ms=0.0)
+                                   for c in cases))
 
     t_start = time.monotonic()
     # A bar over the cases on a terminal (none in logs: disable=None means "only on a TTY"); each
@@ -194,79 +230,37 @@ def _run_grid(cases: list[Case], opts: Options, workdir: Path, report_dir: str |
     bar = tqdm(total=len(cases), desc="validation cases", unit="case", file=sys.stderr, disable=None)
     say = lines_above(bar, say)
     results, calibrations = [], {}
-    micro_of = {n: opts.global_batch // n for n in {c.gpus for c in cases}}
-    seq_len = PRESETS[opts.model].max_seq
+    # One rank alone, once per (model, micro-batch): only to report how much of each case's
+    # compute time is ranks sharing cores.
+    alone: dict[tuple[str, int], object] = {}
 
-    groups: dict[tuple[int, float | None], list[Case]] = {}
+    # Cases that run on the same cluster (N, shape, bandwidth, latency) share one network calibration.
+    groups: dict[tuple, list[Case]] = {}
     for c in cases:
-        groups.setdefault((c.gpus, c.bandwidth_gbps), []).append(c)
-    for (n, bw), group in groups.items():
-        shape = emu.ClusterShape(opts.shape, bw) if bw is not None else None
+        groups.setdefault((c.gpus, c.shape, c.bandwidth_gbps, c.latency_ms), []).append(c)
+    for (n, shape_kind, bw, latency), group in groups.items():
+        shape = emu.ClusterShape(shape_kind, bw, latency) if bw is not None else None
         ctx = emu.EmulatedCluster(n, shape, on_line=say) if shape is not None else Loopback(n)
-        # One rank alone, once per group: only to report how much of each case's compute time
-        # is ranks sharing cores.
-        alone = measure_compute(1, opts.model, micro_of[n], seq_len, workdir, opts.timeout_s,
-                                label=f"n{n}_bw{bw}")
+        key = f"n{n}_{shape_kind}_bw{bw}" + (f"_lat{latency}" if latency else "")
         with ctx as cluster:
             where = cluster.describe()
             say(f"calibrating the network: {where}")
             fits, cpu, _ = measure_network(cluster, n, workdir, opts.sweep_max_bytes, opts.sweep_budget_s,
-                                           opts.timeout_s, label=f"bw{bw}")
+                                           opts.timeout_s, label=key)
             network = Calibration(fits, None, "gloo",
                                   machine_facts(ranks=n, network=where, emulated=emulated),
                                   cpu=cpu)
-            calibrations[f"n{n}_bw{bw}"] = network.to_dict() | {"summary": network.describe()}
+            calibrations[key] = network.to_dict() | {"summary": network.describe()}
             record = cluster.cluster_record() if shape is not None else None
             for c in group:
-                tag = f"{c.strategy}_n{n}_bw{bw}_b{c.bucket_mb}"
-                # Compute is measured again just before every case: on a shared machine how fast N
-                # ranks compute together drifts within minutes, and a measurement taken just before
-                # a case matches it better than one taken at the start of its group.
-                compute = measure_compute(n, opts.model, micro_of[n], seq_len, workdir, opts.timeout_s,
-                                          label=tag, alone=alone)
-                cal = replace(network, compute=compute)
-                cal.save(workdir / f"calibration_{tag}.json")
-                sim = predict_run(planned_run(c, opts, record), cal)
-                say(f"calibrated compute: block fwd {compute.layer_seconds['block']['fwd'] * 1e3:.2f} ms, "
-                    f"{compute.sharing_factor or 1:.2f}x one rank alone; "
-                    f"slowest rank {compute.slowest_rank_factor:.3f}x the mean")
-                say(f"predicted {c.strategy} N={n} bw={bw} bucket={c.bucket_mb}: "
-                    f"{sim.metrics['step_time_s']:.4f} s")
-                out = workdir / tag
-                cluster.run_module("real_runs.train", _train_argv(c, opts, out), timeout_s=opts.timeout_s)
-                # Stamped with the cluster, the run directory replays on its own links (overlay, notebook 06).
-                if shape is not None:
-                    run = emu.stamp_run_json(out, cluster)
-                else:
-                    run = json.loads((out / "run.json").read_text())
-                if run["params"] != sim.scenario["params"]:
-                    raise ValidationError(f"the run trained {run['params']} parameters "
-                                          f"but the prediction assumed {sim.scenario['params']}; "
-                                          f"the replay's model does not match real_runs")
-                measured = measured_step_s(run)
-                predicted = sim.metrics["step_time_s"]
-                row = asdict(c) | {
-                    "predicted_step_s": predicted, "measured_step_s": measured,
-                    "error": (predicted - measured) / measured, "run_dir": str(out),
-                    "predicted_exposed_comm_s": sim.metrics["exposed_comm_s"],
-                    "model_states_exact": _model_states_exact(run, sim),
-                    "calibration": f"n{n}_bw{bw}", "compute": cal.to_dict()["compute"],
-                }
-                row.update(_exposed_comm(out, sim))
-                results.append(row)
-                say(f"measured  {c.strategy} N={n} bw={bw} bucket={c.bucket_mb}: {measured:.4f} s "
-                    f"(error {row['error']:+.1%})")
-                if report_dir is not None:
-                    _overlay_png(out, sim, Path(report_dir), row)
+                results.append(_run_case(c, opts, cluster, network, record, key, alone, workdir,
+                                         report_dir, say))
                 bar.update(1)
     bar.close()
 
-    errors = [abs(r["error"]) for r in results]
-    comm_errors = [abs(r["exposed_comm_error"]) for r in results if r.get("exposed_comm_error") is not None]
     summary = {
         "cases": results,
-        "median_abs_error": statistics.median(errors) if errors else None,
-        "median_abs_exposed_comm_error": statistics.median(comm_errors) if comm_errors else None,
+        **error_summary(results),
         "emulated": emulated, "emulation_note": reason, "model": opts.model,
         "global_batch": opts.global_batch,
         "steps": opts.steps, "shape": opts.shape if emulated else None,
@@ -286,90 +280,77 @@ def _run_grid(cases: list[Case], opts: Options, workdir: Path, report_dir: str |
     return summary
 
 
+def _run_case(c: Case, opts: Options, cluster, network: Calibration, record: dict | None, key: str,
+              alone: dict, workdir: Path, report_dir, say: Callable[[str], None]) -> dict:
+    """Calibrate compute, predict, write the prediction down, then run the case; its result row."""
+    n, micro = c.gpus, c.global_batch // c.gpus
+    seq_len = PRESETS[c.model].max_seq
+    tag = f"{c.strategy}_n{n}_{c.model}_mb{micro}_{c.shape}_bw{c.bandwidth_gbps}_b{c.bucket_mb}"
+    if c.latency_ms:
+        tag += f"_lat{c.latency_ms}"
+    if (c.model, micro) not in alone:
+        alone[c.model, micro] = measure_compute(1, c.model, micro, seq_len, workdir, opts.timeout_s,
+                                                label=f"{tag}_alone")
+    # Compute is measured again just before every case: on a shared machine how fast N ranks
+    # compute together drifts within minutes, and a measurement taken just before a case
+    # matches it better than one taken at the start of its group.
+    compute = measure_compute(n, c.model, micro, seq_len, workdir, opts.timeout_s, label=tag,
+                              alone=alone[c.model, micro])
+    cal = replace(network, compute=compute)
+    cal.save(workdir / f"calibration_{tag}.json")
+    sim = predict_run(planned_run(c, opts, record), cal)
+    say(f"calibrated compute: block fwd {compute.layer_seconds['block']['fwd'] * 1e3:.2f} ms, "
+        f"{compute.sharing_factor or 1:.2f}x one rank alone; "
+        f"slowest rank {compute.slowest_rank_factor:.3f}x the mean")
+    say(f"predicted {c.label()}: {sim.metrics['step_time_s']:.4f} s")
+    out = workdir / tag
+    cluster.run_module("real_runs.train", _train_argv(c, opts, out), timeout_s=opts.timeout_s)
+    # Stamped with the cluster, the run directory replays on its own links (overlay, notebook 06).
+    if record is not None:
+        run = emu.stamp_run_json(out, cluster)
+    else:
+        run = json.loads((out / "run.json").read_text())
+    if run["params"] != sim.scenario["params"]:
+        raise ValidationError(f"the run trained {run['params']} parameters "
+                              f"but the prediction assumed {sim.scenario['params']}; "
+                              f"the replay's model does not match real_runs")
+    measured = measured_step_s(run)
+    predicted = sim.metrics["step_time_s"]
+    row = asdict(c) | {
+        "predicted_step_s": predicted, "measured_step_s": measured,
+        "error": (predicted - measured) / measured, "noise_band": step_noise_band(run),
+        "run_dir": str(out),
+        "predicted_exposed_comm_s": sim.metrics["exposed_comm_s"],
+        "model_states_exact": _model_states_exact(run, sim),
+        "calibration": key, "compute": cal.to_dict()["compute"],
+    }
+    row.update(_exposed_comm(out, sim, len(run["step_times_s"])))
+    say(f"measured  {c.label()}: {measured:.4f} s (error {row['error']:+.1%}, "
+        f"noise band {row['noise_band']:.1%})")
+    if report_dir is not None:
+        overlay_png(out, sim, Path(report_dir), row)
+    return row
+
+
 def _model_states_exact(run: dict, sim) -> bool:
     """Rank 0's resident params + grads + optimizer state: measured bytes == predicted bytes."""
     measured = run["model_states_formula"]["measured"]["0"]
     return int(measured) == int(sim.metrics["memory"]["model_states_bytes"])
 
 
-def _exposed_comm(run_dir: Path, sim) -> dict:
+def _exposed_comm(run_dir: Path, sim, steps: int) -> dict:
     """Exposed communication, measured vs predicted, by the overlay's definitions (results.py's).
 
     Measured over the same steps as step time (after the first), the ranks' mean per step and
     the median over steps (:func:`sim2real.overlay.steady_timing`): one rank's exposed
-    communication in one step is the difference of two longer spans, too noisy to compare alone."""
-    measured = steady_timing(load_run(run_dir))["exposed_comm_s"]
+    communication in one step is the difference of two longer spans, too noisy to compare alone.
+    Its noise band compares the same figure over the two halves of those steps."""
+    run = load_run(run_dir)
+    measured = steady_timing(run)["exposed_comm_s"]
+    (a0, a1), (b0, b1) = halves(steps)
+    first = steady_timing(run, a0, a1)["exposed_comm_s"]
+    second = steady_timing(run, b0, b1)["exposed_comm_s"]
     predicted = sim.metrics["exposed_comm_s"]
     return {"measured_exposed_comm_s": measured,
-            "exposed_comm_error": (predicted - measured) / measured if measured > 0 else None}
-
-
-def _overlay_png(run_dir: Path, sim, report_dir: Path, row: dict) -> None:
-    # Drawing code is loaded here, with a file-only backend, so validating never opens a window.
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from zero_sim.ui.plots import plot_overlay
-
-    report_dir.mkdir(parents=True, exist_ok=True)
-    name = Path(row["run_dir"]).name + ".png"
-    fig = plt.figure(figsize=(12, 5))
-    plot_overlay(compare(load_run(run_dir), sim), fig=fig)
-    fig.savefig(report_dir / name, dpi=90, bbox_inches="tight")
-    plt.close(fig)
-    row["figure"] = name
-
-
-def write_report(summary: dict, report_dir: Path) -> Path:
-    report_dir.mkdir(parents=True, exist_ok=True)
-    lines = ["# zero-sim validation", "",
-             f"Model `{summary['model']}`, global batch {summary['global_batch']}, "
-             f"{summary['steps']} steps per run; "
-             f"emulated cluster: {summary['shape'] or 'no (' + str(summary['emulation_note']) + ')'}.", "",
-             f"**Median absolute error of step time: {_pct(summary['median_abs_error'])}**; "
-             f"exposed communication: {_pct(summary['median_abs_exposed_comm_error'])}. Measured figures are "
-             f"medians over the steps after the first: step time the slowest rank's, exposed communication "
-             f"the ranks' mean.", "",
-             _files_line(summary), "",
-             "## What was calibrated, and on what", "", summary["calibrated_inputs"], ""]
-    for key, cal in summary["calibrations"].items():
-        lines.append(f"- `{key}`: {cal['summary']}")
-    lines += ["", "## Cases (each predicted before it ran)", "",
-              "| strategy | N | Gbit/s | bucket MB | block fwd ms (calibrated) | slowest rank x "
-              "| predicted s | measured s "
-              "| error | exposed comm pred / meas s | model states exact |",
-              "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in summary["cases"]:
-        meas_comm = r.get("measured_exposed_comm_s")
-        block = ((r.get("compute") or {}).get("layer_seconds") or {}).get("block", {}).get("fwd")
-        slowest = (r.get("compute") or {}).get("slowest_rank_factor")
-        lines.append(f"| {r['strategy']} | {r['gpus']} | {r['bandwidth_gbps'] or '-'} | "
-                     f"{r['bucket_mb'] or '-'} | "
-                     f"{'-' if block is None else f'{block * 1e3:.2f}'} | "
-                     f"{'-' if slowest is None else f'{slowest:.3f}'} | "
-                     f"{r['predicted_step_s']:.4f} | {r['measured_step_s']:.4f} | {r['error']:+.1%} | "
-                     f"{r['predicted_exposed_comm_s']:.4f} / "
-                     f"{'-' if meas_comm is None else f'{meas_comm:.4f}'} | "
-                     f"{'yes' if r['model_states_exact'] else 'NO'} |")
-    figures = [r for r in summary["cases"] if r.get("figure")]
-    if figures:
-        lines += ["", "## Overlays (measured bars over predicted bars)", ""]
-        for r in figures:
-            lines += [f"### {r['strategy']}, N={r['gpus']}, {r['bandwidth_gbps'] or '-'} Gbit/s, "
-                      f"bucket {r['bucket_mb'] or '-'}", "", f"![]({r['figure']})", ""]
-    path = report_dir / "report.md"
-    path.write_text("\n".join(lines) + "\n")
-    (report_dir / "validation.json").write_text(json.dumps(summary, indent=1, default=str))
-    return path
-
-
-def _files_line(summary: dict) -> str:
-    if summary.get("files"):
-        return f"The runs' files (run directories, calibrations, sweeps) are kept in `{summary['files']}`."
-    return "The runs' files were in a temporary folder, removed at the end (`--keep` keeps them)."
-
-
-def _pct(x) -> str:
-    return "n/a" if x is None else f"{x:.1%}"
+            "exposed_comm_error": (predicted - measured) / measured if measured > 0 else None,
+            "exposed_comm_noise_band": noise_band(first, second)}

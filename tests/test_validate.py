@@ -1,6 +1,7 @@
 """Measuring inputs on this machine, and the validation loop: calibrate, predict, then run, then compare."""
 
 import contextlib
+import dataclasses
 import json
 import shutil
 import signal
@@ -78,7 +79,10 @@ def test_microbenchmark_bad_input_is_one_sentence_and_status_2(argv, fragment, c
 
 @pytest.mark.slow
 @pytest.mark.parametrize("argv,fragment", [
-    (["validate", "--steps", "1"], "--steps must be at least 2"),
+    (["validate", "--steps", "1"], "--steps must be at least 5"),
+    (["validate", "--seed", "3"], "--seed draws a --sample; give --sample K too"),
+    (["validate", "--sample", "0"], "--sample must be a positive number of cases, got 0"),
+    (["validate", "--quick", "--sample", "3"], "give either --quick or --sample K"),
     (["validate", "--model", "huge"], "unknown model 'huge'"),
     (["calibrate", "--out", "x.json", "--shape", "uniform"], "--shape and --bandwidth-gbps go together"),
     (["calibrate", "--out", "x.json", "--nccl-tests", "missing.txt"], "does not exist"),
@@ -100,29 +104,39 @@ def test_quick_validation_predicts_every_case_before_running_it_and_reports_the_
     assert files.is_dir() and f"runs' files: {files} (kept" in log
     assert str(files) in (tmp_path / "report.md").read_text()
     cases = result["cases"]
-    assert len(cases) == 4
+    # The quick sample is drawn with a fixed seed, and the result says so.
+    assert result["sample"]["seed"] == v.QUICK_SEED
+    assert len(cases) == len(v.QUICK_GRID) == 4
     for c in cases:
-        assert set(c) >= {"strategy", "gpus", "bandwidth_gbps", "bucket_mb", "predicted_step_s",
-                          "measured_step_s", "error"}
+        assert set(c) >= {"strategy", "gpus", "bandwidth_gbps", "bucket_mb", "model", "shape", "global_batch",
+                          "predicted_step_s", "measured_step_s", "error", "noise_band",
+                          "exposed_comm_noise_band"}
+        # Each error stands beside how far the same run moved between its two halves of steps.
+        assert 0 <= c["noise_band"] < 1
         assert c["error"] == pytest.approx((c["predicted_step_s"] - c["measured_step_s"])
                                            / c["measured_step_s"])
         assert c["model_states_exact"], c
         # Compute was calibrated for this very case, just before it: all its ranks at once.
         assert c["compute"]["ranks"] == c["gpus"] and c["compute"]["layer_seconds"]["block"]["fwd"] > 0
         # The log shows each prediction written down before its run's measurement.
-        tag = f"{c['strategy']} N={c['gpus']} bw={c['bandwidth_gbps']} bucket={c['bucket_mb']}"
+        tag = v.Case(**{f.name: c[f.name] for f in dataclasses.fields(v.Case)}).label()
         assert log.index(f"predicted {tag}") < log.index(f"measured  {tag}")
         if result["emulated"]:  # the run directory replays on the links it ran on
             run = json.loads((Path(c["run_dir"]) / "run.json").read_text())
             assert run["cluster"]["bandwidth_gbps"] == c["bandwidth_gbps"]
     errors = sorted(abs(c["error"]) for c in cases)
     assert result["median_abs_error"] == pytest.approx((errors[1] + errors[2]) / 2)
+    bands = sorted(c["noise_band"] for c in cases)
+    assert result["median_noise_band"] == pytest.approx((bands[1] + bands[2]) / 2)
     report = (tmp_path / "report.md").read_text()
-    assert "What was calibrated, and on what" in report and "| ddp | 2 |" in report
+    first = cases[0]
+    assert "What was calibrated, and on what" in report and "noise band" in report
+    assert f"| {first['strategy']} | {first['gpus']} | {first['model']} | {first['shape']} |" in report
     figures(*(f"{c['strategy']:10s} N={c['gpus']} {c['bandwidth_gbps']} Gbit/s: "
               f"predicted {c['predicted_step_s']:.3f} s, "
               f"measured {c['measured_step_s']:.3f} s, error {c['error']:+.1%}" for c in cases),
-            f"median |error| {result['median_abs_error']:.1%} (emulated: {result['emulated']}), "
+            f"median |error| {result['median_abs_error']:.1%}, median noise band "
+            f"{result['median_noise_band']:.1%} (emulated: {result['emulated']}), "
             f"{result['wall_s']:.0f} s")
     shutil.rmtree(files)
     # A gross modelling error would show here; the 5% goal is judged on the full grid, on a quiet machine.
@@ -171,7 +185,11 @@ def test_a_validation_that_fails_midway_leaves_no_folder(temp_root, monkeypatch)
         assert Path(workdir).is_dir()
         raise RunFailed("The run failed: rank 0 raised RuntimeError: injected.")
 
+    def failing_network(runner, nproc, workdir, *args, **kwargs):
+        return failing_compute(nproc, None, None, None, workdir)
+
     monkeypatch.setattr(v, "measure_compute", failing_compute)
+    monkeypatch.setattr(v, "measure_network", failing_network)
     with pytest.raises(RunFailed):
         v.run_validation([v.Case("ddp", 2, 1.0)], v.Options(model="nano"), on_line=None)
     assert seen and not seen[0].exists() and list(temp_root.iterdir()) == []

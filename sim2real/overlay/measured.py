@@ -90,16 +90,18 @@ def step_timing(ops, step_time_s: float) -> dict[str, float]:
                           0.0, step_time_s)
 
 
-def steady_timing(run: MeasuredRun, first_step: int = 1) -> dict[str, float]:
+def steady_timing(run: MeasuredRun, first_step: int = 1, last_step: int | None = None) -> dict[str, float]:
     """:func:`step_timing` of a whole run: per step the mean over ranks, then the median over
     steps from ``first_step`` (step 0 pays one-off costs).
 
     One step on one rank is a noisy measurement: exposed communication in particular is a
     difference of two longer spans, so it moves from step to step on a shared CPU.  The
     simulator runs its ranks alike, so the ranks' mean is what it predicts, and the median
-    over steps is how validation reads step time too."""
+    over steps is how validation reads step time too.  ``last_step`` (included) ends the
+    range, so that two halves of a run can be read apart (validation's noise band)."""
     per_step = []
-    for step in sorted(s for s in set(run.ops["step"]) if s >= first_step):
+    for step in sorted(s for s in set(run.ops["step"])
+                       if s >= first_step and (last_step is None or s <= last_step)):
         ops = run.ops[run.ops["step"] == step]
         ranks = [step_timing(records(ops[ops["rank"] == r]), run.step_times_s[r][step])
                  for r in range(run.world_size) if step < len(run.step_times_s.get(r, ()))]
