@@ -260,6 +260,13 @@ def _failure_sentence(rc: int, errors: list[str], output: list[str]) -> str:
             said = _native_abort(output)
             return (f"The run failed: rank {rank} died ({how}{': ' + said if said else ''}) "
                     "and the other ranks were stopped.")
+    # A rank whose exception escaped (a module without the "error:" line, or an error raised
+    # in native code) still left Python's last traceback line, prefixed with its rank by torchrun.
+    raised = next((m for line in output
+                   if (m := re.match(r"\[rank(\d+)\]: (\w+(?:Error|Exception)): (.*)", line))), None)
+    if raised:
+        said = re.sub(r"^\[rank\d+\]:\[\w\d+ [\d:.]+ [^\]]*\] ", "", raised[3]).strip()
+        return f"The run failed: rank {raised[1]} raised {raised[2]}: {said.rstrip('.')}."
     # Ranks refuse bad input (exit status 2) with one "error: ..." line before they connect;
     # two ranks saying the same at once may share a line.
     refused = next((m[1] for line in output if (m := re.search(r"\berror: (.*?)(?=error: |$)", line))), None)

@@ -216,6 +216,20 @@ def write_run(path: Path, world: int = 2, steps: int = 2) -> None:
         "files": sorted(f"rank{r}.json" for r in range(world))}))
 
 
+def test_a_rank_whose_exception_escaped_is_named_with_its_error():
+    """A module without train.py's "error:" line, or an error raised in native code, still
+    names the rank and what it raised, not "no rank said why"."""
+    from real_runs.launch import _failure_sentence
+
+    output = ["[rank2]: Traceback (most recent call last):",
+              "[rank2]:   File \"calls.py\", line 28, in <lambda>",
+              "[rank2]: RuntimeError: [rank2]:[F1123 11:38:20.821672457 ProcessGroupGloo.cpp:1537] "
+              "Check failed: outputShape[0] * worldSize == inputShape[0] (262143 vs. 262144). "]
+    assert _failure_sentence(1, [], output) == (
+        "The run failed: rank 2 raised RuntimeError: Check failed: outputShape[0] * worldSize == "
+        "inputShape[0] (262143 vs. 262144).")
+
+
 @pytest.mark.slow
 def test_a_run_that_fails_to_start_leaves_no_earlier_result_behind(tmp_path):
     write_run(tmp_path)

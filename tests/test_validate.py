@@ -53,6 +53,18 @@ def test_the_collective_sweep_prints_an_nccl_tests_table_and_writes_its_rows(tmp
 
 
 @pytest.mark.slow
+def test_the_sweep_runs_on_three_ranks_whose_chunks_do_not_divide_a_power_of_two(tmp_path):
+    """Every size, the mixed queue's too, is rounded to whole fp32 elements per rank."""
+    out = tmp_path / "sweep.json"
+    run_module("real_runs.microbench", ["collectives", "--min-bytes", "4K", "--max-bytes", "16K",
+                                        "--budget-s", "0.01", "--out", str(out)], 3, timeout_s=180)
+    sweep = json.loads(out.read_text())
+    assert sweep["world_size"] == 3
+    assert all(r["size_bytes"] % (4 * 3) == 0 for r in sweep["rows"])
+    assert all(r["bytes"] % (4 * 3) == 0 for r in sweep["under_compute"])
+
+
+@pytest.mark.slow
 def test_layer_timings_cover_every_layer_kind_of_the_real_model(tmp_path):
     out = tmp_path / "layers.json"
     run_module("real_runs.microbench", ["layers", "--model", "nano", "--micro-batch", "2", "--iters", "2",

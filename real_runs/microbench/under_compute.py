@@ -106,7 +106,9 @@ def queue_under_compute(kinds, repeats: int = 3) -> list[dict]:
 
     rows = []
     for kind in kinds:
-        probe = [launcher(kind, size, world, 1) for size in MIXED_QUEUE]
+        # Every size a multiple of 4 * world bytes, so each rank's chunk is whole fp32 elements.
+        queue = [size // (4 * world) * 4 * world for size in MIXED_QUEUE]
+        probe = [launcher(kind, size, world, 1) for size in queue]
         one_queue(probe, False)  # warm-up: connections
         # Long enough (0.15 s idle) that the compute rate under it is not a handful of products.
         idle_once = one_queue(probe, False)[0]
@@ -114,7 +116,7 @@ def queue_under_compute(kinds, repeats: int = 3) -> list[dict]:
         dist.all_reduce(reps, op=dist.ReduceOp.MAX)  # every rank must launch the same calls
         reps = int(min(8, reps.item()))
         # Each launcher cycles over ``reps`` buffers: no two calls in flight share one.
-        launchers = [launcher(kind, size, world, reps) for size in MIXED_QUEUE]
+        launchers = [launcher(kind, size, world, reps) for size in queue]
         calls = launchers * reps
         one_queue(calls, False)  # warm-up: first touch of the buffers
         alone = product_rate(0.3)
@@ -126,7 +128,7 @@ def queue_under_compute(kinds, repeats: int = 3) -> list[dict]:
         loaded_rate = statistics.median(r for _, r in loaded)
         slowdown = torch.tensor([max(0.0, alone / max(loaded_rate, 1e-9) - 1.0)], dtype=torch.float64)
         dist.all_reduce(slowdown)
-        rows.append({"collective": kind, "calls": len(calls), "bytes": sum(MIXED_QUEUE) * reps,
+        rows.append({"collective": kind, "calls": len(calls), "bytes": sum(queue) * reps,
                      "idle_s": float(times[0]), "loaded_s": float(times[1]),
                      "compute_slowdown": float(slowdown) / world})
     return rows
