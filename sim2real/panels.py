@@ -35,7 +35,7 @@ from sim2real.overlay import Comparison, OverlayError, compare, load_run
 from sim2real.replay import ReplayError, predict_run
 from zero_sim.calibration import CalibrationError
 from zero_sim.scenario import ScenarioError
-from zero_sim.ui.figure import Figure
+from zero_sim.ui.figure import FIGURE_WIDTH, Figure
 from zero_sim.ui.plots import plot_overlay
 from zero_sim.vocabulary import REAL_STRATEGIES
 
@@ -72,7 +72,7 @@ class OverlayPanel:
     def __init__(self, run_dir: str | Path | None = None, calibration=None,
                  out_dir: str | Path = "out/overlay",
                  strategy: str = "zero2-hook", nproc: int = 2, model: str = "tiny", steps: int = 3,
-                 global_batch: int = 8, max_ranks: int = 2, figsize=(10, 4.8), auto: bool = True):
+                 global_batch: int = 8, max_ranks: int = 2, figsize=(FIGURE_WIDTH, 4.8), auto: bool = True):
         self.out_dir = Path(out_dir)
         self.max_ranks = max_ranks
         self.calibration_object = None if isinstance(calibration, str | Path | type(None)) else calibration

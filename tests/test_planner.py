@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 
 from zero_sim import ScenarioError, simulate
-from zero_sim.planner import PLANNER_SKIPS, candidates, knobs_label, plan
+from zero_sim.planner import FITS, NO_FIT, PLANNER_SKIPS, REFUSED, candidates, knobs_label, plan, tally
 from zero_sim.strategies import STRATEGIES
 from zero_sim.sweep import sweep
 
@@ -71,6 +71,27 @@ def test_a_plan_ranks_the_candidates_that_fit_first_fastest_first():
     assert list(df["tokens_per_s"]) == sorted(df["tokens_per_s"], reverse=True)
     assert knobs_label({"strategy": "ddp", "recompute": "none"}) == "defaults"
     assert "defaults" in set(df["knobs"])
+
+
+def test_a_plan_tells_what_cannot_run_here_from_what_does_not_fit_in_memory():
+    # Hybrid sharding needs two nodes: on one node of 8 GPUs it cannot run, whatever the memory.
+    df = plan(model="gpt2-124m", gpus=8, topology="dgx-a100", micro_batch=1, strategies=["fsdp"],
+              recompute=("none",), progress=False)
+    hybrid = df[df["knobs"] == "hybrid=True"]
+    assert list(hybrid["outcome"]) == [REFUSED] and not hybrid["fits"].any()
+    assert "two nodes" in hybrid["error"].iloc[0]
+    fit = int((df["outcome"] == FITS).sum())
+    assert fit == len(df) - 1 and not (df["outcome"] == NO_FIT).any()
+    assert tally(df) == (f"{fit} fit, 0 do not fit in memory, 1 cannot run on this topology: "
+                         f"{hybrid['error'].iloc[0]}")
+    assert df.iloc[-1]["outcome"] == REFUSED  # ranked last, after every candidate that runs
+
+
+def test_a_memory_miss_is_counted_as_one():
+    df = plan(model="gpt2-1.5b", gpus=1, topology="dgx-a100", gpu="V100", micro_batch=8, strategies=["ddp"],
+              recompute=("none",), progress=False)
+    assert set(df["outcome"]) == {NO_FIT}
+    assert tally(df) == f"0 fit, {len(df)} do not fit in memory"
 
 
 def test_sweeps_and_plans_need_no_widget_library():

@@ -106,12 +106,16 @@ def test_switching_strategy_resets_its_knobs_to_their_defaults(explorer):
 
 
 def test_refused_settings_show_one_sentence_not_a_traceback(explorer):
-    explorer.controls["bucket_mb"].value = 0  # DDP needs a positive bucket cap
+    # Sliders offer only what the simulator takes, so a refusal comes from typed input: a text box.
+    explorer.controls["strategy"].value = "fsdp"
+    explorer.controls["wrap"].value = "99"  # GPT-2 124M has no layer 99
     assert explorer.result is None
     assert explorer.error and "\n" not in explorer.error and "Traceback" not in explorer.error
     assert explorer.error in explorer.errors.value.replace("&#x27;", "'")
     assert explorer.metrics.value == ""
-    explorer.controls["bucket_mb"].value = 25  # fixing it brings the picture back
+    # Said once, above the figure; the figure is left blank rather than repeating it.
+    assert not any(ax.texts for ax in explorer.figure.axes)
+    explorer.controls["wrap"].value = "blocks"  # fixing it brings the picture back
     assert explorer.error is None and explorer.result is not None and explorer.errors.value == ""
 
 
@@ -269,3 +273,96 @@ def test_the_planner_puts_the_fastest_fitting_candidate_first():
     assert planner.result is df
     planner.button.click()
     assert planner.result is not df and set(planner.result["gpus"]) == {16}
+
+
+# ----------------------------------------------------------------------------- figures that read well
+
+
+def _legends(fig):
+    return [*fig.legends, *(ax.get_legend() for ax in fig.axes if ax.get_legend() is not None)]
+
+
+def _overlaps(a, b) -> bool:
+    return a.x0 < b.x1 and b.x0 < a.x1 and a.y0 < b.y1 and b.y0 < a.y1
+
+
+def _check_reads_well(fig):
+    """At most FIGURE_WIDTH inches wide, legends included and off every axis's data area, and every
+    drawn axis naming its unit (a categorical axis of lanes or stages excepted)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from zero_sim.ui.plots import FIGURE_WIDTH
+
+    canvas = FigureCanvasAgg(fig)  # a panel's figure has no canvas outside a notebook: draw it as a PNG would
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    whole = fig.get_window_extent(renderer)
+    assert fig.get_figwidth() <= FIGURE_WIDTH
+    for legend in _legends(fig):
+        box = legend.get_window_extent(renderer)
+        assert whole.x0 - 1 <= box.x0 and box.x1 <= whole.x1 + 1, "a legend spills past the figure's width"
+        for ax in fig.axes:
+            if ax.axison:
+                assert not _overlaps(box, ax.get_window_extent(renderer)), "a legend sits on the data"
+    for ax in fig.axes:
+        if not ax.axison:
+            continue
+        for axis, label in ((ax.xaxis, ax.get_xlabel()), (ax.yaxis, ax.get_ylabel())):
+            ticks = [t.get_text() for t in axis.get_ticklabels() if t.get_visible() and t.get_text()]
+            ticks = [t.replace("mathdefault", "") for t in ticks]  # log axes write 10^1 in mathtext
+            numeric = any(re.search(r"\d", t) and not re.search(r"[a-zA-Z]{3}", t) for t in ticks)
+            if numeric:  # numbers need their unit; lanes ("rank 0 compute") and stages ("DDP") are names
+                assert re.search(r"\((ms|GB|GB/s|MiB)\)", label), f"no unit: {label!r}"
+
+
+def test_every_panel_figure_fits_the_notebook_with_its_legends_beside_the_data(explorer):
+    _check_reads_well(explorer.figure.fig)
+    compare = ComparePanel({"a": {}, "b": {"bucket_mb": 100}}, strategy="ddp", topology="pcie")
+    _check_reads_well(compare.figure.fig)
+    _check_reads_well(MemoryCalculator().figure.fig)
+    _check_reads_well(NcclFitPanel({"pair": PCIE_PAIR}).figure.fig)
+    planner = Planner(model="gpt2-124m", gpus=8, topology="dgx-a100", micro_batch=4, recompute=("none",))
+    _check_reads_well(planner.figure.fig)
+
+
+def test_the_cli_demo_figure_keeps_its_legends_off_the_curves():
+    import matplotlib.pyplot as plt
+
+    from zero_sim.ui.plots import plot_overview
+
+    fig = plot_overview(simulate(model="gpt2-124m", strategy="ddp", gpus=8, topology="pcie", micro_batch=8))
+    _check_reads_well(fig)
+    assert fig.axes[1].get_ylabel().endswith("(GB)")
+    plt.close(fig)
+
+
+def test_the_timeline_says_which_ranks_it_draws(explorer):
+    title = explorer.figure.axes[0].get_title()
+    assert title.endswith("(ranks 0-3 of 8 shown)"), title
+
+
+def test_each_strategy_keeps_its_colour_from_one_plan_to_the_next():
+    from zero_sim.ui.plots import STRATEGY_COLORS, strategy_color
+
+    assert len(set(STRATEGY_COLORS.values())) == len(STRATEGY_COLORS) >= len(STRATEGIES)
+    assert all(strategy_color(name) == STRATEGY_COLORS[name] for name in STRATEGIES)
+    assert strategy_color("zero-infinity") == strategy_color("zero-infinity")  # a newcomer's is stable too
+    planner = Planner(model="gpt2-124m", gpus=8, topology="dgx-a100", micro_batch=4, recompute=("none",))
+
+    def colours():
+        legend = planner.figure.axes[0].get_legend()
+        return {t.get_text(): h.get_color() for t, h in zip(legend.get_texts(), legend.legend_handles,
+                                                             strict=True) if t.get_text() in STRATEGIES}
+
+    first = colours()
+    planner.controls["model"].value = "gpt2-350m"  # a re-plan ranks the strategies differently
+    planner.button.click()
+    assert colours() == first == {name: strategy_color(name) for name in first}
+
+
+def test_the_optimizer_phase_is_shown_split_into_waiting_and_update(explorer):
+    m = explorer.result.metrics
+    text = metrics_text(m)
+    wait, update = m["phases"]["optimizer_wait_s"] * 1e3, m["phases"]["optimizer_update_s"] * 1e3
+    assert f"optimizer: {wait:.2f} ms waiting for communication + {update:.2f} ms update" in text
+    assert "waiting for communication" in explorer.metrics.value

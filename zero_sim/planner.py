@@ -6,6 +6,11 @@ variations come from the strategies' own knob declarations (booleans flipped, ev
 choice of a multiple-choice knob), so a newly registered strategy is explored without
 changes here.  :func:`plan` simulates them all with :func:`zero_sim.sweep.sweep` and ranks
 the table: candidates that fit in memory first, fastest (tokens per second) first.
+
+A candidate can miss in two ways that call for different fixes, so they are told apart
+(the ``outcome`` column, and :func:`tally` in words): it runs but does not fit in memory
+(more GPUs, a smaller micro-batch, recompute), or the simulator refuses it on this cluster
+(hybrid sharding on a single node), which no amount of memory changes.
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ from zero_sim.system.workload import RECOMPUTE_MODES
 
 # Knobs the planner leaves at their defaults: they change number formats, not the schedule.
 PLANNER_SKIPS = ("param_dtype", "reduce_dtype")
+# A candidate's outcome: it fits; it runs but needs more memory than the GPU has; it cannot run here.
+FITS, NO_FIT, REFUSED = "fits", "does not fit in memory", "cannot run"
 
 
 def candidates(strategies: Iterable[str] | None = None, recompute: Iterable[str] = RECOMPUTE_MODES,
@@ -65,6 +72,8 @@ def plan(model: str = "gpt2-1.5b", gpus: int = 8, topology: str = "dgx-a100", gp
          recompute: Iterable[str] = RECOMPUTE_MODES, progress: Progress = None, **extra) -> pd.DataFrame:
     """Simulate every candidate for one model on one cluster; fastest that fits first.
 
+    ``outcome`` says of each row :data:`FITS`, :data:`NO_FIT` (it runs, in more memory than the
+    GPU has) or :data:`REFUSED` (the simulator refuses it here; the sentence is in ``error``).
     ``progress`` is passed to :func:`zero_sim.sweep.sweep`; ``extra`` are further
     ``simulate()`` settings shared by every candidate.
     """
@@ -77,10 +86,27 @@ def plan(model: str = "gpt2-1.5b", gpus: int = 8, topology: str = "dgx-a100", gp
     if "fits" not in df:
         df["fits"] = False
     df["fits"] = df["fits"].fillna(False).astype(bool)
+    refused = df["error"].notna() if "error" in df else pd.Series(False, index=df.index)
+    df["outcome"] = [REFUSED if r else FITS if fits else NO_FIT
+                     for r, fits in zip(refused, df["fits"], strict=True)]
     df = df.sort_values(["fits", "tokens_per_s"], ascending=[False, False], na_position="last")
     df.index = range(1, len(df) + 1)
     df.index.name = "rank"
     return df
 
 
-__all__ = ["PLANNER_SKIPS", "candidates", "knobs_label", "plan"]
+def tally(df: pd.DataFrame) -> str:
+    """How the candidates of a plan fared, in words: "48 fit, 3 do not fit in memory, 3 cannot run on
+    this topology: --hybrid needs at least two nodes; ...".  A refused candidate is never counted as
+    a memory miss: that would send the reader after memory for a setup that cannot run at all."""
+    counts = df["outcome"].value_counts()
+    fit, miss, refused = (int(counts.get(k, 0)) for k in (FITS, NO_FIT, REFUSED))
+    parts = [f"{fit} fit", f"{miss} {'does' if miss == 1 else 'do'} not fit in memory"]
+    if refused:
+        reasons = df.loc[df["outcome"] == REFUSED, "error"].value_counts()
+        others = f" (and {len(reasons) - 1} other reasons)" if len(reasons) > 1 else ""
+        parts.append(f"{refused} cannot run on this topology: {reasons.index[0]}{others}")
+    return ", ".join(parts)
+
+
+__all__ = ["FITS", "NO_FIT", "PLANNER_SKIPS", "REFUSED", "candidates", "knobs_label", "plan", "tally"]

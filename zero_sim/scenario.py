@@ -12,7 +12,8 @@ with a sentence naming the strategies it belongs to.
 from __future__ import annotations
 
 import os
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from typing import Any
 
 from zero_sim.calibration import Calibration, CalibrationError
 from zero_sim.configs.read import read_config
@@ -201,12 +202,26 @@ def resolve(**kwargs) -> dict:
     return {"settings": settings, "knobs": knobs, "strategy": strategy}
 
 
-def simulate(workload: Workload | None = None, **kwargs) -> SimResult:
-    """Simulate one training configuration; keywords are the CLI flags with underscores.
+@dataclass(frozen=True)
+class Prepared:
+    """A scenario checked up to the program: every setting resolved, the workload, topology,
+    compute model and the strategy's context built, and the strategy's own checks passed."""
 
-    ``workload`` (Python only) replaces the model preset with a workload built elsewhere,
-    e.g. :func:`sim2real.module_workload.workload_from_module` on a real model.  ``calibration``
-    is a file path or a :class:`zero_sim.calibration.Calibration`."""
+    reading: Any  # ConfigReading of a --*-config file, or None
+    settings: dict
+    knobs: dict
+    strategy: Any
+    calibration: Calibration | None
+    workload: Workload
+    topology: Any
+    gpu: Any
+    compute: ComputeModel
+    ctx: Context
+
+
+def prepare(workload: Workload | None = None, **kwargs) -> Prepared:
+    """Every check ``simulate()`` makes before it builds the program, in its order; the first
+    failure is a :class:`ScenarioError` of one sentence.  Panels ask it which values to offer."""
     reading, kwargs = read_config(kwargs)
     # A Calibration object is taken as it is; a path is a setting like any other.
     calibration = kwargs.pop("calibration") if isinstance(kwargs.get("calibration"), Calibration) else None
@@ -240,11 +255,10 @@ def simulate(workload: Workload | None = None, **kwargs) -> SimResult:
     gpu = GPUS[s["gpu"] or topo.spec.gpu]
     # efficiency None is the GPU's per-op model; a float, the flat roofline at that fraction of peak.
     compute = ComputeModel(gpu, efficiency=s["efficiency"])
-    coll_backend, coll_algorithm = s["backend"], s["algorithm"]
     if calibration is not None:
-        if calibration.backend and calibration.backend != coll_backend:
+        if calibration.backend and calibration.backend != s["backend"]:
             raise ScenarioError(f"the calibration was measured with {calibration.backend} but --backend is "
-                                f"{coll_backend}; use --backend {calibration.backend} or another calibration")
+                                f"{s['backend']}; use --backend {calibration.backend} or another calibration")
         if calibration.compute is not None:
             c = calibration.compute
             compute = ComputeModel(gpu, efficiency=s["efficiency"], layer_seconds=c.layer_seconds,
@@ -258,6 +272,23 @@ def simulate(workload: Workload | None = None, **kwargs) -> SimResult:
                   s["host_overhead_us"] * 1e-6, knobs)
     try:
         strategy.validate(ctx)
+    except StrategyError as exc:
+        raise ScenarioError(str(exc)) from None
+    check_size(s, len(workload.layers))
+    return Prepared(reading, s, knobs, strategy, calibration, workload, topo, gpu, compute, ctx)
+
+
+def simulate(workload: Workload | None = None, **kwargs) -> SimResult:
+    """Simulate one training configuration; keywords are the CLI flags with underscores.
+
+    ``workload`` (Python only) replaces the model preset with a workload built elsewhere,
+    e.g. :func:`sim2real.module_workload.workload_from_module` on a real model.  ``calibration``
+    is a file path or a :class:`zero_sim.calibration.Calibration`."""
+    p = prepare(workload, **kwargs)
+    reading, s, knobs, strategy, calibration = p.reading, p.settings, p.knobs, p.strategy, p.calibration
+    workload, topo, gpu, ctx = p.workload, p.topology, p.gpu, p.ctx
+    coll_backend, coll_algorithm = s["backend"], s["algorithm"]
+    try:
         program = strategy.build(ctx)
     except StrategyError as exc:
         raise ScenarioError(str(exc)) from None

@@ -1,42 +1,46 @@
-"""Controls for simulator settings and strategy knobs, and the text every panel shows.
+"""Controls for simulator settings and strategy knobs, built from what each setting declares.
 
-A control is built from what a setting declares about itself: its kind, default and
-choices (``zero_sim.scenario.COMMON`` for the common settings, each strategy's ``knobs``
-for the rest).  Booleans become checkboxes, multiple-choice settings dropdowns, numbers
-with well-known stops (GPUs, bucket sizes ...) sliders over those stops, other numbers
-number boxes, and anything else a text box where empty means "the default".  So a newly
-registered strategy's knobs get working controls without changes here.
+A control is built from a setting's :class:`~zero_sim.settings.Setting` (``zero_sim.scenario.COMMON``
+for the common settings, each strategy's ``knobs`` for the rest): booleans become
+checkboxes, multiple-choice settings dropdowns, numbers with well-known stops (GPUs, bucket
+sizes, bandwidths ...) sliders over those stops, other numbers boxes bounded by the
+setting's own range, and anything else a text box where empty means "the default".  So a
+newly registered strategy's knobs get working controls without changes here.
 
-:func:`read_control` turns a control back into the setting's value (``None`` for "let the
-simulator choose"), and :func:`set_control` sets one, growing a slider's stops or a
-dropdown's options when the value is new.  The headline numbers are written here once,
-as plain text (:func:`metrics_text`, what tests read) and as HTML (:func:`metrics_html`).
+The stops are candidates, not promises: which of them a control offers at a given moment
+(those the current strategy and the other settings accept) is decided by
+:mod:`zero_sim.ui.offers`.  :func:`read_control` turns a control back into the setting's
+value (``None`` for "let the simulator choose"), and :func:`set_control` sets one, growing
+a slider's stops or a dropdown's options when the value is new.  The headline text lives
+in :mod:`zero_sim.ui.text` (re-exported here).
 """
 
 from __future__ import annotations
 
-import html
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Iterable
 
 import ipywidgets as W
 
 from zero_sim.scenario import COMMON, ScenarioError
+from zero_sim.settings import Setting
 from zero_sim.strategies import STRATEGIES, all_knobs, get_strategy
 from zero_sim.sweep import sweep
-from zero_sim.system.hardware import GB
 from zero_sim.system.model_presets import PRESETS as MODELS
 from zero_sim.system.topology import PRESETS as TOPOLOGIES
+from zero_sim.ui.text import error_html, format_gb, format_ms, metrics_html, metrics_text, optimizer_text
 
 STYLE = {"description_width": "10em"}
 COMMON_SETTINGS = {s.name: s for s in COMMON}
 
-# Sensible stops for numeric settings; any other value given by a notebook is inserted.
+# Candidate stops for numeric settings; any other value given by a notebook is inserted.  Which of
+# them a control offers depends on the strategy and the other settings (zero_sim.ui.offers): 0 MiB
+# buckets are ZeRO-2's "one reduce-scatter per tensor" and refused by DDP and ZeRO-1.
 STOPS: dict[str, list] = {
     "gpus": [1, 2, 4, 8, 16, 32, 64, 128, 256, 512],
     "micro_batch": [1, 2, 4, 8, 16, 32, 64],
     "grad_accum": [1, 2, 4, 8, 16],
     "bucket_mb": [0, 1, 2, 5, 10, 25, 50, 100, 200, 500],
+    "bandwidth_gbps": [1, 2, 5, 10, 20, 50, 100, 200, 400, 800, 1600, 3200],
     "prefetch": [0, 1, 2, 3, 4, 6, 8],
     "prefetch_bucket_size": [0, 1_000_000, 5_000_000, 10_000_000, 50_000_000, 100_000_000, 500_000_000],
     "straggler_ms": [0, 1, 2, 5, 10, 20, 50, 100, 200, 500],
@@ -66,13 +70,16 @@ def with_stop(stops: list, value) -> list:
     return stops if value in stops or value is None else sorted([*stops, value])
 
 
-def _stop_options(name: str, value) -> list:
-    return [(_stop_label(name, v), v) for v in with_stop(STOPS[name], value)]
+def stop_options(name: str, stops: Iterable, marked=None, mark: str = "") -> list[tuple[str, object]]:
+    """(label, value) for each stop; the stop equal to ``marked`` gets `` (mark)`` after its number."""
+    return [(_stop_label(name, v) + (f" ({mark})" if mark and v == marked else ""), v) for v in stops]
 
 
 def _stop_label(name: str, v) -> str:
     if name == "bucket_mb" and v == 0:
         return "0 (per tensor)"
+    if name == "bandwidth_gbps":
+        return f"{v:.0f}" if v >= 100 else f"{v:.3g}"
     return f"{v:g}" if isinstance(v, float) else str(v)
 
 
@@ -85,35 +92,56 @@ def _choice_widget(name: str, options: Iterable, value, help_text: str = "") -> 
                       tooltip=help_text or None)
 
 
+def _bounds(setting: Setting | None, kind: type) -> dict:
+    """A number box's min and max from the setting's range (a whole number above ``gt`` starts at gt + 1)."""
+    if setting is None:
+        return {}
+    out = {}
+    if setting.ge is not None:
+        out["min"] = setting.ge
+    elif setting.gt is not None:
+        out["min"] = setting.gt + 1 if kind is int else setting.gt
+    if setting.le is not None:
+        out["max"] = setting.le
+    if kind is int:
+        out = {k: int(v) for k, v in out.items()}
+    return out
+
+
 def make_control(name: str, value, kind: type = float, choices: Iterable | None = None,
-                 help_text: str = "") -> W.ValueWidget:
-    """A control for one setting or knob, chosen from its kind, choices and known stops."""
+                 help_text: str = "", setting: Setting | None = None) -> W.ValueWidget:
+    """A control for one setting or knob, chosen from its kind, choices and known stops; a number
+    box is bounded by ``setting``'s range, so it cannot hold a number the setting refuses."""
     tooltip = help_text or None
     if kind is bool:
         return W.Checkbox(value=bool(value), description=control_label(name), indent=False, tooltip=tooltip)
     if choices:
         return _choice_widget(name, choices, value, help_text)
     if name in STOPS and isinstance(value, int | float) and not isinstance(value, bool):
-        return W.SelectionSlider(options=_stop_options(name, value),
+        return W.SelectionSlider(options=stop_options(name, with_stop(STOPS[name], value)),
                                  value=value,
                                  description=control_label(name), style=STYLE, layout=wide_layout(),
                                  continuous_update=False, tooltip=tooltip)
+    bounds = _bounds(setting, kind)
     if kind is int and value is not None:
-        return W.IntText(value=int(value), description=control_label(name), style=STYLE, tooltip=tooltip)
+        box = W.BoundedIntText if bounds else W.IntText
+        return box(value=int(value), description=control_label(name), style=STYLE, tooltip=tooltip, **bounds)
     if kind is float and value is not None:
-        return W.FloatText(value=float(value), description=control_label(name), style=STYLE, tooltip=tooltip)
+        box = W.BoundedFloatText if bounds else W.FloatText
+        return box(value=float(value), description=control_label(name), style=STYLE, tooltip=tooltip,
+                   **bounds)
     # Unknown kinds, and numbers whose default is "let the strategy decide": free text, "" = default.
     return W.Text(value="" if value is None else str(value), description=control_label(name), style=STYLE,
                   placeholder="default", tooltip=tooltip)
 
 
-def read_control(widget: W.ValueWidget, kind: type = str):
-    """The value a control stands for, converted to the setting's kind (``None`` = default)."""
-    v = widget.value
-    if v == DEFAULT:
+def read_value(widget: W.ValueWidget, value, kind: type = str):
+    """The setting ``value`` stands for when ``widget`` holds it, converted to the setting's kind
+    (``None`` = default): what :func:`read_control` reads, for a value the widget may not hold yet."""
+    if value == DEFAULT:
         return None
     if isinstance(widget, W.Text):
-        text = v.strip()
+        text = value.strip()
         if not text:
             return None
         if kind in (int, float):
@@ -123,7 +151,22 @@ def read_control(widget: W.ValueWidget, kind: type = str):
                 raise ScenarioError(f"{widget.description} must be a number, got {text!r}") from None
             return int(number) if kind is int else number
         return text
-    return v
+    return value
+
+
+def widget_value(widget: W.ValueWidget, value):
+    """What a control holds to stand for the setting ``value``: for None, "(default)" in a dropdown
+    and an empty text box."""
+    if value is None and isinstance(widget, W.Dropdown):
+        return DEFAULT
+    if isinstance(widget, W.Text):
+        return "" if value is None else str(value)
+    return value
+
+
+def read_control(widget: W.ValueWidget, kind: type = str):
+    """The value a control stands for, converted to the setting's kind (``None`` = default)."""
+    return read_value(widget, widget.value, kind)
 
 
 def set_control(widget: W.ValueWidget, value) -> None:
@@ -144,8 +187,20 @@ def set_control(widget: W.ValueWidget, value) -> None:
     widget.value = value
 
 
-def setting_control(name: str, value=None) -> W.ValueWidget:
-    """A control for a common setting (``COMMON``) or any strategy's knob, starting at ``value``."""
+def setting_of(name: str, strategy: str | None = None) -> Setting:
+    """The :class:`Setting` a control stands for: a common one, ``strategy``'s knob, or the first
+    strategy's that has a knob of that name."""
+    if name in COMMON_SETTINGS:
+        return COMMON_SETTINGS[name]
+    owners = all_knobs().get(name)
+    if not owners:
+        raise KeyError(f"{name!r} is neither a common setting nor a knob of any strategy")
+    return next((knob for owner, knob in owners if owner == strategy), owners[0][1])
+
+
+def setting_control(name: str, value=None, strategy: str | None = None) -> W.ValueWidget:
+    """A control for a common setting (``COMMON``) or a knob (of ``strategy`` when it has one of that
+    name), starting at ``value``."""
     if name == "strategy":
         return W.Dropdown(options=list(STRATEGIES), value=value or "ddp", description="strategy", style=STYLE)
     if name == "model":
@@ -154,14 +209,8 @@ def setting_control(name: str, value=None) -> W.ValueWidget:
     if name == "topology":
         return W.Dropdown(options=sorted(TOPOLOGIES), value=value or COMMON_SETTINGS["topology"].default,
                           description="topology", style=STYLE)
-    if name in COMMON_SETTINGS:
-        s = COMMON_SETTINGS[name]
-        return make_control(name, s.default if value is None else value, s.kind, s.choices, s.help)
-    owners = all_knobs().get(name)
-    if not owners:
-        raise KeyError(f"{name!r} is neither a common setting nor a knob of any strategy")
-    knob = owners[0][1]
-    return make_control(name, knob.default if value is None else value, knob.kind, knob.choices, knob.help)
+    s = setting_of(name, strategy)
+    return make_control(name, s.default if value is None else value, s.kind, s.choices, s.help, s)
 
 
 def kind_of(name: str) -> type:
@@ -193,60 +242,9 @@ def sweep_with_bar(scenarios, description: str = "simulating"):
     return sweep(scenarios, progress=True, description=description)
 
 
-# ----------------------------------------------------------------------------- text
-
-
-def format_ms(seconds: float) -> str:
-    return f"{seconds * 1e3:.2f} ms"
-
-
-def format_gb(nbytes: float) -> str:
-    return f"{nbytes / GB:.2f} GB"
-
-
-def _fit_text(mem: Mapping[str, Any]) -> str:
-    return "fits" if mem["fits"] else f"does NOT fit (short by {format_gb(mem['shortfall_bytes'])})"
-
-
-def metrics_text(m: Mapping[str, Any]) -> str:
-    """The headline numbers as one line of plain text (what the panels show, and tests read)."""
-    mem = m["memory"]
-    ov = m["comm_overlap_fraction"]
-    overlap = "n/a" if ov is None else f"{ov:.0%}"
-    return (f"step time {format_ms(m['step_time_s'])} · compute {format_ms(m['compute_time_s'])} · "
-            f"exposed comm {format_ms(m['exposed_comm_s'])} · overlap {overlap} · "
-            f"{m['tflops_per_gpu']:.1f} TFLOP/s per GPU · "
-            f"peak memory {format_gb(mem['peak_bytes'])} of {format_gb(mem['capacity_bytes'])}, "
-            f"{_fit_text(mem)}")
-
-
-def metrics_html(m: Mapping[str, Any]) -> str:
-    """The headline numbers as one line of HTML, the verdict on memory in green or red."""
-    mem = m["memory"]
-    ov = m["comm_overlap_fraction"]
-    fit_color = "#2e7d32" if mem["fits"] else "#c62828"
-    cells = [
-        ("step time", format_ms(m["step_time_s"])),
-        ("compute", format_ms(m["compute_time_s"])),
-        ("exposed comm", format_ms(m["exposed_comm_s"])),
-        ("overlap", "n/a" if ov is None else f"{ov:.0%}"),
-        ("TFLOP/s per GPU", f"{m['tflops_per_gpu']:.1f}"),
-        ("peak memory", f"{format_gb(mem['peak_bytes'])} of {format_gb(mem['capacity_bytes'])}"),
-    ]
-    items = "".join(f"<span style='margin-right:1.4em'><b class='zs-metric-name'>{k}</b> "
-                    f"<span class='zs-metric-value'>{v}</span></span>" for k, v in cells)
-    return (f"<div style='font-size:1.05em;line-height:1.6'>{items}"
-            f"<span style='color:{fit_color};font-weight:bold'>{_fit_text(mem)}</span></div>")
-
-
-def error_html(sentence: str) -> str:
-    """A refusal, in red where the headline numbers were."""
-    return (f"<div style='color:#b71c1c;background:#fdecea;padding:4px 8px;border-radius:4px'>"
-            f"<b>cannot simulate this:</b> {html.escape(sentence)}</div>")
-
-
 __all__ = [
     "COMMON_SETTINGS", "DEFAULT", "LABELS", "STOPS", "STYLE", "control_label", "error_html", "format_gb",
-    "format_ms", "kind_of", "knob_default", "make_control", "metrics_html", "metrics_text",
-    "read_control", "set_control", "setting_control", "strategy_knob_names", "wide_layout", "with_stop",
+    "format_ms", "kind_of", "knob_default", "make_control", "metrics_html", "metrics_text", "optimizer_text",
+    "read_control", "read_value", "set_control", "setting_control", "setting_of", "stop_options",
+    "strategy_knob_names", "sweep_with_bar", "wide_layout", "widget_value", "with_stop",
 ]

@@ -5,6 +5,9 @@ Under the ``ipympl`` backend (``%matplotlib widget``) the figure's canvas *is* t
 widget, and a redraw costs milliseconds; with any other backend (tests, static renders,
 an executed notebook) the same figure is shown through an ``Output`` widget, cleared and
 filled again after each redraw.
+
+Every panel's figure is at most :data:`~zero_sim.ui.plots.FIGURE_WIDTH` inches wide (legends
+included), so it fits JupyterLab's content area on a 1280-px screen at ipympl's 100 dpi.
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ import matplotlib.figure
 import matplotlib.pyplot as plt
 from IPython import get_ipython
 from IPython.display import display
+
+from zero_sim.ui.plots import FIGURE_WIDTH
 
 
 def in_kernel() -> bool:
@@ -32,6 +37,8 @@ class Figure:
     """One matplotlib figure reused for every redraw: a live canvas under ipympl, else an Output."""
 
     def __init__(self, figsize, nrows=1, height_ratios=None, sharex=False):
+        # A notebook author's wider figure would spill past the content area: narrowed to fit.
+        figsize = (min(figsize[0], FIGURE_WIDTH), figsize[1])
         kw = {"gridspec_kw": {"height_ratios": height_ratios}} if height_ratios else {}
         if interactive_backend():
             with plt.ioff():
@@ -61,8 +68,15 @@ class Figure:
             with self.widget:
                 display(self.fig)
 
+    def blank(self):
+        """Clear and hide the axes (settings refused: the panel says why once, above the figure)."""
+        self.clear()
+        for ax in self.axes:
+            ax.set_axis_off()
+        self.show()
+
     def message(self, text: str):
-        """Blank the axes and write ``text`` on the first one (shown when settings are refused)."""
+        """Blank the axes and write ``text`` on the first one (for a panel with nowhere else to say it)."""
         self.clear()
         for ax in self.axes:
             ax.set_axis_off()
@@ -76,14 +90,11 @@ class Figure:
 
 
 def tidy_timeline(ax):
-    """Smaller type, and the legend under the ticks where the x label was (the axis below repeats it)."""
+    """Smaller type for a panel's axis (its title, ticks and their unit); the legend stays right of it."""
     ax.title.set_fontsize(9)
     ax.tick_params(labelsize=8)
-    ax.set_xlabel("")
-    legend = ax.get_legend()
-    if legend is not None:
-        legend.set_bbox_to_anchor((0.5, -0.06))
-        legend.set_loc("upper center")
+    ax.xaxis.label.set_fontsize(8)
+    ax.yaxis.label.set_fontsize(8)
 
 
-__all__ = ["Figure", "in_kernel", "interactive_backend", "tidy_timeline"]
+__all__ = ["FIGURE_WIDTH", "Figure", "in_kernel", "interactive_backend", "tidy_timeline"]

@@ -1,8 +1,9 @@
 """Pictures of a simulation: a Gantt chart per rank x stream, memory over time, and bars.
 
-Colours follow op categories everywhere (simulated and measured), so a reader learns
-them once: forward blue, backward orange, recompute yellow, optimizer green, all_reduce
-red, reduce_scatter purple, all_gather brown, broadcast pink, waits and stalls grey.
+Every figure here follows :mod:`zero_sim.ui.style` (re-exported from this module): one
+palette for op kinds, memory categories and strategies, at most :data:`FIGURE_WIDTH`
+inches wide with its legend outside the data, and a unit on every axis.  When a chart
+draws only some ranks, its title or caption says which ("ranks 0-3 of 8 shown").
 
 matplotlib is imported inside the drawing functions: :class:`~zero_sim.results.SimResult`
 and the CLI reach this module, and a simulation that draws nothing should not load it.
@@ -10,23 +11,27 @@ and the CLI reach this module, and a simulation that draws nothing should not lo
 
 from __future__ import annotations
 
+from zero_sim.ui.style import (
+    COLORS,
+    FIGURE_WIDTH,
+    MEMORY_COLORS,
+    OP_COLORS,
+    STRATEGY_COLORS,
+    legend_below,
+    legend_beside,
+    op_color,
+    strategy_color,
+)
 from zero_sim.vocabulary import MEMORY_CATEGORIES, parse_op_name
 from zero_sim.vocabulary.files import OutputPathError, atomic_output, check_output_path
 
-COLORS = {
-    "fwd": "#4C72B0", "bwd": "#DD8452", "recompute": "#E8C547", "opt": "#55A868",
-    "all_reduce": "#C44E52", "reduce_scatter": "#8172B3", "all_gather": "#937860",
-    "broadcast": "#DA8BC3", "wait": "#8C8C8C",
-}
-MEMORY_COLORS = {"params": "#4C72B0", "grads": "#DD8452", "optimizer": "#55A868",
-                 "activations": "#C44E52", "buffers": "#8172B3"}
 
-
-def op_color(name: str) -> str:
-    try:
-        return COLORS.get(parse_op_name(name).kind, "#8C8C8C")
-    except ValueError:
-        return "#8C8C8C"
+def ranks_shown(shown: int, world_size: int) -> str:
+    """"ranks 0-3 of 8 shown" when a chart draws only some ranks, else ""."""
+    if shown >= world_size:
+        return ""
+    ranks = "rank 0" if shown == 1 else f"ranks 0-{shown - 1}"
+    return f"{ranks} of {world_size:,} shown"
 
 
 def stream_order(streams) -> list[str]:
@@ -40,15 +45,29 @@ def lanes(result, max_ranks: int = 8) -> list[tuple[int, str]]:
     return [(rank, s) for rank in range(min(result.world_size, max_ranks)) for s in streams]
 
 
+def timeline_title(result, max_ranks: int) -> str:
+    """What the Gantt shows, the step's two headline numbers, and which ranks are drawn."""
+    m = result.metrics
+    shown = ranks_shown(min(result.world_size, max_ranks), result.world_size)
+    return (f"{m['strategy']} · {m['model']} · {m['gpus']} x {m['gpu']} on {m['topology']}: "
+            f"step {m['step_time_s'] * 1e3:.1f} ms, exposed comm {m['exposed_comm_s'] * 1e3:.1f} ms"
+            + (f" ({shown})" if shown else ""))
+
+
 def plot_timeline(result, ax=None, max_ranks: int = 8, title: str | None = None, legend: bool = True,
-                  alpha: float = 1.0, height: float = 0.8, offset: float = 0.0, lane_index=None):
-    """Gantt of the reported step: one lane per rank x stream, times in ms from the step start."""
+                  alpha: float = 1.0, height: float = 0.8, offset: float = 0.0, lane_index=None,
+                  say_ranks: bool = True):
+    """Gantt of the reported step: one lane per rank x stream, times in ms from the step start.
+
+    When fewer ranks are drawn than the run has, the title says which ("ranks 0-3 of 8 shown"),
+    also after a ``title`` of the caller's, unless ``say_ranks`` is False (a caller that says it
+    once for several charts); the legend of op kinds sits right of the axes."""
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
     lane_list = lanes(result, max_ranks)
     if ax is None:
-        _, ax = plt.subplots(figsize=(12, 0.35 * len(lane_list) + 1.2))
+        _, ax = plt.subplots(figsize=(FIGURE_WIDTH, 0.3 * len(lane_list) + 1.4), layout="constrained")
     index = lane_index or {lane: i for i, lane in enumerate(lane_list)}
     by_lane: dict[tuple[int, str], list] = {}
     for rank in range(min(result.world_size, max_ranks)):
@@ -68,14 +87,15 @@ def plot_timeline(result, ax=None, max_ranks: int = 8, title: str | None = None,
     ax.set_xlabel("time in step (ms)")
     step_ms = result.metrics["step_time_s"] * 1e3
     ax.set_xlim(0, step_ms * 1.02)
-    m = result.metrics
-    ax.set_title(title or (f"{m['strategy']} · {m['model']} · {m['gpus']} x {m['gpu']} on {m['topology']}: "
-                           f"step {step_ms:.1f} ms, exposed comm {m['exposed_comm_s'] * 1e3:.1f} ms"))
+    shown = ranks_shown(min(result.world_size, max_ranks), result.world_size) if say_ranks else ""
+    if title is None:
+        title = timeline_title(result, max_ranks if say_ranks else result.world_size)
+    elif shown:
+        title = f"{title} ({shown})"
+    ax.set_title(title)
     if legend:
-        used = {parse_op_name(op["name"]).kind for op in result.ops if _parses(op["name"])}
-        ax.legend(handles=[Patch(color=c, label=k) for k, c in COLORS.items() if k in used],
-                  loc="upper center", bbox_to_anchor=(0.5, -0.12 if len(index) < 8 else -0.05),
-                  ncol=8, fontsize=8, frameon=False)
+        used = {parse_op_name(name).kind for name in {op["name"] for op in result.ops} if _parses(name)}
+        legend_beside(ax, [Patch(color=c, label=k) for k, c in COLORS.items() if k in used])
     return ax
 
 
@@ -120,11 +140,12 @@ def memory_series(result, rank: int = 0):
 
 
 def plot_memory(result, ax=None, rank: int = 0, show_capacity: bool = True):
-    """Stacked memory by category over the reported step, in GB, with the GPU's capacity."""
+    """Stacked memory by category over the reported step, in GB, with the GPU's capacity; the legend
+    sits right of the axes, off the curves."""
     import matplotlib.pyplot as plt
 
     if ax is None:
-        _, ax = plt.subplots(figsize=(12, 3))
+        _, ax = plt.subplots(figsize=(FIGURE_WIDTH, 3), layout="constrained")
     times, series = memory_series(result, rank)
     ax.stackplot(times, *[[b / 1e9 for b in series[c]] for c in MEMORY_CATEGORIES],
                  labels=list(MEMORY_CATEGORIES), colors=[MEMORY_COLORS[c] for c in MEMORY_CATEGORIES],
@@ -134,25 +155,28 @@ def plot_memory(result, ax=None, rank: int = 0, show_capacity: bool = True):
         ax.axhline(mem["capacity_bytes"] / 1e9, color="black", linestyle="--", linewidth=1,
                    label=f"{result.metrics['gpu']} capacity")
     ax.set_xlabel("time in step (ms)")
-    ax.set_ylabel(f"GB on rank {rank}")
+    ax.set_ylabel(f"memory, rank {rank} (GB)")
     short = "" if mem["fits"] else f" — does NOT fit, short by {mem['shortfall_bytes'] / 1e9:.2f} GB"
     ax.set_title(f"memory: peak {mem['peak_bytes'] / 1e9:.2f} GB" + short)
-    ax.legend(loc="upper left", fontsize=8, ncol=6, frameon=False)
+    # Top of the stack first, as the eye reads the picture.
+    handles, labels = ax.get_legend_handles_labels()
+    legend_beside(ax, handles[::-1], labels=labels[::-1])
     ax.set_xlim(0, times[-1] if times else 1)
     return ax
 
 
 def plot_overview(result, path=None, max_ranks: int = 4):
-    """Timeline above memory in one figure; saved to ``path`` when given."""
+    """Timeline above memory in one figure, legends right of both; saved to ``path`` when given."""
     import matplotlib.pyplot as plt
 
     n_lanes = len(lanes(result, max_ranks))
-    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(13, 0.32 * n_lanes + 4.5),
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(FIGURE_WIDTH, 0.28 * n_lanes + 4.0), layout="constrained",
                                    gridspec_kw={"height_ratios": [max(n_lanes, 3), 4]}, sharex=True)
     plot_timeline(result, ax=ax1, max_ranks=max_ranks)
     plot_memory(result, ax=ax2)
     ax1.set_xlabel("")
-    fig.tight_layout()
+    ax1.title.set_fontsize(10)
+    ax2.title.set_fontsize(10)
     if path is not None:
         save_figure(fig, path, dpi=110)
     return fig
@@ -190,7 +214,7 @@ def plot_measured_step(ops, ax=None, step: int | None = None, rank: int = 0, hea
 
     ops = [op for op in ops if op.get("end_s") is not None and op.get("rank", rank) == rank]
     if ax is None:
-        _, ax = plt.subplots(figsize=(10, 1.6))
+        _, ax = plt.subplots(figsize=(FIGURE_WIDTH, 1.6), layout="constrained")
     if not ops:
         ax.text(0.5, 0.5, "this run recorded no ops", ha="center", transform=ax.transAxes)
         return ax
@@ -247,7 +271,7 @@ def plot_overlay(comparison, ax=None, fig=None, ranks=None, title: str | None = 
     lane_list = overlay_lanes(comparison, ranks)
     if ax is None:
         if fig is None:
-            fig = plt.figure(figsize=(12, 0.42 * len(lane_list) + 2.0), layout="constrained")
+            fig = plt.figure(figsize=(FIGURE_WIDTH, 0.42 * len(lane_list) + 2.0), layout="constrained")
         ax = fig.add_subplot()
     index = {lane: i for i, lane in enumerate(lane_list)}
     for (rank, stream), y in index.items():
@@ -336,7 +360,7 @@ def plot_overlay_pair(comp_a, comp_b, labels: tuple[str, str] | None = None, fig
     labels = labels or tuple(c.summary["strategy"] for c in comps)
     n_lanes = [len(overlay_lanes(c, ranks)) for c in comps]
     if fig is None:
-        fig = plt.figure(figsize=(12, 0.42 * sum(n_lanes) + 3.0))
+        fig = plt.figure(figsize=(FIGURE_WIDTH, 0.42 * sum(n_lanes) + 3.0))
     axes = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [max(n, 1) for n in n_lanes]})
     for ax, comp, label in zip(axes, comps, labels, strict=True):
         plot_overlay(comp, ax=ax, ranks=ranks, legend=False, label=label)
@@ -347,3 +371,12 @@ def plot_overlay_pair(comp_a, comp_b, labels: tuple[str, str] | None = None, fig
     fig.legend(handles=overlay_legend_handles(comps), loc="lower center", ncol=6, fontsize=8, frameon=False)
     fig.subplots_adjust(left=0.12, right=0.98, top=0.95, bottom=0.1 + 0.3 / max(sum(n_lanes), 1), hspace=0.45)
     return fig
+
+
+__all__ = [
+    "COLORS", "FIGURE_WIDTH", "MEMORY_COLORS", "OP_COLORS", "PREDICTED_HATCH", "STRATEGY_COLORS", "lanes",
+    "legend_below", "legend_beside", "memory_series", "op_color", "overlay_lanes", "overlay_legend_handles",
+    "overlay_span_s", "picture_format", "plot_measured_step", "plot_memory", "plot_overlay",
+    "plot_overlay_pair", "plot_overview", "plot_timeline", "ranks_shown", "save_figure", "stream_order",
+    "strategy_color", "timeline_title",
+]

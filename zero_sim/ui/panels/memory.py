@@ -13,9 +13,9 @@ import ipywidgets as W
 
 from zero_sim.system.hardware import GB, GPUS
 from zero_sim.ui.controls import STYLE, format_gb, wide_layout, with_stop
-from zero_sim.ui.figure import Figure
+from zero_sim.ui.figure import FIGURE_WIDTH, Figure
 from zero_sim.ui.panel import Panel
-from zero_sim.ui.plots import MEMORY_COLORS
+from zero_sim.ui.plots import MEMORY_COLORS, legend_beside
 from zero_sim.vocabulary import GRADS, OPTIMIZER_STATE, PARAMS
 from zero_sim.vocabulary.model_states import model_state_bytes
 
@@ -50,7 +50,7 @@ class MemoryCalculator(Panel):
     """
 
     def __init__(self, params_billion: float = 1.5, gpus: int = 8, stage: int = 0, k: int = 12,
-                 gpu: str = "A100-80GB", figsize=(9, 3.6), auto: bool = True):
+                 gpu: str = "A100-80GB", figsize=(FIGURE_WIDTH, 3.6), auto: bool = True):
         super().__init__()
         self.controls = {
             # Common model sizes, not a log scale: a log slider would round 1.5 to 1.51 in the browser.
@@ -70,7 +70,7 @@ class MemoryCalculator(Panel):
         self.summary = W.HTML()
         self.summary.add_class("zs-memory-summary")
         self.figure = Figure(figsize)
-        self.figure.fig.subplots_adjust(left=0.1, right=0.98, top=0.88, bottom=0.14)
+        self.figure.fig.subplots_adjust(left=0.09, right=0.8, top=0.88, bottom=0.1)  # legend at the right
         self.widget = W.VBox([W.HBox([W.VBox([self.controls["params_billion"], self.controls["gpus"],
                                               self.controls["k"]]),
                                       W.VBox([self.controls["gpu"]])]),
@@ -130,11 +130,12 @@ class MemoryCalculator(Panel):
         ax.axhline(r["capacity_bytes"] / GB, color="black", linestyle="--", linewidth=1,
                    label=f"{self.controls['gpu'].value} memory")
         ax.set_xticks(list(xs), STAGE_NAMES)
-        ax.set_ylabel("GB per GPU")
+        ax.set_ylabel("model states per GPU (GB)")
         ax.set_ylim(0, max(max(bottoms), r["capacity_bytes"] / GB) * 1.18)
         ax.set_title(f"model states per GPU: {r['params'] / 1e9:.3g}B parameters, N = {r['gpus']}, "
                      f"K = {r['k']}", fontsize=10)
-        ax.legend(fontsize=8, loc="upper right", frameon=False)
+        handles, labels = ax.get_legend_handles_labels()
+        legend_beside(ax, handles[::-1], labels=labels[::-1])  # top of the stack first
         fig.show()
 
 

@@ -18,8 +18,9 @@ import pandas as pd
 from zero_sim.system.collectives import CollectiveError
 from zero_sim.system.nccl_tests import fit_nccl_tests, parse_nccl_tests
 from zero_sim.ui.controls import STYLE, error_html
-from zero_sim.ui.figure import Figure
+from zero_sim.ui.figure import FIGURE_WIDTH, Figure
 from zero_sim.ui.panel import Panel
+from zero_sim.ui.plots import COLORS, legend_below
 
 MIB = 2**20
 
@@ -27,7 +28,7 @@ MIB = 2**20
 class NcclFitPanel(Panel):
     """Paste nccl-tests output, press fit: latency + bus bandwidth, and the fit against each row."""
 
-    def __init__(self, tables: Mapping[str, str], collective: str = "all_reduce", figsize=(10, 3.4),
+    def __init__(self, tables: Mapping[str, str], collective: str = "all_reduce", figsize=(FIGURE_WIDTH, 3.4),
                  auto: bool = True):
         super().__init__()
         self.examples = dict(tables)
@@ -45,7 +46,7 @@ class NcclFitPanel(Panel):
         self.summary = W.HTML()
         self.summary.add_class("zs-metrics")
         self.figure = Figure(figsize)
-        self.figure.fig.subplots_adjust(left=0.1, right=0.98, top=0.88, bottom=0.16)
+        self.figure.fig.subplots_adjust(left=0.08, right=0.98, top=0.88, bottom=0.3)  # the legend below
         self.widget = W.VBox([W.HBox([self.controls["example"], self.controls["collective"], self.button]),
                               self.controls["text"], self.summary, self.figure.widget])
         self.controls["example"].observe(self._pick, names="value")
@@ -79,7 +80,7 @@ class NcclFitPanel(Panel):
         fig = self.figure
         if self.error:
             self.summary.value = error_html(self.error)
-            fig.message(self.error)
+            fig.blank()  # the sentence is in the red line above: once is enough
             return
         table, fit = self.result["table"], self.result["fit"]
         self.summary.value = (f"{table.n_ranks} ranks · latency <b>{fit.latency_s * 1e6:.1f} us</b> · "
@@ -89,10 +90,11 @@ class NcclFitPanel(Panel):
         fig.restore_axes()
         ax = fig.axes[0]
         sizes = [r.size_bytes for r in table.rows]
-        ax.plot([s / MIB for s in sizes], [r.busbw_gbps for r in table.rows], "o", label="measured busbw")
+        ax.plot([s / MIB for s in sizes], [r.busbw_gbps for r in table.rows], "o", color=COLORS["all_reduce"],
+                label="measured busbw")
         grid = np.geomspace(min(sizes), max(sizes), 60)
         fitted = [fit.factor * s / fit.time(s) / 1e9 for s in grid]
-        ax.plot(grid / MIB, fitted, "-",
+        ax.plot(grid / MIB, fitted, "-", color="black",
                 label=f"fit: {fit.latency_s * 1e6:.0f} us + size / {fit.busbw / 1e9:.1f} GB/s")
         ax.set_xscale("log")
         ax.set_xlabel("message size (MiB)")
@@ -100,7 +102,7 @@ class NcclFitPanel(Panel):
         ax.set_ylim(0, max(r.busbw_gbps for r in table.rows) * 1.2)
         ax.set_title("small messages never reach the link's bandwidth: the fixed latency dominates",
                      fontsize=10)
-        ax.legend(fontsize=8, frameon=False, loc="lower right")
+        legend_below(ax, ncol=2)
         fig.show()
 
 

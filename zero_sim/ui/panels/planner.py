@@ -5,21 +5,29 @@ progress bar over the candidates, a one-paragraph verdict (the fastest candidate
 fits, or how far the leanest one is from fitting), the ranked table, and a chart of every
 candidate's peak memory against its step time.  Planning simulates dozens of scenarios,
 so it runs when the reader presses **plan**, not on every control change.
+
+The controls offer only what every strategy can run (:mod:`zero_sim.ui.offers`): the GPU
+counts the topology's node size allows, for instance.  Candidates the simulator still
+refuses on this cluster (hybrid sharding on one node) are counted apart from those that do
+not fit in memory, with the reason (:func:`zero_sim.planner.tally`).
 """
 
 from __future__ import annotations
 
+import html
 from collections.abc import Iterable
 
 import ipywidgets as W
 from IPython.display import display
 
-from zero_sim.planner import candidates, plan
+from zero_sim.planner import candidates, plan, tally
+from zero_sim.strategies import STRATEGIES
 from zero_sim.system.workload import RECOMPUTE_MODES
-from zero_sim.ui.controls import error_html, kind_of, read_control, setting_control
-from zero_sim.ui.figure import Figure, in_kernel
+from zero_sim.ui.controls import error_html, kind_of, read_value, setting_control
+from zero_sim.ui.figure import FIGURE_WIDTH, Figure, in_kernel
+from zero_sim.ui.offers import Offers
 from zero_sim.ui.panel import Panel
-from zero_sim.ui.plots import COLORS
+from zero_sim.ui.plots import legend_beside, strategy_color
 
 
 def _bar(total: int):
@@ -28,7 +36,7 @@ def _bar(total: int):
 
     return tqdm(total=total, desc="candidates", display=False)
 
-TABLE_COLUMNS = ["strategy", "knobs", "recompute", "fits", "step_ms", "exposed_comm_ms", "tokens_per_s",
+TABLE_COLUMNS = ["strategy", "knobs", "recompute", "outcome", "step_ms", "exposed_comm_ms", "tokens_per_s",
                  "tflops_per_gpu", "peak_GB", "model_states_GB", "activations_GB", "error"]
 
 
@@ -37,13 +45,19 @@ class Planner(Panel):
 
     def __init__(self, model: str = "gpt2-1.5b", gpus: int = 8, topology: str = "dgx-a100",
                  micro_batch: int = 4, recompute: Iterable[str] = RECOMPUTE_MODES,
-                 figsize=(10, 4), auto: bool = True, top: int = 12):
+                 figsize=(FIGURE_WIDTH, 4), auto: bool = True, top: int = 12):
         super().__init__()
         self.recompute = tuple(recompute)
         self.top = top
         self.controls = {name: setting_control(name, value) for name, value in
                          (("model", model), ("gpus", gpus), ("topology", topology),
                           ("gpu", None), ("micro_batch", micro_batch))}
+        # Offered: what every strategy at its defaults can run; the GPU count follows the topology.
+        self.offers = Offers(self.controls, self.scenarios, leaders=("model", "topology"))
+        with self.hold():
+            self.offers.refresh()
+        for name, w in self.controls.items():
+            w.observe(lambda change, name=name: self._offer(name), names="value")
         self.button = W.Button(description="plan", icon="search", button_style="primary")
         self.button.on_click(lambda _: self.update())
         self.progress = _bar(1)
@@ -51,7 +65,7 @@ class Planner(Panel):
         self.summary.add_class("zs-metrics")
         self.table = W.Output()
         self.figure = Figure(figsize)
-        self.figure.fig.subplots_adjust(left=0.1, right=0.75, top=0.9, bottom=0.13)
+        self.figure.fig.subplots_adjust(left=0.09, right=0.8, top=0.9, bottom=0.13)  # legend at the right
         c = self.controls
         self.widget = W.VBox([
             W.HBox([W.VBox([c["model"], c["topology"], c["gpu"]]), W.VBox([c["gpus"], c["micro_batch"]])]),
@@ -59,8 +73,26 @@ class Planner(Panel):
         if auto:
             self.update()
 
-    def settings(self) -> dict:
-        return {name: read_control(w, kind_of(name)) for name, w in self.controls.items()}
+    def settings(self, override: dict | None = None) -> dict:
+        """The settings every candidate shares; ``override`` (name -> a value a control could hold)
+        stands in for controls' own values."""
+        override = override or {}
+        return {name: read_value(w, override.get(name, w.value), kind_of(name))
+                for name, w in self.controls.items()}
+
+    def scenarios(self, override: dict | None = None) -> list[dict]:
+        """The shared settings under each strategy at its defaults: what the controls must allow."""
+        s = {k: v for k, v in self.settings(override).items() if v is not None}
+        return [s | {"strategy": name} for name in STRATEGIES]
+
+    def _offer(self, name: str) -> None:
+        """A control moved: keep the others to what can run (planning waits for the button)."""
+        if self._holding:
+            return
+        with self.hold():
+            if name in self.offers.leaders:
+                self.offers.conform()
+            self.offers.refresh()
 
     def update(self, *_):
         s = self.settings()
@@ -94,44 +126,51 @@ class Planner(Panel):
         df = self.result
         if self.error:
             return error_html(self.error)
+        counts = tally(df)
         if best is None:
             least = df.dropna(subset=["peak_GB"]).sort_values("peak_GB").iloc[0]
-            return (f"<b>nothing fits</b>: the leanest candidate ({least['strategy']}, "
-                    f"{least['knobs']}, recompute {least['recompute']}) still needs "
+            return (f"<b>nothing fits</b> ({html.escape(counts)}): the leanest candidate "
+                    f"({least['strategy']}, {least['knobs']}, recompute {least['recompute']}) still needs "
                     f"{least['peak_GB']:.1f} GB of {least['capacity_GB']:.1f} GB. "
                     f"Try more GPUs, a smaller micro-batch, or a bigger GPU.")
-        n_fit = int(df["fits"].sum())
-        return (f"{n_fit} of {len(df)} candidates fit. Fastest that fits: "
+        return (f"{html.escape(counts)}. Fastest that fits: "
                 f"<b>{best['strategy']}</b> ({best['knobs']}, recompute {best['recompute']}): "
                 f"step {best['step_ms']:.1f} ms, {best['tokens_per_s']:,.0f} tokens/s, "
                 f"peak {best['peak_GB']:.1f} of {best['capacity_GB']:.1f} GB")
 
     def _chart(self, best):
+        from matplotlib.lines import Line2D
+
         df, s = self.result, self.settings()
         fig = self.figure
         fig.clear()
         ax = fig.axes[0]
-        palette = list(COLORS.values())
         ok = df.dropna(subset=["step_ms"])
-        for i, (name, group) in enumerate(ok.groupby("strategy", sort=False)):
-            color = palette[i % len(palette)]
-            fit = group[group["fits"]]
-            nofit = group[~group["fits"]]
-            if len(fit):
-                ax.scatter(fit["peak_GB"], fit["step_ms"], color=color, label=f"{name} (fits)", s=30)
-            if len(nofit):
-                ax.scatter(nofit["peak_GB"], nofit["step_ms"], facecolors="none", edgecolors=color,
-                           label=f"{name} (does not fit)", s=30)
+        handles = []
+        # Strategies in their registered order, each in its own colour: re-planning never recolours one.
+        names = [n for n in STRATEGIES if n in set(ok["strategy"])]
+        names += sorted(set(ok["strategy"]) - set(names))
+        for name in names:
+            group, color = ok[ok["strategy"] == name], strategy_color(name)
+            fit, nofit = group[group["fits"]], group[~group["fits"]]
+            ax.scatter(fit["peak_GB"], fit["step_ms"], color=color, s=30)
+            ax.scatter(nofit["peak_GB"], nofit["step_ms"], facecolors="none", edgecolors=color, s=30)
+            handles.append(Line2D([], [], marker="o", linestyle="", color=color, label=name))
+        grey = "#555555"
+        handles += [Line2D([], [], marker="o", linestyle="", color=grey, label="filled: fits"),
+                    Line2D([], [], marker="o", linestyle="", markerfacecolor="none", markeredgecolor=grey,
+                           label="hollow: does not fit")]
         if len(ok):
-            ax.axvline(ok["capacity_GB"].iloc[0], color="black", linestyle="--", linewidth=1,
-                       label="GPU memory")
+            ax.axvline(ok["capacity_GB"].iloc[0], color="black", linestyle="--", linewidth=1)
+            handles.append(Line2D([], [], color="black", linestyle="--", linewidth=1, label="GPU memory"))
         if best is not None:
             ax.annotate("fastest that fits", (best["peak_GB"], best["step_ms"]), xytext=(10, 10),
                         textcoords="offset points", fontsize=8, arrowprops={"arrowstyle": "->"})
         ax.set_xlabel("peak memory per GPU (GB)")
         ax.set_ylabel("step time (ms)")
-        ax.set_title(f"{s['model']} on {s['gpus']} GPUs, {s['topology']}: every candidate", fontsize=10)
-        ax.legend(fontsize=7, frameon=False, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+        ax.set_title(f"{s['model']} on {s['gpus']} GPUs, {s['topology']}: every candidate that runs",
+                     fontsize=10)
+        legend_beside(ax, handles)
         fig.show()
 
 

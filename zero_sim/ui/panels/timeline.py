@@ -15,7 +15,7 @@ import ipywidgets as W
 
 from zero_sim.scenario import ScenarioError, simulate
 from zero_sim.ui.controls import error_html, metrics_html
-from zero_sim.ui.figure import Figure, tidy_timeline
+from zero_sim.ui.figure import FIGURE_WIDTH, Figure, tidy_timeline
 from zero_sim.ui.panel import ScenarioPanel, control_grid
 
 
@@ -29,8 +29,8 @@ class TimelineExplorer(ScenarioPanel):
     SETTINGS = ("strategy", "model", "gpus", "topology", "bandwidth_gbps", "micro_batch", "recompute")
 
     def __init__(self, settings: Iterable[str] = SETTINGS, knobs: Iterable[str] | str = "all",
-                 max_ranks: int = 4, trace_dir: str | Path = "out", figsize=(9, 6.2), auto: bool = True,
-                 **values):
+                 max_ranks: int = 4, trace_dir: str | Path = "out", figsize=(FIGURE_WIDTH, 6.2),
+                 auto: bool = True, **values):
         values.setdefault("strategy", "ddp")
         values.setdefault("topology", "pcie")
         values.setdefault("gpus", 8)
@@ -48,7 +48,8 @@ class TimelineExplorer(ScenarioPanel):
         self.trace_status.add_class("zs-trace-status")
         self.trace_button.on_click(lambda _: self.save_trace())
         self.figure = Figure(figsize, nrows=2, height_ratios=[3, 2])
-        self.figure.fig.subplots_adjust(left=0.16, right=0.98, top=0.94, bottom=0.08, hspace=0.55)
+        # Left: the lane names; right: the legends of op kinds and memory, beside the data.
+        self.figure.fig.subplots_adjust(left=0.15, right=0.85, top=0.95, bottom=0.08, hspace=0.35)
         self.widget = W.VBox([
             control_grid(self, list(settings) + self.knob_names),
             self.metrics, self.errors, self.figure.widget, self.notes,
@@ -74,7 +75,7 @@ class TimelineExplorer(ScenarioPanel):
             self.metrics.value = ""
             self.errors.value = error_html(self.error)
             self.notes.value = ""
-            fig.message(self.error)
+            fig.blank()  # the sentence is in the red line above: once is enough
             return
         self.errors.value = ""
         self.metrics.value = metrics_html(self.result.metrics)
@@ -89,9 +90,8 @@ class TimelineExplorer(ScenarioPanel):
         self.result.plot_timeline(ax=ax_t, max_ranks=self.max_ranks)
         self.result.plot_memory(ax=ax_m)
         tidy_timeline(ax_t)
+        tidy_timeline(ax_m)
         ax_m.set_xlim(ax_t.get_xlim())
-        ax_m.title.set_fontsize(9)
-        ax_m.legend(loc="upper right", fontsize=7, ncol=3, frameon=False)
         fig.show()
 
     def save_trace(self, path: str | Path | None = None) -> Path | None:

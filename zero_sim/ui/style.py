@@ -1,0 +1,76 @@
+"""The look every figure shares: its width, its colours, and where its legend goes.
+
+One palette, used by every figure (simulated and measured alike), so a reader learns it once:
+
+* op kinds: forward blue, backward orange, recompute yellow, optimizer green, all_reduce
+  red, reduce_scatter purple, all_gather brown, broadcast pink, fetch decisions cyan, waits
+  and stalls grey (:data:`COLORS`);
+* memory categories (:data:`MEMORY_COLORS`);
+* strategies (:data:`STRATEGY_COLORS`, :func:`strategy_color`): a fixed colour per name, so
+  a strategy keeps its colour from one chart (or one re-plan) to the next whatever else is
+  drawn beside it; a strategy registered later gets one derived from its name alone.
+
+Every figure fits a notebook: JupyterLab's content area is about 1100 px wide on a 1280-px
+screen, and ipympl draws at 100 dpi, so a figure is at most :data:`FIGURE_WIDTH` inches wide
+*including* its legend, which sits outside the data (:func:`legend_beside`,
+:func:`legend_below`), never on it.  :mod:`zero_sim.ui.plots` re-exports all of it.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+from zero_sim.vocabulary import parse_op_name
+
+# Inches: about 950 px at ipympl's 100 dpi, inside JupyterLab's ~1100 px content area at 1280 px.
+FIGURE_WIDTH = 9.4
+
+COLORS = {
+    "fwd": "#4C72B0", "bwd": "#DD8452", "recompute": "#E8C547", "opt": "#55A868",
+    "all_reduce": "#C44E52", "reduce_scatter": "#8172B3", "all_gather": "#937860",
+    "broadcast": "#DA8BC3", "fetch": "#64B5CD", "wait": "#8C8C8C",
+}
+OP_COLORS = COLORS
+MEMORY_COLORS = {"params": "#4C72B0", "grads": "#DD8452", "optimizer": "#55A868",
+                 "activations": "#C44E52", "buffers": "#8172B3"}
+# Okabe-Ito colours (distinguishable with the common colour-vision deficiencies), one per strategy.
+STRATEGY_COLORS = {"ddp": "#0072B2", "zero1": "#E69F00", "zero2": "#009E73", "zero3": "#D55E00",
+                   "fsdp": "#CC79A7"}
+_MORE_STRATEGY_COLORS = ("#56B4E9", "#000000", "#999933", "#882255", "#44AA99", "#F0E442")
+
+
+def strategy_color(name: str) -> str:
+    """The colour of a strategy in every chart: its own, or one chosen by a stable hash of its name
+    (crc32, not ``hash()``, which changes between Python sessions)."""
+    if name in STRATEGY_COLORS:
+        return STRATEGY_COLORS[name]
+    return _MORE_STRATEGY_COLORS[zlib.crc32(name.encode()) % len(_MORE_STRATEGY_COLORS)]
+
+
+def op_color(name: str) -> str:
+    try:
+        return COLORS.get(parse_op_name(name).kind, "#8C8C8C")
+    except ValueError:
+        return "#8C8C8C"
+
+
+def legend_beside(ax, handles=None, **kw):
+    """The axis's legend outside its data, to the right, one entry per row (the figure leaves room)."""
+    kw = {"loc": "upper left", "bbox_to_anchor": (1.01, 1.0), "borderaxespad": 0.0, "fontsize": 8,
+          "frameon": False} | kw
+    return ax.legend(handles=handles, **kw) if handles is not None else ax.legend(**kw)
+
+
+def legend_below(ax, handles=None, gap_pt: float = 30, **kw):
+    """The axis's legend outside its data, under the tick labels and the x label (``gap_pt`` below
+    the axis, in points, so the distance holds whatever the figure's height)."""
+    from matplotlib.transforms import offset_copy
+
+    below = offset_copy(ax.transAxes, fig=ax.figure, y=-gap_pt, units="points")
+    kw = {"loc": "upper center", "bbox_to_anchor": (0.5, 0.0), "bbox_transform": below, "fontsize": 8,
+          "frameon": False, "ncol": 4} | kw
+    return ax.legend(handles=handles, **kw) if handles is not None else ax.legend(**kw)
+
+
+__all__ = ["COLORS", "FIGURE_WIDTH", "MEMORY_COLORS", "OP_COLORS", "STRATEGY_COLORS", "legend_below",
+           "legend_beside", "op_color", "strategy_color"]
