@@ -23,6 +23,13 @@ nbclient = pytest.importorskip("nbclient")
 
 NOTEBOOKS_DIR = Path(__file__).resolve().parents[1] / "notebooks"
 NOTEBOOKS = sorted(p.name for p in NOTEBOOKS_DIR.glob("*.ipynb"))
+
+
+def _executed(name: str):
+    """A notebook to execute; one that starts real multi-process runs is marked slow, as those runs are."""
+    code = "\n".join(c.source for c in nbformat.read(NOTEBOOKS_DIR / name, as_version=4).cells
+                     if c.cell_type == "code")
+    return pytest.param(name, marks=pytest.mark.slow) if "launch(" in code else name
 BUDGET_S = 60.0
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 
@@ -30,7 +37,7 @@ WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 def test_the_suite_has_its_notebooks():
     for stem in ("00_quickstart", "01_memory_for_engineers", "02_timeline_explorer",
                  "03_ddp_buckets_and_interconnects", "04_zero2_backward_hooks", "05_zero3_on_slow_networks",
-                 "06_real_runs_overlay", "07_planner"):
+                 "06_real_runs_overlay", "07_planner", "08_reading_a_real_trace"):
         assert f"{stem}.ipynb" in NOTEBOOKS, f"notebooks/{stem}.ipynb is missing"
 
 
@@ -56,7 +63,7 @@ def scratch(tmp_path):
     return work
 
 
-@pytest.mark.parametrize("name", NOTEBOOKS)
+@pytest.mark.parametrize("name", [_executed(n) for n in NOTEBOOKS])
 def test_notebook_runs_headless_within_budget(name, scratch):
     nb = nbformat.read(scratch / name, as_version=4)
     client = nbclient.NotebookClient(nb, timeout=int(BUDGET_S), kernel_name="python3",

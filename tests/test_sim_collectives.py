@@ -35,7 +35,7 @@ def test_small_messages_are_latency_bound():
 
 
 def test_a_shared_pcie_bus_makes_each_gpu_slower_as_gpus_are_added():
-    # Seed 002: 2 GPUs on one bus reach ~20 GB/s busbw; 4 on the same bus halve each share.
+    # 'GPT Adventures, Part 4': 2 GPUs on one bus reach ~20 GB/s busbw; 4 on the same bus halve each share.
     two = build_topology("pcie-host-bridge", 2)
     four = build_topology("pcie-host-bridge", 4)
     b2 = (CollectiveModel(two, algorithm="ring").plan("all_reduce", 1 << 30, process_groups(two, "world"))
@@ -48,7 +48,7 @@ def test_a_shared_pcie_bus_makes_each_gpu_slower_as_gpus_are_added():
 
 def test_crossing_the_host_bridge_is_bounded_by_the_bridge():
     topo = build_topology("pcie-host-bridge", 8)
-    pair = ((3, 7),)  # one GPU in each subgroup, as seed 002's second table
+    pair = ((3, 7),)  # one GPU in each subgroup, as the blog post's second nccl-tests table
     plan = CollectiveModel(topo, algorithm="ring").plan("all_reduce", 1 << 30, pair)
     assert plan.busbw(topo) == pytest.approx(13.8e9, rel=0.02)
 

@@ -1,4 +1,4 @@
-"""The seeds' findings, reproduced by mechanism.  Each test prints its figures."""
+"""The source documents' findings, reproduced by mechanism.  Each test prints its figures."""
 
 import pytest
 
@@ -11,7 +11,7 @@ def test_1_5b_parameters_need_24_gb_of_model_states_under_ddp(figures):
     m = simulate(params=1_500_000_000, strategy="ddp", gpus=8, micro_batch=1).metrics
     states = m["memory"]["model_states_bytes"]
     figures(f"{m['params']:,} params x (2 + 2 + 12) B = {states / GB:.2f} GB of model states "
-            f"(seed 003: 24 GB)")
+            f"('Explaining ZeRO / FSDP to Non-ML Engineers': 24 GB)")
     assert states == 16 * m["params"]
     assert states / GB == pytest.approx(24, rel=0.02)
 
@@ -52,7 +52,7 @@ def test_zero2_hook_shortens_the_optimizer_phase_and_a_compiled_backward_takes_i
     compiled = simulate(**base, zero2_launch="hook", compiled_backward=True).metrics
     o_step, o_hook, o_comp = (m["phases"]["optimizer_s"] for m in (step, hook, compiled))
     figures(f"optimizer phase: step() launch {o_step * 1e3:.2f} ms, hook launch {o_hook * 1e3:.2f} ms "
-            f"({1 - o_hook / o_step:.0%} shorter; seed 000: 27%), "
+            f"({1 - o_hook / o_step:.0%} shorter; 'A Thousand Ways to Write ZeRO-2': 27%), "
             f"hook + compiled backward {o_comp * 1e3:.2f} ms",
             "why: hooks put reduce-scatters under backward; in step() every all-gather queues behind all "
             "reduce-scatters on the FIFO comm stream; a compiled backward fires all hooks at its end")
@@ -61,7 +61,8 @@ def test_zero2_hook_shortens_the_optimizer_phase_and_a_compiled_backward_takes_i
 
 
 def test_four_gpus_on_a_shared_pcie_bus_train_slower_than_two(figures):
-    # Seed 002: fixed global batch; fp32 gradients as under torch autocast.
+    # As in 'GPT Adventures, Part 4: Distribute It': fixed global batch; fp32 gradients as under
+    # torch autocast.
     runs = {n: simulate(model="gpt2-124m", gpus=n, topology="pcie-host-bridge", micro_batch=16 // n,
                         precision="fp32").metrics for n in (1, 2, 4)}
     figures(*[f"pcie-host-bridge, {n} GPU(s): step {m['step_time_s'] * 1e3:6.1f} ms, exposed comm "
@@ -85,12 +86,12 @@ def test_zero3_optimizations_on_efa_gain_at_least_1_5x(figures):
                 recompute="full")
     off = dict(batch_collectives=False, fine_grained_sync=False, precomputed_fetch=False)
     unopt = simulate(**base, **off).metrics["hardware_tflops_per_gpu"]
-    lines = [f"roberta-10b, 64 x A100 on EFA, unoptimized: {unopt:.0f} TFLOP/s per GPU (seed 004: 73)"]
+    lines = [f"roberta-10b, 64 x A100 on EFA, unoptimized: {unopt:.0f} TFLOP/s per GPU (Amazon Science: 73)"]
     for knob in off:
         one = simulate(**base, **(off | {knob: True})).metrics["hardware_tflops_per_gpu"]
         lines.append(f"  + {knob}: {one:.0f}")
     opt = simulate(**base).metrics["hardware_tflops_per_gpu"]
-    lines.append(f"all three: {opt:.0f} TFLOP/s per GPU (seed 004: 123); gain {opt / unopt:.2f}x")
+    lines.append(f"all three: {opt:.0f} TFLOP/s per GPU (Amazon Science: 123); gain {opt / unopt:.2f}x")
     figures(*lines)
     assert opt >= 1.5 * unopt
 

@@ -7,13 +7,15 @@ What is simulated, per rank:
 * one **compute stream** and one or more **comm streams** (``comm``, ``comm:<group>``),
   each a FIFO queue: an op starts when it reaches the head of its stream *and* the ops it
   waits on (CUDA-event semantics) have finished.  Two ops on one stream never overlap,
-  even when the second one's data is ready (seed 000), except where the backend runs
-  collectives on several threads (gloo: two in flight, started in stream order).  Their
-  per-call work (the latency part of a collective) is still paid one call at a time per
-  process group: two gloo threads do not make two small calls cost one, but a small call
-  behind a large one runs while the large one's bytes stream;
+  even when the second one's data is ready (the 'A Thousand Ways to Write ZeRO-2' blog
+  post), except where the backend runs collectives on several threads (gloo: two in
+  flight, started in stream order).  Their per-call work (the latency part of a
+  collective) is still paid one call at a time per process group: two gloo threads do not
+  make two small calls cost one, but a small call behind a large one runs while the large
+  one's bytes stream;
 * **collectives** start on every member rank at the same instant: when the last member's
-  stream reaches it.  A slow rank delays everyone (seed 004's allocator flushes are
+  stream reaches it.  A slow rank delays everyone (the allocator flushes of the Amazon
+  Science article 'Making DeepSpeed ZeRO run efficiently on more-affordable hardware' are
   injected as per-rank, per-collective stalls);
 * a **fluid network**: a collective's bytes cross links whose capacity is split among the
   ring edges of every transfer active on them; rates are recomputed whenever a transfer

@@ -9,7 +9,8 @@ One step on one rank, in the order the host issues it:
    ``all_reduce B<k>`` is enqueued on the comm stream, where it overlaps the backward of
    earlier layers.  torch's default cap is 25 MiB, and the *first* bucket is capped at
    1 MiB (only when the cap is left at its default) so that communication starts early.
-   Tiny buckets are latency-bound: many launches, each paying the ring's latency (seed 002).
+   Tiny buckets are latency-bound: many launches, each paying the ring's latency
+   (the 'GPT Adventures, Part 4: Distribute It' blog post).
 3. The comm stream is FIFO: if all-reduces queue up faster than the link drains them,
    the last bucket (the embedding's gradients, produced last) starts late and its
    all-reduce sticks out past the end of backward: that is *exposed* communication.

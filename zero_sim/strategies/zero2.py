@@ -1,4 +1,7 @@
-"""ZeRO-2: shard the gradients as well as the optimizer state (the DistAdam of seeds 000/001).
+"""ZeRO-2: shard the gradients as well as the optimizer state (Modded-NanoGPT's DistAdam).
+
+The DistAdam of the blog post 'A Thousand Ways to Write ZeRO-2: Setting a New Modded-NanoGPT
+Record' and of its pull request 'Adam Gradient Sync in Backward Hooks'.
 
 ZeRO-1's step, but each rank keeps only the reduced ``1/N`` slice of the gradients.  One
 step on one rank:
@@ -15,9 +18,9 @@ step on one rank:
      order; the step waits for each in turn.  Because the comm stream is a FIFO queue,
      every all-gather launched by the step queues behind *all* the reduce-scatters, and
      each slice's update waits for its own reduce-scatter: compute sits idle in between
-     (seed 000);
+     (the blog post);
    * ``compiled_backward``: a compiled backward graph runs its hooks only when the whole
-     graph finishes, so ``hook`` launches collapse to the end of backward (seed 000).
+     graph finishes, so ``hook`` launches collapse to the end of backward (the blog post).
 
 3. optimizer on each slice, then ``all_gather`` of the unit's updated weights, unit by
    unit in the order the reduce-scatters were launched (ZeRO-1's step).

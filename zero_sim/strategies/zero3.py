@@ -60,7 +60,8 @@ lines 383-386):
   335-336, ``parameter_offload.py`` lines 189-190): every collective follows the compute
   before it, and the compute after a reduce-scatter waits for it.
 
-What seed 004 changed, each a knob here (with a ``--no-`` form):
+What the Amazon Science article 'Making DeepSpeed ZeRO run efficiently on more-affordable
+hardware' changed, each a knob here (with a ``--no-`` form):
 
 * ``batch_collectives``: one flat all-gather / reduce-scatter per call instead of one per
   tensor; every collective pays a launch and the ring's latency, so many small ones on

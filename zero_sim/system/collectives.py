@@ -36,7 +36,8 @@ and NCCL runs the (algorithm, protocol) pair with the smallest ``t``, as its tun
   - *hierarchical* (named only, not NCCL's): reduce_scatter in each node, all_reduce across
     nodes per local index, all_gather in each node, three stages one after the other.
 * A link's *load* is the bytes that cross it per edge byte; a shared PCIe bus counts every
-  edge that touches it (seed 002), a NIC only the channels whose rings cross it.
+  edge that touches it (the 'GPT Adventures, Part 4: Distribute It' blog post), a NIC only
+  the channels whose rings cross it.
 
 gloo (``BACKENDS["gloo"]``) keeps the plain model: ``launch + steps x slowest hop +
 factor x S / share``, one ring in rank order; gloo implements reduce_scatter as a full

@@ -55,9 +55,10 @@ _MPT = "MosaicML, MPT-{} model card on Hugging Face (mosaicml/mpt-{}), 'Model De
 _HF_CARD = "the model's Hugging Face page (safetensors parameter count)"
 
 # Preset shapes.  GPT-2 sizes are the published ones.  gpt-7.5b follows the ZeRO paper's
-# 7.5B model size with a GPT-3-like aspect ratio; the RoBERTa sizes of seed 004 are
-# encoders whose shapes the article does not give: we assume GPT-like blocks (same
-# FLOPs and bytes as an encoder block) at RoBERTa's sequence length of 512.
+# 7.5B model size with a GPT-3-like aspect ratio; the RoBERTa sizes of the Amazon Science
+# article on DeepSpeed ZeRO are encoders whose shapes the article does not give: we assume
+# GPT-like blocks (same FLOPs and bytes as an encoder block) at RoBERTa's sequence length
+# of 512.
 _LLAMA = dict(mlp="swiglu", norm="rmsnorm", bias=False, positions="rotary", dropout=False)
 PRESETS: dict[str, GPTShape] = {
     "gpt2-124m": GPTShape(12, 768, 12, 50257, 1024, tied=True),
@@ -102,10 +103,12 @@ PRESET_SOURCES: dict[str, PresetSource] = {
                              "the paper gives the size, not the shape: a GPT-3-like aspect ratio is assumed"),
     "gpt3-175b": PresetSource(_GPT3 + " (GPT-3 175B)", "175.0B", _GPT3,
                               "kept untied as this preset always was (tied, it would have 174.6B)"),
-    "roberta-10b": PresetSource("seed 004's article (RoBERTa 10B)", None, "",
+    "roberta-10b": PresetSource("Amazon Science, 'Making DeepSpeed ZeRO run efficiently on more-affordable "
+                                "hardware' (RoBERTa 10B)", None, "",
                                 "the article gives the size, not the shape: GPT-like blocks assumed, "
                                 "10.5B parameters"),
-    "roberta-50b": PresetSource("seed 004's article (RoBERTa 50B)", None, "",
+    "roberta-50b": PresetSource("Amazon Science, 'Making DeepSpeed ZeRO run efficiently on more-affordable "
+                                "hardware' (RoBERTa 50B)", None, "",
                                 "the article gives the size, not the shape: GPT-like blocks assumed, "
                                 "50.8B parameters"),
     "gpt3-125m": PresetSource(_GPT3 + " (GPT-3 Small)", "125M", _GPT3, _GPT3_TIED),

@@ -80,7 +80,8 @@ def _columns(tokens: list[str], lineno: int) -> tuple[str, str, str, str]:
 
     Native rows: ``size count type [redop] [root] time algbw busbw #wrong`` then the in-place
     ``time algbw busbw #wrong`` (redop and root as the nccl-tests version prints them).
-    Condensed rows (seed 002): ``size count time algbw busbw [time algbw busbw]``, all numbers."""
+    Condensed rows (as the 'GPT Adventures, Part 4' blog post prints them):
+    ``size count time algbw busbw [time algbw busbw]``, all numbers."""
     if len(tokens) > 2 and _WORD.fullmatch(tokens[2]):
         i = 4 if len(tokens) > 3 and _WORD.fullmatch(tokens[3]) else 3
         rest = tokens[i:]
@@ -118,7 +119,8 @@ def _parse_row(line: str, lineno: int) -> NcclTestsRow | None:
 
 def parse_nccl_tests(text: str, collective: str = ALL_REDUCE) -> NcclTestsTable:
     """Read an nccl-tests ``*_perf`` table: native output, or the condensed form (size, count,
-    time, algbw, busbw [, in-place time, algbw, busbw]) of seed 002.  Out-of-place columns are used.
+    time, algbw, busbw [, in-place time, algbw, busbw]) of the 'GPT Adventures, Part 4:
+    Distribute It' blog post.  Out-of-place columns are used.
 
     A data line is one that starts with a digit (comments start with ``#``); one that does
     not parse as a row of either layout, or whose algbw is not its size over its time, is

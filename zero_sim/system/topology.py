@@ -6,8 +6,8 @@ from one rank to another crosses a *path* of links.  Two properties matter:
 * **capacity** (bytes/s) and **latency** (s) of each link;
 * whether a link is a **shared bus**: a PCIe switch or a host's root complex carries
   every transfer that touches it, in either direction, out of one capacity.  That is
-  why 4 GPUs on one PCIe bus train slower than 2 (seed 002): each GPU's share halves
-  while the bytes to move grow.
+  why 4 GPUs on one PCIe bus train slower than 2 (the 'GPT Adventures, Part 4: Distribute
+  It' blog post): each GPU's share halves while the bytes to move grow.
 
 Collectives (``collectives.py``) run as rings, trees or in-switch reductions over these
 paths; a link's *load* is how many bytes cross it per byte of the collective's edge, and
@@ -27,7 +27,7 @@ group of one local index) uses that GPU's rail only.
 
 Rank placement: rank ``r`` is GPU ``r % gpus_per_node`` of node ``r // gpus_per_node``;
 a job smaller than one node uses that node's first GPUs (so 4 ranks on the PCIe
-host-bridge box share one subgroup's bus, as in seed 002).
+host-bridge box share one subgroup's bus, as in the 'GPT Adventures, Part 4: Distribute It' blog post).
 """
 
 from __future__ import annotations

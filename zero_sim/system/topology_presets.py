@@ -12,7 +12,8 @@ from zero_sim.system.specs import Fabric, Network, TopologySpec
 # NVSwitch ports: the busbw a ring reaches at the largest sizes of a single-node nccl-tests
 # all_reduce (the ring's edges each have a port to themselves, so busbw = the port's rate).
 #   A100 (NVLink 3): 230 GB/s (the old figure, kept: Azure/AI-benchmarking-guide, Azure_Results/
-#     ND_A100_v4_results.md, 8 GPUs, 231.6 GB/s at 8 GB; seed 002's better box 205 GB/s near 1 GB).
+#     ND_A100_v4_results.md, 8 GPUs, 231.6 GB/s at 8 GB; the better box of the 'GPT Adventures, Part 4'
+#     blog post: 205 GB/s near 1 GB).
 #   H100/H200 (NVLink 4): 370 GB/s, NVIDIA/nccl-tests issue #212 (S. Jeaugey: "an effective NVLink
 #     bandwidth of 370GB/s ... as BusBw ... with NCCL_ALGO=RING").
 #   B200/GB200 (NVLink 5): 690 GB/s, Azure/AI-benchmarking-guide ND_GB200_v6_results.md, 4 GPUs,
@@ -151,13 +152,15 @@ PRESETS: dict[str, TopologySpec] = {
         Fabric("pcie", 24.0, 15.0, subgroups=2, bus_gbps=40.0, bus_latency_us=10.0,
                bridge_gbps=13.8, bridge_latency_us=10.0),
         Network("ethernet", 12.5, 20.0), "A100-40GB",
-        "seed 002 nccl-tests: pair on one bus 19.9 GB/s (= bus 40 / 2 edges), across the bridge 13.8 GB/s",
+        "nccl-tests in the blog post 'GPT Adventures, Part 4: Distribute It': pair on one bus 19.9 GB/s "
+        "(= bus 40 / 2 edges), across the bridge 13.8 GB/s",
     ),
     "pcie": TopologySpec(
         "pcie", "8 GPUs on one PCIe switch (no NVLink), all sharing one bus",
         8, Fabric("pcie", 24.0, 15.0, subgroups=1, bus_gbps=40.0, bus_latency_us=10.0),
         Network("ethernet", 12.5, 20.0), "A100-40GB",
-        "PCIe Gen4 x16 ~24 GB/s per GPU; bus as in seed 002's pair measurement",
+        "PCIe Gen4 x16 ~24 GB/s per GPU; bus as in the pair measurement of the blog post "
+        "'GPT Adventures, Part 4: Distribute It'",
     ),
     "cpu-gloo": TopologySpec(
         "cpu-gloo", "processes on one CPU host talking gloo over loopback TCP",
