@@ -40,6 +40,7 @@ from zero_sim.ui.plots import plot_overlay
 from zero_sim.vocabulary import REAL_STRATEGIES
 
 _STYLE = {"description_width": "9em"}
+RANK_CHOICES = [1, 2, 3, 4]  # CPU ranks a run on this machine may use
 _STEP_LINE = re.compile(r"^step (\d+)/(\d+)\b")
 RUN_MODELS = ("nano", "tiny", "small", "medium")
 
@@ -90,7 +91,7 @@ class OverlayPanel:
                                   disabled=self.calibration_object is not None),
             "strategy": W.Dropdown(options=list(REAL_STRATEGIES), value=strategy, description="strategy",
                                    style=_STYLE),
-            "nproc": W.Dropdown(options=[1, 2, 3, 4], value=nproc, description="ranks (N)", style=_STYLE),
+            "nproc": W.Dropdown(options=RANK_CHOICES, value=nproc, description="ranks (N)", style=_STYLE),
             "model": W.Dropdown(options=list(RUN_MODELS), value=model, description="model", style=_STYLE),
             "steps": W.BoundedIntText(value=steps, min=1, max=50, description="steps", style=_STYLE),
             "global_batch": W.BoundedIntText(value=global_batch, min=1, max=256, description="global batch",
@@ -111,6 +112,9 @@ class OverlayPanel:
         self.tables = W.HTML()
         self.figure = Figure(figsize)
         self.figure.fig.subplots_adjust(left=0.14, right=0.98, top=0.91, bottom=0.26)
+        # The runs refuse a global batch that N does not split, so N offers only its divisors.
+        self.controls["global_batch"].observe(self._ranks_follow_batch, names="value")
+        self._ranks_follow_batch()
         self.load_button.on_click(lambda _: self.load())
         self.run_button.on_click(lambda _: self.run())
         launcher = W.HBox([W.VBox([self.controls["strategy"], self.controls["nproc"]]),
@@ -173,6 +177,15 @@ class OverlayPanel:
         self.progress.bar_style = "success"
         return self.load(out)
 
+    def _ranks_follow_batch(self, _change=None) -> None:
+        """Offer the rank counts (1-4) that split the global batch; keep N if it still does."""
+        box, batch = self.controls["nproc"], int(self.controls["global_batch"].value)
+        offered = [n for n in RANK_CHOICES if batch % n == 0]
+        current = box.value if box.value in offered else max(n for n in offered if n <= box.value)
+        if list(box.options) != offered:
+            box.options = offered
+        box.value = current
+
     def _line(self, line: str) -> None:
         self.lines.append(line)
         m = _STEP_LINE.match(line)
@@ -190,7 +203,7 @@ class OverlayPanel:
             self.errors.value = error_sentence_html(self.error)
             self.headline.value = ""
             self.tables.value = ""
-            fig.message(self.error)
+            fig.blank()  # the sentence is shown once, above, in red
             return
         self.errors.value = ""
         comp = self.result

@@ -99,12 +99,18 @@ def test_run_streams_progress_and_loads_what_it_wrote(runs, tmp_path, monkeypatc
     assert panel.result.summary["strategy"] == "zero2-hook" and not panel.run_button.disabled
 
 
-def test_a_failed_or_refused_run_is_one_red_sentence(tmp_path, monkeypatch):
+def test_the_rank_choices_are_the_ones_that_split_the_global_batch():
+    panel = OverlayPanel(nproc=3, global_batch=12)
+    ranks = panel.controls["nproc"]
+    assert list(ranks.options) == [1, 2, 3, 4] and ranks.value == 3
+    panel.controls["global_batch"].value = 8  # 3 no longer splits it: the largest N below that does
+    assert list(ranks.options) == [1, 2, 4] and ranks.value == 2
+    panel.controls["global_batch"].value = 7
+    assert list(ranks.options) == [1] and ranks.value == 1
+
+
+def test_a_failed_run_is_one_red_sentence(tmp_path, monkeypatch):
     panel = OverlayPanel(out_dir=tmp_path)
-    panel.controls["global_batch"].value = 7  # does not split over 2 ranks: refused before anything starts
-    panel.run_button.click()
-    assert panel.error == "--global-batch 7 does not split evenly across 2 ranks."
-    assert panel.progress.bar_style == "danger" and "#b71c1c" in panel.errors.value
 
     def failing(*_a, **_k):
         raise real_runs.launch.RunFailed("The run failed: rank 1 raised RuntimeError: "
@@ -114,4 +120,5 @@ def test_a_failed_or_refused_run_is_one_red_sentence(tmp_path, monkeypatch):
     panel.controls["global_batch"].value = 8
     panel.run_button.click()
     assert panel.error == "The run failed: rank 1 raised RuntimeError: injected fault at step 0."
+    assert panel.progress.bar_style == "danger" and "#b71c1c" in panel.errors.value
     assert panel.result is None and not panel.run_button.disabled
