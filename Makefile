@@ -1,7 +1,7 @@
 # Two commands do everything on a fresh machine:
 #   make lab    set up .venv and start JupyterLab on notebooks/
 #   make test   set up .venv and run every test
-# Other targets: fuzz, demo, bench, lint, clean.
+# Other targets: test-fast (the edit-test loop, minutes), shell, fuzz, demo, bench, lint, clean.
 
 PYTHON ?= python3
 VENV   := .venv
@@ -9,7 +9,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 PORT   ?= 8888
 
-.PHONY: lab test fuzz demo bench lint browser-deps clean
+.PHONY: lab test test-fast shell fuzz demo bench lint browser-deps clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,17 @@ browser-deps:
 test: $(STAMP) browser-deps
 	$(BIN)/ruff check zero_sim real_runs sim2real tests bench
 	$(BIN)/python -m pytest -q
+
+# The edit-test loop: lint and every test that starts no real run and no browser (slow and
+# browser markers); notebooks that launch real runs are marked slow.  make test stays what CI runs.
+test-fast: $(STAMP)
+	$(BIN)/ruff check zero_sim real_runs sim2real tests bench
+	$(BIN)/python -m pytest -q -n auto -m "not slow and not browser"
+
+# A shell with .venv active, so `zero-sim ...` works as typed; `exit` leaves it.
+shell: $(STAMP)
+	@echo "zero-sim and python from $(VENV) are first on PATH here; type exit to leave."
+	@VIRTUAL_ENV="$(abspath $(VENV))" PATH="$(abspath $(BIN)):$$PATH" $${SHELL:-/bin/bash} -i
 
 # Every property-based test with 10,000 examples (the suite runs a few hundred): minutes, not CI.
 fuzz: $(STAMP)

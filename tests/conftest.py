@@ -43,9 +43,15 @@ def data_dir() -> Path:
     return DATA
 
 
+# Module fixtures that launch real multi-process runs: a test that needs one is as slow as they are.
+REAL_RUN_FIXTURES = {"runs", "comparisons"}
+
+
 def pytest_collection_modifyitems(items):
     # Every property-based test is also a fuzz test: `make fuzz` runs them alone with
     # ZERO_SIM_FUZZ_EXAMPLES=10000 where the test reads it (the suite's default is a few hundred).
     for item in items:
         if getattr(getattr(item, "obj", None), "is_hypothesis_test", False):
             item.add_marker(pytest.mark.fuzz)
+        if REAL_RUN_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
