@@ -60,7 +60,7 @@ from real_runs.cluster.shapes import check_shape
 from real_runs.options import train_argv
 from real_runs.presets import PRESETS
 from sim2real.measure import Loopback, lines_above, machine_facts, measure_compute, measure_network
-from sim2real.overlay import load_run, steady_timing
+from sim2real.overlay import load_run, median_timing, timing_per_step
 from sim2real.replay import REAL_TO_SIM, predict_run
 from sim2real.sampling import Case, sample_cases
 from sim2real.validate_report import error_summary, noise_band, overlay_png, write_report
@@ -342,14 +342,14 @@ def _exposed_comm(run_dir: Path, sim, steps: int) -> dict:
     """Exposed communication, measured vs predicted, by the overlay's definitions (results.py's).
 
     Measured over the same steps as step time (after the first), the ranks' mean per step and
-    the median over steps (:func:`sim2real.overlay.steady_timing`): one rank's exposed
+    the median over steps (as :func:`sim2real.overlay.steady_timing` reads it): one rank's exposed
     communication in one step is the difference of two longer spans, too noisy to compare alone.
     Its noise band compares the same figure over the two halves of those steps."""
-    run = load_run(run_dir)
-    measured = steady_timing(run)["exposed_comm_s"]
+    per_step = timing_per_step(load_run(run_dir))
+    measured = median_timing(per_step.values())["exposed_comm_s"]
     (a0, a1), (b0, b1) = halves(steps)
-    first = steady_timing(run, a0, a1)["exposed_comm_s"]
-    second = steady_timing(run, b0, b1)["exposed_comm_s"]
+    first, second = (median_timing(t for step, t in per_step.items() if lo <= step <= hi)["exposed_comm_s"]
+                     for lo, hi in ((a0, a1), (b0, b1)))
     predicted = sim.metrics["exposed_comm_s"]
     return {"measured_exposed_comm_s": measured,
             "exposed_comm_error": (predicted - measured) / measured if measured > 0 else None,

@@ -75,8 +75,10 @@ from sim2real.overlay.measured import (
            measured_memory,
            measured_step,
            measured_timing,
+           median_timing,
            steady_timing,
            step_timing,
+           timing_per_step,
 )
 from sim2real.overlay.runs import MeasuredRun, load_run
 from sim2real.overlay.traces import collectives_from_trace
@@ -84,4 +86,5 @@ from sim2real.overlay.traces import collectives_from_trace
 __all__ = ["CATEGORIES", "PHASE_ROWS", "Comparison", "MeasuredRun", "MeasuredStep", "OverlayError",
            "collectives_from_trace", "compare", "load_run", "markdown_table", "measured_memory",
            "measured_step", "measured_timing",
-           "op_kind", "overlay", "steady_timing", "step_timing"]
+           "median_timing", "op_kind", "overlay", "steady_timing", "step_timing",
+           "timing_per_step"]

@@ -90,27 +90,37 @@ def step_timing(ops, step_time_s: float) -> dict[str, float]:
                           0.0, step_time_s)
 
 
-def steady_timing(run: MeasuredRun, first_step: int = 1, last_step: int | None = None) -> dict[str, float]:
+def timing_per_step(run: MeasuredRun, first_step: int = 1) -> dict[int, dict[str, float]]:
+    """Step -> :func:`step_timing` of that step, the mean over its ranks, for every step from
+    ``first_step`` (step 0 pays one-off costs)."""
+    per_step = {}
+    for step in sorted(s for s in set(run.ops["step"]) if s >= first_step):
+        ops = run.ops[run.ops["step"] == step]
+        ranks = [step_timing(records(ops[ops["rank"] == r]), run.step_times_s[r][step])
+                 for r in range(run.world_size) if step < len(run.step_times_s.get(r, ()))]
+        if ranks:
+            per_step[step] = {k: statistics.fmean(t[k] for t in ranks) for k in ranks[0]}
+    if not per_step:
+        raise OverlayError(f"{run.path} recorded no steps from step {first_step} on, "
+                           f"so there is nothing to compare; run more steps.")
+    return per_step
+
+
+def median_timing(per_step) -> dict[str, float]:
+    """The median over steps of each figure of :func:`timing_per_step`'s values."""
+    per_step = list(per_step)
+    return {k: statistics.median(t[k] for t in per_step) for k in per_step[0]}
+
+
+def steady_timing(run: MeasuredRun, first_step: int = 1) -> dict[str, float]:
     """:func:`step_timing` of a whole run: per step the mean over ranks, then the median over
     steps from ``first_step`` (step 0 pays one-off costs).
 
     One step on one rank is a noisy measurement: exposed communication in particular is a
     difference of two longer spans, so it moves from step to step on a shared CPU.  The
     simulator runs its ranks alike, so the ranks' mean is what it predicts, and the median
-    over steps is how validation reads step time too.  ``last_step`` (included) ends the
-    range, so that two halves of a run can be read apart (validation's noise band)."""
-    per_step = []
-    for step in sorted(s for s in set(run.ops["step"])
-                       if s >= first_step and (last_step is None or s <= last_step)):
-        ops = run.ops[run.ops["step"] == step]
-        ranks = [step_timing(records(ops[ops["rank"] == r]), run.step_times_s[r][step])
-                 for r in range(run.world_size) if step < len(run.step_times_s.get(r, ()))]
-        if ranks:
-            per_step.append({k: statistics.fmean(t[k] for t in ranks) for k in ranks[0]})
-    if not per_step:
-        raise OverlayError(f"{run.path} recorded no steps from step {first_step} on, "
-                           f"so there is nothing to compare; run more steps.")
-    return {k: statistics.median(t[k] for t in per_step) for k in per_step[0]}
+    over steps is how validation reads step time too."""
+    return median_timing(timing_per_step(run, first_step).values())
 
 
 def _is_backward(op) -> bool:
