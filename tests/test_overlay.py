@@ -43,7 +43,7 @@ def runs():
     """strategy -> run directory, every run this file uses, launched two at a time.
 
     ``fsdp-torch`` runs with ``--trace``: its rank files hold compute only."""
-    wanted = {s: {} for s in MODEL_STATE_STRATEGIES} | {"fsdp-torch": {"trace": True}}
+    wanted = {s: {} for s in MODEL_STATE_STRATEGIES} | {"ddp-torch": {}, "fsdp-torch": {"trace": True}}
     with ThreadPoolExecutor(max_workers=2) as pool:
         outs = pool.map(lambda s: real_run(s, 2, **wanted[s])[1], wanted)
         return dict(zip(wanted, outs, strict=True))
@@ -156,6 +156,21 @@ def test_a_whole_runs_timing_is_the_median_over_steps_of_the_ranks_mean(runs):
     with pytest.raises(OverlayError) as err:
         steady_timing(run, first_step=2)
     assert "run more steps" in one_sentence(str(err.value))
+
+
+def test_torch_ddps_wait_for_its_all_reduces_is_exposed_communication_not_backward(runs):
+    """torch's DDP waits for its buckets inside ``backward()``, after autograd's last node.  The
+    record closes layer 0's backward when that node has run, so the wait shows as exposed
+    communication, as the simulator's DDP predicts it, and not as compute."""
+    run = load_run(runs["ddp-torch"])
+    ops = run.ops[run.ops["step"] == 1]
+    for rank in range(run.world_size):
+        mine = ops[ops["rank"] == rank]
+        backward_end = float(mine[mine["name"] == "bwd L0"]["end_s"].max())
+        last_reduce_end = float(mine[mine["name"].str.startswith("all_reduce")]["end_s"].max())
+        update_start = float(mine[mine["name"].str.startswith("opt")]["start_s"].min())
+        assert backward_end < last_reduce_end <= update_start
+    assert steady_timing(run)["exposed_comm_s"] > 0
 
 
 # ----------------------------------------------------------------------------- refusals, one sentence each

@@ -1,10 +1,12 @@
 """A real run's configuration becomes a simulator scenario: same model, ranks, batch, strategy and links."""
 
 import pytest
+import torch
 
 from real_runs.model import PRESETS, build_model, count_params
+from real_runs.record import Recorder
 from real_runs.strategies import STRATEGIES
-from real_runs.strategies.base import bucketize
+from real_runs.strategies.base import AdamW, bucketize
 from sim2real.replay import REAL_TO_SIM, ReplayError, predict_run, real_workload, scenario_for_run
 from zero_sim.vocabulary.model_states import formula
 
@@ -51,6 +53,30 @@ def test_predicted_model_states_are_exactly_the_real_runs_bytes(strategy, world)
     expected = formula(STRATEGIES[strategy].stage, psi, world, elem_bytes=4, k=8)["bytes"]
     # shard padding only
     assert sim.metrics["memory"]["model_states_bytes"] == pytest.approx(expected, rel=0.002)
+
+
+def rank0_state_bytes(strategy, world, model="tiny", bucket_mb=25.0):
+    """What real_runs' own ``setup`` allocates for rank 0 of ``world``: its flat buffers, padded
+    per buffer to a multiple of ``world``, with no process group needed to build them."""
+    real = STRATEGIES[strategy]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("torch.distributed.get_rank", lambda *a, **k: 0)
+        mp.setattr("torch.distributed.get_world_size", lambda *a, **k: world)
+        built = real(build_model(PRESETS[model], seed=0), Recorder(0, torch.device("cpu")),
+                     AdamW(lr=1e-3), bucket_mb)
+    return sum(built.model_state_bytes().values())
+
+
+@pytest.mark.parametrize("strategy", ["zero1", "zero2", "zero2-step", "zero2-hook", "fsdp"])
+@pytest.mark.parametrize("bucket_mb", [0.5, 25.0])
+def test_at_a_world_that_does_not_divide_the_buffers_the_padding_is_predicted_too(strategy, bucket_mb):
+    """At N=3 every flat buffer is padded on its own (a bucket, a tensor, an FSDP unit), so a
+    rank holds a little more than Psi/N; the prediction counts the same pads."""
+    sim = predict_run(planned(strategy, 3, global_batch=6, bucket_mb=bucket_mb))
+    padded = rank0_state_bytes(strategy, 3, bucket_mb=bucket_mb)
+    unpadded = formula(STRATEGIES[strategy].stage, sim.scenario["params"], 3, elem_bytes=4, k=8)["bytes"]
+    assert padded > unpadded  # the case is one where padding shows
+    assert sim.metrics["memory"]["model_states_bytes"] == padded
 
 
 @pytest.mark.parametrize("strategy, collective", [("ddp", "all_reduce"), ("zero1", "all_reduce"),

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+from torch.autograd import Variable
 
 from zero_sim.vocabulary import (
     ACTIVATIONS,
@@ -255,8 +256,7 @@ class Strategy:
         with rec.saved_activations():
             loss = self.forward(x, y)
         rec.phase = BACKWARD
-        loss.backward()
-        rec.close(bwd(0))
+        loss.backward()  # layer 0's backward is closed inside it (see _loss_hook)
         rec.set_memory(ACTIVATIONS, 0)
         rec.phase = OPTIMIZER
         self.step()
@@ -301,6 +301,10 @@ class Strategy:
         last = self.n_layers - 1
         self.before_backward(last)
         self.rec.open(bwd(last), last)
+        # The backward's compute ends when autograd has run its last node.  Queued now, this
+        # callback runs before those queued later in the pass, such as torch DDP's wait for its
+        # all-reduces, so that wait is recorded as communication, not as layer 0's backward.
+        Variable._execution_engine.queue_callback(lambda: self.rec.close(bwd(0)))
 
     # --- collectives, recorded (and labelled by name in a profiler trace) ---------
 

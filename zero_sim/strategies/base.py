@@ -147,11 +147,18 @@ class Step:
     def setup(self) -> None:
         """Per-build state, before ``resident()`` is asked for."""
 
+    def shard_units(self) -> tuple[int, ...]:
+        """Elements of each buffer the sharded states are cut from (one for the whole model by
+        default).  Each buffer is padded to a multiple of ``n`` on its own, so that it splits
+        into the equal chunks collectives need: a rank holds ``sum(shard(u, n))``."""
+        return (self.w.params,)
+
     def resident(self) -> dict[str, int]:
-        """Model states per rank by the ZeRO formula for ``stage``, over ``n`` padded shards."""
-        p = self.p
+        """Model states per rank by the ZeRO formula for ``stage``, over ``n`` padded shards of
+        each buffer in :meth:`shard_units`."""
+        p, units = self.p, self.shard_units()
         return model_state_bytes(self.stage, self.w.params, self.n, p.param_bytes, p.grad_bytes,
-                                 p.optimizer_bytes, share=shard)
+                                 p.optimizer_bytes, share=lambda _psi, n: sum(shard(u, n) for u in units))
 
     def before_forward(self, layer: Layer) -> tuple[int, ...]:
         """Issue what the layer's forward needs (gathers); return the ops it must wait for."""

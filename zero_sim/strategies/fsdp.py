@@ -133,6 +133,10 @@ class FSDPStep(Step):
         self.blocks = [u for u in self.units if not u.is_root]  # forward order
         self.bwd_blocks = list(reversed(self.blocks))
 
+    def shard_units(self) -> tuple[int, ...]:
+        """Each unit's flat parameter is sharded on its own (FSDP pads each to a multiple of N)."""
+        return tuple(u.numel for u in self.units)
+
     def micro_step(self) -> None:
         """Gathers and frees are per micro-step; the optimizer waits for the last one's reductions."""
         self.gathers: dict[tuple[str, int], int] = {}  # (pass, unit) -> all-gather op

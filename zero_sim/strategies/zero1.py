@@ -21,9 +21,19 @@ bucket's scratch buffer (DeepSpeed's reduce buckets) while its reduction runs.
 
 from __future__ import annotations
 
-from zero_sim.strategies.base import Alloc, Knob, Strategy
+from zero_sim.strategies.base import Alloc, Knob, Strategy, shard
 from zero_sim.strategies.buckets import BucketedStep
-from zero_sim.vocabulary import ALL_GATHER, ALL_REDUCE, BUFFERS, OPTIMIZER, REDUCE_SCATTER, opt, wait
+from zero_sim.vocabulary import (
+    ALL_GATHER,
+    ALL_REDUCE,
+    BUFFERS,
+    GRADS,
+    OPTIMIZER,
+    PARAMS,
+    REDUCE_SCATTER,
+    opt,
+    wait,
+)
 from zero_sim.vocabulary.buckets import DEFAULT_BUCKET_MB
 
 
@@ -35,6 +45,21 @@ class ZeRO1Step(BucketedStep):
     @property
     def kind(self) -> str:
         return ALL_REDUCE if self.ctx.knob("zero1_reduce") == "all_reduce" else REDUCE_SCATTER
+
+    def shard_units(self) -> tuple[int, ...]:
+        """Each gradient bucket is sharded on its own: rank r owns chunk r of every bucket."""
+        return tuple(bucket.numel for bucket in self.plan)
+
+    def resident(self) -> dict[str, int]:
+        """The formula's states, with whatever is held whole (weights; gradients below stage 2)
+        kept in the buckets' flat buffers, each padded to a multiple of N so that its slices are
+        equal (DeepSpeed pads its flat groups for the same reason)."""
+        states = super().resident()
+        padded = sum(shard(u, self.n) * self.n for u in self.shard_units())
+        states[PARAMS] = self.p.param_bytes * padded
+        if self.stage < 2:
+            states[GRADS] = self.p.grad_bytes * padded
+        return states
 
     def reduction_memory(self, nbytes: int) -> tuple[Alloc, Alloc]:
         """The bucket is a scratch buffer held for its collective only (DeepSpeed's reduce buckets)."""
