@@ -30,7 +30,8 @@ saved together in one JSON file that ``zero-sim simulate --calibration FILE`` lo
   - ``collective_cpu_s``: the per-call CPU of a small call times ``N / C`` (every rank's
     threads take it from the same ``C`` cores the ``N`` ranks compute on); none when
     ``N < C``, where idle cores absorb it.  The engine takes it once per collective from
-    the first compute op that runs while the collective is in flight (nothing if none does);
+    the first compute op that runs while the collective is in flight (nothing if none does),
+    at most that op's own time (a fair scheduler leaves compute half its core);
   - ``overlap_slowdown``: a large call's CPU beyond that per-call part, as the fraction
     ``f`` of a core a rank's threads keep busy while its bytes stream; what ``N`` ranks
     need beyond the idle cores comes out of compute, which the engine stretches by that

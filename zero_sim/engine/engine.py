@@ -25,7 +25,9 @@ What is simulated, per rank:
   ``1 + overlap_slowdown`` times longer (communication kernels take SMs; on a CPU, gloo's
   threads take cores); besides, every collective takes ``collective_cpu_s`` from the first
   compute op that runs while it is in flight (on a CPU, the per-call work of its threads;
-  a collective that runs while its rank computes nothing costs nothing);
+  a collective that runs while its rank computes nothing costs nothing), but an op loses at
+  most its own time to them: a fair scheduler leaves the compute thread half its core, and
+  the rest of that work runs once the rank stops computing;
 * the other way round, a collective (its latency too) moves at ``comm_rate_while_computing``
   of its pace while a member rank computes: on a CPU with more ranks than cores, gloo's
   threads barely get a core until the compute pauses (calibrated from a queue timed idle
@@ -320,9 +322,15 @@ class Engine:
                 self.uncharged[rank].clear()
                 if seconds > 0:
                     yield env.timeout(seconds)
-                while self.owed[rank] > 0:  # collectives that ran alongside took their share of the core
-                    owed, self.owed[rank] = self.owed[rank], 0.0
+                # Collectives that ran alongside took their share of the core, but at most the op's
+                # own time: the scheduler shares a core fairly, so communication threads that keep
+                # it busy get half of it; what they need beyond that runs once the rank stops computing.
+                lost = 0.0
+                while self.owed[rank] > 0 and lost < seconds:
+                    owed, self.owed[rank] = min(self.owed[rank], seconds - lost), 0.0
+                    lost += owed
                     yield env.timeout(owed)
+                self.owed[rank] = 0.0
                 self.computing[rank] = False
                 if self.net.throttle is not None:
                     self.net.reshare()
