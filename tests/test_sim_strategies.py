@@ -49,6 +49,25 @@ def test_fsdp_keeps_its_root_gathered_through_backward():
     assert layer_numel
 
 
+def test_fsdp_updates_after_every_reduction_or_unit_by_unit_as_each_lands():
+    """torch's FSDP steps the optimizer once backward has waited for every reduce-scatter;
+    ``update=per_unit`` (the real runs' FSDP) updates a unit as soon as its own has landed."""
+    def ops(update):
+        r = simulate(params=100_000_000, gpus=N, micro_batch=1, strategy="fsdp", update=update,
+                     bandwidth_gbps=10)
+        return [op for op in r.step_ops() if op["name"].startswith(("opt", "reduce_scatter"))]
+
+    last_reduction_end = max(op["end_s"] for op in ops("after_backward") if op["name"].startswith("reduce"))
+    updates = [op for op in ops("after_backward") if op["name"].startswith("opt")]
+    assert all(op["start_s"] >= last_reduction_end for op in updates)
+    per_unit = ops("per_unit")
+    reductions = {op["layer"]: op for op in per_unit if op["name"].startswith("reduce")}
+    updates = [op for op in per_unit if op["name"].startswith("opt")]
+    assert updates[0]["start_s"] < max(op["end_s"] for op in reductions.values())  # overlaps the last ones
+    assert updates[0]["layer"] == max(reductions)  # the first unit reduced is the first updated
+    assert len(updates) == len(ops("after_backward")) - len(reductions)
+
+
 @pytest.mark.parametrize("phase", ["forward", "backward"])
 def test_fsdp_prefetches_one_unit_ahead_from_the_root_on_even_where_gloo_could_run_two(phase):
     # Forward prefetch from the root's forward fetches the first block; 'pre' from the head's

@@ -246,11 +246,12 @@ class Step:
                            free=((ACTIVATIONS, freed),) + self.backward_frees(layer), flops=layer.bwd_flops)
             self.after_backward(layer, op)
 
-    def update_layers(self, deps: tuple[int, ...], share: float = 1.0) -> list[int]:
-        """One ``opt L<i>`` per layer on the compute stream, updating ``share`` of it after ``deps``."""
+    def update_layers(self, deps: tuple[int, ...], share: float = 1.0, layers=None) -> list[int]:
+        """One ``opt L<i>`` per layer (every layer by default) on the compute stream, updating
+        ``share`` of it after ``deps``."""
         seconds = self.ctx.compute.optimizer_time
         return [self.b.compute(opt(layer.index), OPTIMIZER, seconds(int(layer.numel * share)),
-                               layer=layer.index, deps=deps) for layer in self.w.layers]
+                               layer=layer.index, deps=deps) for layer in (layers or self.w.layers)]
 
 
 class Strategy:

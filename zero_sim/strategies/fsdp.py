@@ -24,7 +24,10 @@ One step on one rank:
    * ``none``: issued when unit ``u-1``'s backward starts, so it queues *behind* ``u``'s
      reduce-scatter and compute waits for both.
 
-3. **Optimizer** on the local shard.
+3. **Optimizer** on the local shard.  ``update`` says when: ``after_backward`` (torch's FSDP:
+   backward's final callback waits for every reduce-scatter, then ``optimizer.step()`` runs
+   over all parameters) or ``per_unit`` (each unit's shard updated once its own reduction
+   lands, in the order they were launched, so updates overlap the last reductions).
 
 ``hybrid``: shard within a node and replicate across nodes (HSDP): gathers and
 reduce-scatters use the node's GPUs only, then each node's gradient shard is all-reduced
@@ -142,6 +145,7 @@ class FSDPStep(Step):
         self.gathers: dict[tuple[str, int], int] = {}  # (pass, unit) -> all-gather op
         self.freed_by: dict[tuple[str, int], int] = {}  # (pass, unit) -> op that frees its gathered copy
         self.reduces: list[int] = []
+        self.reduced: list[tuple[Unit, int]] = []  # (unit, the op its update waits for), in launch order
         super().micro_step()
 
     # --- forward ------------------------------------------------------------------------------
@@ -225,10 +229,16 @@ class FSDPStep(Step):
             self.reduces.append(self.b.collective(
                 ALL_REDUCE, layer_collective(ALL_REDUCE, u.label), shard(u.numel, self.n) * self.reduce_bytes,
                 BACKWARD, group="inter", stream="comm:inter", layer=u.label, deps=(rs,), after_compute=False))
+        self.reduced.append((u, self.reduces[-1]))
 
     def optimizer(self) -> None:
-        """The local shard of every layer, once the last micro-step's reductions have landed."""
-        self.update_layers(tuple(self.reduces), share=1.0 / self.n)
+        """The local shard of every layer, once the last micro-step's reductions have landed
+        (``after_backward``), or unit by unit as each one's reduction lands (``per_unit``)."""
+        if self.ctx.knob("update") == "after_backward":
+            self.update_layers(tuple(self.reduces), share=1.0 / self.n)
+            return
+        for u, reduced in self.reduced:
+            self.update_layers((reduced,), share=1.0 / self.n, layers=[self.w.layers[li] for li in u.layers])
 
     # --- gathering ----------------------------------------------------------------------------
 
@@ -299,6 +309,8 @@ class FSDP(Strategy):
              tuple(DTYPE_BYTES)),
         Knob("reduce_dtype", None, "dtype of reduced gradients (default: param_dtype)", str,
              tuple(DTYPE_BYTES)),
+        Knob("update", "after_backward", "when shards are updated: after every reduction "
+             "(torch's FSDP) or per unit as its reduction lands", str, ("after_backward", "per_unit")),
     )
 
     Step = FSDPStep
