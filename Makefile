@@ -35,9 +35,12 @@ browser-deps:
 	      || echo "chromium could not be installed; the browser test will skip"; \
 	  else echo "no root/apt: chromium not installed; the browser test will skip"; fi; }
 
+# Every test: those that start no real run and no browser on two workers, then the rest one
+# at a time (real runs time their ranks on the machine's cores, so they must not share them).
 test: $(STAMP) browser-deps
 	$(BIN)/ruff check zero_sim real_runs sim2real tests bench
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2 -m "not slow and not browser"
+	$(BIN)/python -m pytest -q -m "slow or browser"
 
 # The edit-test loop: lint and every test that starts no real run and no browser (slow and
 # browser markers); notebooks that launch real runs are marked slow.  make test stays what CI runs.

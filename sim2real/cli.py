@@ -88,7 +88,7 @@ def _calibrate(args) -> int:
 
 def _validate_args(val) -> None:
     val.add_argument("--quick", action="store_true",
-                     help=f"four cases drawn with the fixed seed {v.QUICK_SEED} from the two smaller models "
+                     help=f"three cases drawn with the fixed seed {v.QUICK_SEED} from the two smaller models "
                           f"(minutes; for CI)")
     val.add_argument("--sample", type=int, default=None, metavar="K",
                      help="draw K cases at random from every strategy, N 2-4, cluster shape, bandwidth "

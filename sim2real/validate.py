@@ -83,10 +83,11 @@ FULL_GRID = tuple(
                        ("zero2-step", (None,)), ("zero2-hook", (None,)), ("fsdp", (None,)))
     for b in buckets
 )
-# Small enough for CI: four cases drawn from the sampled space with a fixed seed, from the
-# two smaller models so that the sample runs in minutes.
-QUICK_SEED = 2026
-QUICK_GRID = sample_cases(4, QUICK_SEED, models=("tiny", "small"))
+# Small enough for CI: three cases drawn from the sampled space with a fixed seed, from the
+# two smaller models so that the sample runs in minutes.  The seed is the first from 2026 on
+# whose three cases are three strategies (one of them sharded) on three cluster shapes.
+QUICK_SEED = 2027
+QUICK_GRID = sample_cases(3, QUICK_SEED, models=("tiny", "small"))
 
 
 @dataclass(frozen=True)

@@ -163,14 +163,28 @@ def test_torch_ddps_wait_for_its_all_reduces_is_exposed_communication_not_backwa
     record closes layer 0's backward when that node has run, so the wait shows as exposed
     communication, as the simulator's DDP predicts it, and not as compute."""
     run = load_run(runs["ddp-torch"])
-    ops = run.ops[run.ops["step"] == 1]
-    for rank in range(run.world_size):
-        mine = ops[ops["rank"] == rank]
-        backward_end = float(mine[mine["name"] == "bwd L0"]["end_s"].max())
-        last_reduce_end = float(mine[mine["name"].str.startswith("all_reduce")]["end_s"].max())
-        update_start = float(mine[mine["name"].str.startswith("opt")]["start_s"].min())
-        assert backward_end < last_reduce_end <= update_start
-    assert steady_timing(run)["exposed_comm_s"] > 0
+    waits = []
+    for step in sorted(run.ops["step"].unique()):
+        ms = measured_step(run, step=int(step))
+        for rank in range(run.world_size):
+            mine = ms.ops[ms.ops["rank"] == rank]
+            backward_end = float(mine[mine["name"] == "bwd L0"]["end_s"].max())
+            last_reduce_end = float(mine[mine["name"].str.startswith("all_reduce")]["end_s"].max())
+            update_start = float(mine[mine["name"].str.startswith("opt")]["start_s"].min())
+            # The update waits for DDP's finalize, which runs after layer 0's backward closes.
+            assert backward_end < update_start
+            # A collective's end is stamped by a watcher thread once the OS runs it, so on a
+            # busy machine the stamp can land after the update has started; until then the
+            # reduction runs under no compute, and that is exposed communication.
+            waited = min(last_reduce_end, update_start) - backward_end
+            if waited > 0:
+                exposed = step_timing(mine.to_dict("records"), ms.step_time_s[rank])["exposed_comm_s"]
+                assert exposed >= waited - 1e-9
+            waits.append(waited)
+    # Were the wait counted in the backward, only the Python between DDP's finalize and the
+    # optimizer (well under a millisecond) would separate the two.  The last bucket's reduction
+    # is short here and a rank's callback may run after it ends: one rank-step shows it.
+    assert max(waits) > 1e-3, f"no rank-step waited a millisecond after its backward: {waits}"
 
 
 # ----------------------------------------------------------------------------- refusals, one sentence each

@@ -118,7 +118,7 @@ def test_quick_validation_predicts_every_case_before_running_it_and_reports_the_
     cases = result["cases"]
     # The quick sample is drawn with a fixed seed, and the result says so.
     assert result["sample"]["seed"] == v.QUICK_SEED
-    assert len(cases) == len(v.QUICK_GRID) == 4
+    assert len(cases) == len(v.QUICK_GRID) == 3
     for c in cases:
         assert set(c) >= {"strategy", "gpus", "bandwidth_gbps", "bucket_mb", "model", "shape", "global_batch",
                           "predicted_step_s", "measured_step_s", "error", "noise_band",
@@ -137,9 +137,9 @@ def test_quick_validation_predicts_every_case_before_running_it_and_reports_the_
             run = json.loads((Path(c["run_dir"]) / "run.json").read_text())
             assert run["cluster"]["bandwidth_gbps"] == c["bandwidth_gbps"]
     errors = sorted(abs(c["error"]) for c in cases)
-    assert result["median_abs_error"] == pytest.approx((errors[1] + errors[2]) / 2)
+    assert result["median_abs_error"] == pytest.approx(errors[1])
     bands = sorted(c["noise_band"] for c in cases)
-    assert result["median_noise_band"] == pytest.approx((bands[1] + bands[2]) / 2)
+    assert result["median_noise_band"] == pytest.approx(bands[1])
     report = (tmp_path / "report.md").read_text()
     first = cases[0]
     assert "What was calibrated, and on what" in report and "noise band" in report

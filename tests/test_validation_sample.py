@@ -64,8 +64,10 @@ def test_without_netem_no_case_asks_for_latency():
 
 
 def test_the_quick_sample_is_fixed_and_keeps_to_the_smaller_models():
-    assert v.QUICK_GRID == sample_cases(4, v.QUICK_SEED, models=("tiny", "small"))
+    assert v.QUICK_GRID == sample_cases(3, v.QUICK_SEED, models=("tiny", "small"))
     assert {c.model for c in v.QUICK_GRID} <= {"tiny", "small"}
+    # Its seed was picked for breadth, not for its errors: three strategies on three shapes.
+    assert len({c.strategy for c in v.QUICK_GRID}) == len({c.shape for c in v.QUICK_GRID}) == 3
 
 
 def test_a_case_that_leaves_a_setting_open_takes_the_grids_default():
