@@ -18,6 +18,7 @@ from zero_sim.calibration import (
     fit_sweep,
     topology_from_imports,
 )
+from zero_sim.calibration.fit import per_call_pace, streaming_pace
 from zero_sim.engine.engine import process_groups
 from zero_sim.scenario import ScenarioError, simulate
 from zero_sim.system.collectives import CollectiveModel, bus_factor
@@ -186,27 +187,56 @@ def test_what_a_collective_costs_compute_comes_from_the_cpu_time_its_calls_used(
     # Two ranks on eight cores: idle cores absorb all of it.
     roomy = cpu_from_sweep(cpu_rows(200e-6, 0.1), 2, cores=8)
     assert roomy.collective_cpu_s == 0 and roomy.overlap_slowdown == 0
-    # Communication that would need every core leaves compute a tenth, not nothing.
-    assert cpu_from_sweep(cpu_rows(200e-6, 5.0), 2, cores=2).overlap_slowdown == pytest.approx(9)
+    # Communication that would need five cores gets a fair share of the two: a quarter core
+    # per thread (two compute and two communication threads), so compute keeps half its cores.
+    greedy = cpu_from_sweep(cpu_rows(200e-6, 5.0), 2, cores=2)
+    assert greedy.overlap_slowdown == pytest.approx(1.0)
+    assert greedy.comm_bytes_rate_while_computing == pytest.approx(0.5 / 5.0)
 
 
-def test_a_queue_timed_while_every_rank_computes_says_how_fast_collectives_progress_meanwhile():
-    # Four ranks on two cores: the queue took 4x as long while the ranks computed (gloo's
-    # threads barely got a core).
-    loaded = [{"collective": k, "idle_s": 0.2, "loaded_s": 0.2 * f, "compute_slowdown": s}
-              for k, f, s in (("all_reduce", 4.0, 0.10), ("reduce_scatter", 5.0, 3.4),
-                              ("all_gather", 2.0, 0.0))]
-    four = cpu_from_sweep(cpu_rows(200e-6, 0.1), 4, cores=2, under_compute=loaded)
-    assert four.comm_rate_while_computing == pytest.approx(0.25)  # the median of 1/4, 1/5, 1/2
-    # Moving at a quarter of its pace, communication takes a quarter of its idle CPU from the
-    # compute: per call 400 us / 4, and 4 ranks x 0.1 x 0.25 of a core while streaming.  That is
-    # read from the calls' CPU time over the whole sweep, not from the queue's short windows of
-    # compute (0% to 340% apart here).
-    assert four.collective_cpu_s == pytest.approx(100e-6)
-    assert four.overlap_slowdown == pytest.approx(2 / 1.9 - 1)
-    assert (four.call_cpu_s, four.streaming_cores) == (pytest.approx(200e-6), pytest.approx(0.1, rel=1e-6))
+def test_a_ranks_bytes_stream_at_full_pace_unless_they_need_more_than_a_fair_share_of_a_core():
+    # Four ranks on two cores: eight runnable threads, a quarter core each.
+    assert streaming_pace(4, 2, 0.1) == 1.0
+    assert streaming_pace(4, 2, 0.5) == pytest.approx(0.5)
+    # Idle cores go to communication first: two ranks on eight cores have three cores each.
+    assert streaming_pace(2, 8, 0.9) == 1.0
+    assert streaming_pace(2, 8, 6.0) == pytest.approx(0.5)
+    # Threads that use no CPU to stream are never slowed by compute.
+    assert streaming_pace(4, 2, 0.0) == 1.0
+
+
+def test_a_queue_timed_while_every_rank_computes_says_how_fast_per_call_work_progresses_meanwhile():
+    # Four ranks on two cores, a queue of 16 calls: 0.2 s idle, of which 16 ms is the calls'
+    # latency (1 ms each in this sweep) and the rest their bytes.  The bytes need a tenth of a
+    # core, less than the quarter a fair scheduler gives each thread, so they keep their pace:
+    # of the 0.8 s the queue took while the ranks computed, the bytes still took 0.184 s and
+    # the per-call work the rest, 0.616 s for 16 ms of it.
+    fit = cpu_from_sweep(cpu_rows(200e-6, 0.1), 4, cores=2)
+    latency = fit_sweep(cpu_rows(200e-6, 0.1), 4)["all_reduce"].latency_s
+    assert latency == pytest.approx(1e-3, rel=1e-3)
+
+    def queue(loaded_s, kind="all_reduce"):
+        return {"collective": kind, "calls": 16, "bytes": 8 << 20, "idle_s": 0.2, "loaded_s": loaded_s,
+                "compute_slowdown": 0.1}
+
+    four = cpu_from_sweep(cpu_rows(200e-6, 0.1), 4, cores=2, under_compute=[queue(0.8)])
+    per_call = 16 * latency
+    assert four.comm_rate_while_computing == pytest.approx(per_call / (0.8 - (0.2 - per_call)))
+    assert four.comm_bytes_rate_while_computing == 1.0
+    # Moving at that pace, the per-call work takes that share of its idle CPU from the compute:
+    # 400 us per call for four ranks on two cores, times the pace.  Streaming takes 4 ranks x 0.1
+    # of a core at full pace.  Both are read from the calls' CPU time over the whole sweep, not
+    # from the queue's short windows of compute.
+    assert four.collective_cpu_s == pytest.approx(400e-6 * four.comm_rate_while_computing)
+    assert four.overlap_slowdown == pytest.approx(fit.overlap_slowdown) == pytest.approx(2 / 1.6 - 1)
+    # The median over the collectives; a queue slowed no more than its bytes keeps its pace,
+    # and one whose collective the sweep did not fit falls back to the whole queue's ratio.
+    assert per_call_pace(queue(0.2), None, 1.0) == 1.0
+    assert per_call_pace(queue(0.19), fit_sweep(cpu_rows(200e-6, 0.1), 4)["all_reduce"], 1.0) == 1.0
+    assert per_call_pace(queue(0.8, "broadcast"), None, 1.0) == pytest.approx(0.25)
+    assert per_call_pace(queue(1e3), None, 1.0) == 0.02  # never quite stopped
     # Without that queue, collectives keep their pace whatever the ranks do.
-    assert cpu_from_sweep(cpu_rows(200e-6, 0.1), 4, cores=2).comm_rate_while_computing == 1.0
+    assert fit.comm_rate_while_computing == 1.0
 
 
 def test_a_sweep_without_cpu_times_at_both_ends_cannot_say_what_communication_costs():

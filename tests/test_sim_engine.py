@@ -150,6 +150,29 @@ def test_a_latency_also_stretches_while_the_ranks_compute():
     assert throttled[(0, "all_reduce B0")].end_s == pytest.approx(2 * took, rel=1e-6)
 
 
+def test_a_collectives_bytes_keep_their_pace_while_its_per_call_work_waits_for_a_core():
+    # Streaming needs a share of a core that a fair scheduler grants; every hand-off of a call
+    # waits for one.  So while the ranks compute, only the latency part of a call stretches.
+    def took(nbytes, **rates):
+        b = ProgramBuilder()
+        b.collective("all_reduce", "all_reduce B0", nbytes, "backward")
+        b.compute("bwd L0", "backward", 100.0)  # computing for as long as the call runs
+        return run(b.build(), **rates)[0][(0, "all_reduce B0")].end_s
+
+    def at(per_call, nbytes_pace, nbytes=1e9):
+        return took(nbytes, comm_rate_while_computing=per_call, comm_bytes_rate_while_computing=nbytes_pace)
+
+    # A 1-byte call is nearly all latency: its per-call work at half pace doubles it.
+    assert at(0.5, 1.0, nbytes=1.0) == pytest.approx(2 * took(1.0), rel=1e-3)
+    # A gigabyte's latency is a sliver of it: at half pace it adds that sliver, no more ...
+    plain = took(1e9)
+    latency_extra, bytes_extra = at(0.5, 1.0) - plain, at(1.0, 0.5) - plain
+    assert 0 < latency_extra < 0.02 * plain
+    # ... while its bytes at half pace add nearly all of it, and the two parts add up to the whole.
+    assert latency_extra + bytes_extra == pytest.approx(at(0.5, 0.5) - plain, rel=1e-9)
+    assert at(0.5, 0.5) == pytest.approx(2 * plain, rel=1e-9)
+
+
 def test_memory_is_allocated_at_start_and_freed_at_end():
     b = ProgramBuilder({"params": 100})
     b.compute("fwd L0", "forward", 0.001, alloc=(("activations", 50),))

@@ -297,16 +297,16 @@ def simulate(workload: Workload | None = None, **kwargs) -> SimResult:
     if s["straggler_prob"] > 0 and s["straggler_ms"] > 0:
         straggler = Straggler(s["straggler_prob"], s["straggler_ms"] * 1e-3, s["seed"])
     explicit = s["explicit_ranks"] if s["explicit_ranks"] is not None else s["gpus"] <= 8
-    overlap_slowdown, collective_cpu_s, comm_rate = s["overlap_slowdown"], 0.0, 1.0
+    overlap_slowdown, collective_cpu_s, comm_rate, bytes_rate = s["overlap_slowdown"], 0.0, 1.0, 1.0
     cpu = calibration.cpu if calibration is not None else None
     if cpu is not None and cpu.ranks == s["gpus"]:
         # Measured for this many ranks on this machine; an explicit --overlap-slowdown still wins.
-        collective_cpu_s, comm_rate = cpu.collective_cpu_s, cpu.comm_rate_while_computing
+        collective_cpu_s, comm_rate, bytes_rate = cpu.collective_cpu_s, cpu.comm_rate_while_computing, cpu.bytes_pace
         if kwargs.get("overlap_slowdown") is None:
             overlap_slowdown = cpu.overlap_slowdown
     config = EngineConfig(steps=s["steps"], host_overhead_s=s["host_overhead_us"] * 1e-6,
                           overlap_slowdown=overlap_slowdown, collective_cpu_s=collective_cpu_s,
-                          comm_rate_while_computing=comm_rate,
+                          comm_rate_while_computing=comm_rate, comm_bytes_rate_while_computing=bytes_rate,
                           explicit_ranks=explicit, straggler=straggler, host_runs_compute=gpu.name == "CPU")
     engine = Engine(program, topo, CollectiveModel(topo, coll_backend, coll_algorithm, calibration), config)
     run = engine.run()
@@ -317,7 +317,7 @@ def simulate(workload: Workload | None = None, **kwargs) -> SimResult:
         "calibration": calibration.describe() if calibration is not None else None,
         "config_file": reading.source if reading is not None else None,
         "overlap_slowdown": overlap_slowdown, "collective_cpu_us": collective_cpu_s * 1e6,
-        "comm_rate_while_computing": comm_rate,
+        "comm_rate_while_computing": comm_rate, "comm_bytes_rate_while_computing": bytes_rate,
         "strategy": strategy.name, "model": workload.name, "params": workload.params,
         "topology": topo.name, "gpu": gpu.name, "gpus_per_node": topo.ranks_per_node,
         "topology_description": topo.describe(), "workload_description": workload.describe(),

@@ -116,15 +116,20 @@ def cpu_from_sweep(rows: list[dict], world_size: int, cores: int,
     what it needs beyond them comes out of compute, shared by all ``N`` ranks:
 
     * per call: each rank's compute loses ``c * N / C`` (nothing when ``N < C``);
-    * while streaming: compute gets ``min(N, C) - max(0, N f - max(0, C - N))`` cores
-      instead of ``min(N, C)``; ``overlap_slowdown`` is the ratio less one (at most 9,
-      where communication would leave compute a tenth of its cores).
+    * while streaming: compute gets ``min(N, C) - max(0, N f p_b - max(0, C - N))`` cores
+      instead of ``min(N, C)``; ``overlap_slowdown`` is the ratio less one (at most 1: a
+      fair scheduler leaves compute at least half of the cores it shares).
 
-    With ``under_compute`` rows (a queue timed idle and while every rank computes), the
-    queue's pace under compute ``p`` (the median over the collectives of idle / loaded time)
-    becomes ``comm_rate_while_computing``, and the CPU communication takes while the ranks
-    compute is ``p`` times the idle figures: ``c p`` per call and ``f p`` while streaming
-    (see the module docstring)."""
+    While every rank computes, a collective's two parts slow differently
+    (:func:`streaming_pace`, :func:`per_call_pace`): its bytes need ``f`` of a core, which a
+    fair scheduler grants up to an equal share, so they stream at ``p_b`` (1 unless ``f``
+    exceeds that share); its per-call work waits for a core at every hand-off, which only
+    a measurement shows.  With ``under_compute`` rows (a queue timed idle and while every
+    rank computes), the queue's slowdown beyond its bytes' gives that per-call pace ``p``
+    (the median over the collectives), ``comm_rate_while_computing``; ``p_b`` is
+    ``comm_bytes_rate_while_computing``.  The CPU communication takes while the ranks
+    compute is its part's pace times the idle figures: ``c p`` per call, as above, and
+    ``f p_b`` while streaming (see the module docstring)."""
     timed = [r for r in rows if r.get("cpu_us") is not None and r["time_us"] > 0]
     small = [r["cpu_us"] * 1e-6 for r in timed if r["size_bytes"] <= SMALL_CALL_MAX_BYTES]
     if not small or not any(r["size_bytes"] >= BANDWIDTH_MIN_BYTES for r in timed):
@@ -134,13 +139,43 @@ def cpu_from_sweep(rows: list[dict], world_size: int, cores: int,
     per_call = statistics.median(small)
     streaming = statistics.median(max(0.0, r["cpu_us"] * 1e-6 - per_call) / (r["time_us"] * 1e-6)
                                   for r in timed if r["size_bytes"] >= BANDWIDTH_MIN_BYTES)
+    bytes_pace = streaming_pace(n, c_cores, streaming)
     pace = 1.0
     if under_compute:
-        pace = min(1.0, max(0.02, statistics.median(r["idle_s"] / r["loaded_s"] for r in under_compute)))
+        fits = fit_sweep(rows, n)
+        pace = statistics.median(per_call_pace(r, fits.get(r["collective"]), bytes_pace) for r in under_compute)
     computing = min(n, c_cores)
-    left = max(computing / 10, computing - max(0.0, n * streaming * pace - max(0, c_cores - n)))
+    left = max(computing / 10, computing - max(0.0, n * streaming * bytes_pace - max(0, c_cores - n)))
     return CpuCalibration(per_call * pace * n / c_cores if n >= c_cores else 0.0, computing / left - 1.0, n,
-                          c_cores, per_call, streaming, pace)
+                          c_cores, per_call, streaming, pace, bytes_pace)
+
+
+def streaming_pace(ranks: int, cores: int, streaming_cores: float) -> float:
+    """The pace of a rank's bytes while every rank computes: its threads need ``f`` =
+    ``streaming_cores`` of a core to stream at the idle rate.  Idle cores go to them first;
+    beyond those, a fair scheduler gives each of the ``2N`` runnable threads (a compute and
+    a communication thread per rank) an equal share ``C / 2N``, and a thread that needs less
+    than its share gets what it needs."""
+    if streaming_cores <= 0:
+        return 1.0
+    share = max((cores - ranks) / ranks, cores / (2 * ranks))
+    return min(1.0, share / streaming_cores)
+
+
+def per_call_pace(row: dict, fit: CollectiveFit | None, bytes_pace: float) -> float:
+    """The pace of a collective's per-call work while every rank computes, from a queue timed
+    idle and loaded (``under_compute`` rows): its ``calls`` latencies (the fit's) are the
+    per-call part of the idle time, the rest its bytes, which take ``1 / bytes_pace`` times
+    as long loaded; what the loaded queue took beyond that is the per-call part slowed.
+    Without a fit, the whole queue's ratio.  Between 0.02 and 1."""
+    idle, loaded = row["idle_s"], row["loaded_s"]
+    if fit is None:
+        pace = idle / loaded
+    else:
+        per_call = min(idle, row["calls"] * fit.latency_s)
+        left = loaded - (idle - per_call) / bytes_pace
+        pace = per_call / left if left > per_call else 1.0
+    return min(1.0, max(0.02, pace))
 
 
 def fit_nccl_tests_text(text: str, collective: str = ALL_REDUCE) -> CollectiveFit:

@@ -37,18 +37,22 @@ saved together in one JSON file that ``zero-sim simulate --calibration FILE`` lo
     need beyond the idle cores comes out of compute, which the engine stretches by that
     ratio while a collective is in flight.
 
+  - ``comm_bytes_rate_while_computing``: the pace of a rank's bytes while every rank
+    computes.  They need ``streaming_cores`` of a core, which a fair scheduler grants up to
+    an equal share of the cores (idle cores first): 1 unless they need more than that.
   - ``comm_rate_while_computing``, where the sweep also timed a queue of collectives idle
-    and while every rank computes (``under_compute``): idle time / loaded time, the median
-    over the collectives.  The engine runs a collective, its latency included, at that
-    fraction of its pace while a member rank computes.  It is the other side of sharing
-    the cores: with more ranks than cores it is small (gloo's threads barely get a core),
-    and communication that the analytical picture overlaps with backward in fact waits
-    for it to end.  Communication that moves at that fraction of its pace while the ranks
+    and while every rank computes (``under_compute``): the pace of the calls' per-call
+    work, the queue's slowdown beyond what its bytes took (its latencies are the fit's),
+    the median over the collectives.  With more ranks than cores it is small: every
+    hand-off of a call waits for a core until the compute pauses, and per-call work that
+    the analytical picture overlaps with backward in fact waits for it to end.  The engine
+    runs a collective's latency at this pace and its bytes at the one above while a member
+    rank computes.  Communication that moves at a fraction of its pace while the ranks
     compute also uses that fraction of its CPU meanwhile, so both figures above are scaled
-    by it: compute loses what communication manages to take.  (The queue also says how much
-    slower the compute ran meanwhile; that figure is kept for the reader but not used,
-    because it comes from windows of a fraction of a second and swings between
-    collectives, where the CPU time is integrated over the whole sweep.)
+    by their part's pace: compute loses what communication manages to take.  (The queue
+    also says how much slower the compute ran meanwhile; that figure is kept for the
+    reader but not used, because it comes from windows of a fraction of a second and
+    swings between collectives, where the CPU time is integrated over the whole sweep.)
 
 What the measurement includes is what the simulator then assumes.  On a CPU machine
 the layer timings are taken with all N ranks computing at once, as they do in a
@@ -169,7 +173,15 @@ class CpuCalibration:
     cores: int | None = None
     call_cpu_s: float | None = None  # measured: CPU seconds of one small call, per rank
     streaming_cores: float | None = None  # measured: cores a rank's threads keep busy while bytes stream
-    comm_rate_while_computing: float = 1.0  # a queue of collectives' pace while every rank computes, vs idle
+    comm_rate_while_computing: float = 1.0  # collectives' per-call work: its pace while every rank computes
+    # their bytes' pace while every rank computes; None: the per-call pace (files before it was split)
+    comm_bytes_rate_while_computing: float | None = None
+
+    @property
+    def bytes_pace(self) -> float:
+        """The bytes' pace while the ranks compute (the per-call pace where it was not split)."""
+        b = self.comm_bytes_rate_while_computing
+        return self.comm_rate_while_computing if b is None else b
 
 
 @dataclass(frozen=True)
@@ -201,8 +213,8 @@ class Calibration:
         if self.cpu:
             parts.append(f"cpu: {self.cpu.collective_cpu_s * 1e6:.0f} us of compute lost per collective, "
                          f"compute {self.cpu.overlap_slowdown:.0%} slower while a large collective streams, "
-                         f"collectives at {self.cpu.comm_rate_while_computing:.0%} of their pace "
-                         f"while the ranks compute")
+                         f"collectives' per-call work at {self.cpu.comm_rate_while_computing:.0%} "
+                         f"and their bytes at {self.cpu.bytes_pace:.0%} of their pace while the ranks compute")
             u = self.cpu
             if u.call_cpu_s is not None and u.streaming_cores is not None:
                 parts[-1] += (f" (measured: {u.call_cpu_s * 1e6:.0f} us of CPU per small call, "
@@ -261,7 +273,7 @@ class Calibration:
         u = f.cpu
         cpu = None if u is None else CpuCalibration(u.collective_cpu_s, u.overlap_slowdown, u.ranks, u.cores,
                                                     u.call_cpu_s, u.streaming_cores,
-                                                    u.comm_rate_while_computing)
+                                                    u.comm_rate_while_computing, u.comm_bytes_rate_while_computing)
         return cls(fits, compute, f.backend, f.measured_on or {}, topology_spec(f.topology), cpu)
 
     @classmethod

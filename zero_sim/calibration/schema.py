@@ -93,6 +93,7 @@ class CpuFile(_Strict):
     call_cpu_s: LatencyS | None = None
     streaming_cores: Ratio | None = None
     comm_rate_while_computing: _number(above=0.0, hi=1.0) = 1.0
+    comm_bytes_rate_while_computing: _number(above=0.0, hi=1.0) | None = None
 
 
 class FabricFile(_Strict):
@@ -174,8 +175,10 @@ def topology_spec(t: TopologyFile | None) -> TopologySpec | None:
 # What a field means, added to the sentence about it where the name alone does not say.
 FIELD_MEANING = {
     "slowest_rank_factor": "the slowest rank's pass over the mean rank's, at least 1 and below 10",
-    "comm_rate_while_computing": "the collectives' pace while the ranks compute as a fraction of the idle "
-                                 "pace, above 0 and at most 1",
+    "comm_rate_while_computing": "the pace of the collectives' per-call work while the ranks compute as a "
+                                 "fraction of the idle pace, above 0 and at most 1",
+    "comm_bytes_rate_while_computing": "the pace of the collectives' bytes while the ranks compute as a "
+                                       "fraction of the idle pace, above 0 and at most 1",
     "busbw_gbps": "the fitted bus bandwidth in GB/s",
     "latency_s": "the fitted latency of one call in seconds",
     "world_size": "the group size the fit was measured on",

@@ -28,10 +28,12 @@ What is simulated, per rank:
   a collective that runs while its rank computes nothing costs nothing), but an op loses at
   most its own time to them: a fair scheduler leaves the compute thread half its core, and
   the rest of that work runs once the rank stops computing;
-* the other way round, a collective (its latency too) moves at ``comm_rate_while_computing``
-  of its pace while a member rank computes: on a CPU with more ranks than cores, gloo's
-  threads barely get a core until the compute pauses (calibrated from a queue timed idle
-  and under compute);
+* the other way round, while a member rank computes a collective's per-call work (its
+  latency) moves at ``comm_rate_while_computing`` of its pace and its bytes at
+  ``comm_bytes_rate_while_computing``: on a CPU with more ranks than cores, gloo's threads
+  wait for a core at every hand-off until the compute pauses, while streaming needs only a
+  share of a core that a fair scheduler grants (calibrated from a queue timed idle and
+  under compute, and from the CPU the sweep's large calls used);
 * a collective waits for the compute op issued just before it when the program says so
   (``Op.after_compute``, the default: torch's NCCL process group makes its stream wait on
   the stream current at issue, which for DDP's hooks is the compute stream), besides its
@@ -90,9 +92,11 @@ class EngineConfig:
     # Compute time each collective takes from its rank's compute, once, if compute runs while
     # it is in flight: on a CPU, the cores gloo's threads and the kernel's TCP path use (calibrated).
     collective_cpu_s: float = 0.0
-    # A collective moves at this fraction of its rate, latency included, while a member rank
-    # computes: with more ranks than cores, gloo's threads wait for cores the compute holds (calibrated).
+    # A collective's per-call work (its latency) moves at this fraction of its pace while a member
+    # rank computes: with more ranks than cores, gloo's threads wait for a core at every hand-off
+    # (calibrated).  Its bytes move at the second fraction (None: the same one).
     comm_rate_while_computing: float = 1.0
+    comm_bytes_rate_while_computing: float | None = None
     explicit_ranks: bool = False  # simulate every rank (True) or rank 0 standing for all (False)
     host_runs_compute: bool = False  # CPU training: compute runs on the host thread, synchronously
     straggler: Straggler | None = None
@@ -172,10 +176,13 @@ class Engine:
         self.env = simpy.Environment()
         self.net = FluidNetwork(self.env, topo)
         rho = config.comm_rate_while_computing
-        if not 0 < rho <= 1:
-            raise ValueError(f"comm_rate_while_computing must be in (0, 1], got {rho}")
-        if rho < 1:
-            self.net.throttle = lambda ranks: rho if any(self.computing[r] for r in ranks) else 1.0
+        rho_bytes = rho if config.comm_bytes_rate_while_computing is None else config.comm_bytes_rate_while_computing
+        for name, value in (("comm_rate_while_computing", rho), ("comm_bytes_rate_while_computing", rho_bytes)):
+            if not 0 < value <= 1:
+                raise ValueError(f"{name} must be in (0, 1], got {value}")
+        if rho < 1 or rho_bytes < 1:
+            self.net.throttle = lambda ranks, streams: (
+                (rho_bytes if streams else rho) if any(self.computing[r] for r in ranks) else 1.0)
         self.records: list[OpRecord] = []
         self.rendezvous: dict[tuple, _Rendezvous] = {}
         self.plans: dict[int, CollectivePlan] = {}

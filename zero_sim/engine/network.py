@@ -37,8 +37,9 @@ class FluidNetwork:
     two or more transfers are in flight together.
 
     A transfer over no links is a latency: ``edge_bytes`` seconds of work at ``cap`` = 1 per
-    second.  ``throttle(ranks)``, when set, scales every transfer's rate (latencies too) by
-    what its ranks are doing now; call :meth:`reshare` when that changes.
+    second.  ``throttle(ranks, streams)``, when set, scales every transfer's rate (latencies
+    too: ``streams`` is False for them) by what its ranks are doing now; call :meth:`reshare`
+    when that changes.
     """
 
     def __init__(self, env: simpy.Environment, topo: Topology):
@@ -85,7 +86,7 @@ class FluidNetwork:
                      for f in self.active}
         if self.throttle is not None:
             for f in self.active:
-                rates[id(f)] *= self.throttle(f.ranks)
+                rates[id(f)] *= self.throttle(f.ranks, bool(f.loads))
         return rates
 
     def reshare(self) -> None:
