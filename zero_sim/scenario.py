@@ -301,7 +301,8 @@ def simulate(workload: Workload | None = None, **kwargs) -> SimResult:
     cpu = calibration.cpu if calibration is not None else None
     if cpu is not None and cpu.ranks == s["gpus"]:
         # Measured for this many ranks on this machine; an explicit --overlap-slowdown still wins.
-        collective_cpu_s, comm_rate, bytes_rate = cpu.collective_cpu_s, cpu.comm_rate_while_computing, cpu.bytes_pace
+        collective_cpu_s, comm_rate = cpu.collective_cpu_s, cpu.comm_rate_while_computing
+        bytes_rate = cpu.bytes_pace
         if kwargs.get("overlap_slowdown") is None:
             overlap_slowdown = cpu.overlap_slowdown
     config = EngineConfig(steps=s["steps"], host_overhead_s=s["host_overhead_us"] * 1e-6,

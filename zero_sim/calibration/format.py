@@ -214,7 +214,8 @@ class Calibration:
             parts.append(f"cpu: {self.cpu.collective_cpu_s * 1e6:.0f} us of compute lost per collective, "
                          f"compute {self.cpu.overlap_slowdown:.0%} slower while a large collective streams, "
                          f"collectives' per-call work at {self.cpu.comm_rate_while_computing:.0%} "
-                         f"and their bytes at {self.cpu.bytes_pace:.0%} of their pace while the ranks compute")
+                         f"and their bytes at {self.cpu.bytes_pace:.0%} of their pace "
+                         f"while the ranks compute")
             u = self.cpu
             if u.call_cpu_s is not None and u.streaming_cores is not None:
                 parts[-1] += (f" (measured: {u.call_cpu_s * 1e6:.0f} us of CPU per small call, "
@@ -273,7 +274,8 @@ class Calibration:
         u = f.cpu
         cpu = None if u is None else CpuCalibration(u.collective_cpu_s, u.overlap_slowdown, u.ranks, u.cores,
                                                     u.call_cpu_s, u.streaming_cores,
-                                                    u.comm_rate_while_computing, u.comm_bytes_rate_while_computing)
+                                                    u.comm_rate_while_computing,
+                                                    u.comm_bytes_rate_while_computing)
         return cls(fits, compute, f.backend, f.measured_on or {}, topology_spec(f.topology), cpu)
 
     @classmethod

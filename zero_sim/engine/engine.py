@@ -176,8 +176,10 @@ class Engine:
         self.env = simpy.Environment()
         self.net = FluidNetwork(self.env, topo)
         rho = config.comm_rate_while_computing
-        rho_bytes = rho if config.comm_bytes_rate_while_computing is None else config.comm_bytes_rate_while_computing
-        for name, value in (("comm_rate_while_computing", rho), ("comm_bytes_rate_while_computing", rho_bytes)):
+        rho_bytes = config.comm_bytes_rate_while_computing
+        rho_bytes = rho if rho_bytes is None else rho_bytes
+        for name, value in (("comm_rate_while_computing", rho),
+                            ("comm_bytes_rate_while_computing", rho_bytes)):
             if not 0 < value <= 1:
                 raise ValueError(f"{name} must be in (0, 1], got {value}")
         if rho < 1 or rho_bytes < 1:
