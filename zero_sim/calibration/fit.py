@@ -146,7 +146,7 @@ def cpu_from_sweep(rows: list[dict], world_size: int, cores: int,
         pace = statistics.median(per_call_pace(r, fits.get(r["collective"]), bytes_pace)
                                  for r in under_compute)
     computing = min(n, c_cores)
-    left = max(computing / 10, computing - max(0.0, n * streaming * bytes_pace - max(0, c_cores - n)))
+    left = computing - max(0.0, n * streaming * bytes_pace - max(0, c_cores - n))
     return CpuCalibration(per_call * pace * n / c_cores if n >= c_cores else 0.0, computing / left - 1.0, n,
                           c_cores, per_call, streaming, pace, bytes_pace)
 
