@@ -31,6 +31,7 @@ import queue
 import re
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -152,9 +153,18 @@ def rank_env(**extra: str) -> dict[str, str]:
 def run_module(module: str, argv: list[str], nproc: int, on_line: Callable[[str], None] | None = None,
                timeout_s: float = 600.0) -> None:
     """``python -m <module> <argv>`` on ``nproc`` ranks of this machine under one torchrun."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-           "--monitor-interval=0.5", "-m", module, *without_nproc(argv)]
-    supervise([start(cmd, rank_env())], on_line=on_line, timeout_s=timeout_s)
+    with torchrun_log_dir() as logs:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+               "--monitor-interval=0.5", f"--log-dir={logs}", "-m", module, *without_nproc(argv)]
+        supervise([start(cmd, rank_env())], on_line=on_line, timeout_s=timeout_s)
+
+
+@contextlib.contextmanager
+def torchrun_log_dir() -> Iterator[str]:
+    """A folder for torchrun's per-launch log folders, removed when the launch ends: left to
+    itself, torchrun makes one in the temp dir for every launch and never removes it."""
+    with tempfile.TemporaryDirectory(prefix="zero-sim-torchrun-") as logs:
+        yield logs
 
 
 # --- owning every process of a run (Linux; a no-op elsewhere) ---------------------------------

@@ -231,7 +231,13 @@ def test_a_rank_whose_exception_escaped_is_named_with_its_error():
 
 
 @pytest.mark.slow
-def test_a_run_that_fails_to_start_leaves_no_earlier_result_behind(tmp_path):
+def test_a_run_that_fails_to_start_leaves_no_earlier_result_behind(tmp_path, monkeypatch):
+    temp = tmp_path / "temp"  # the launcher's and torchrun's temporary folders go here
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    monkeypatch.setenv("TMPDIR", str(temp))
+    tmp_path = tmp_path / "out"
+    tmp_path.mkdir()
     write_run(tmp_path)
     (tmp_path / "trace_rank0.json").write_text("{}")
     (tmp_path / "state.pt").write_bytes(b"old")
@@ -246,6 +252,8 @@ def test_a_run_that_fails_to_start_leaves_no_earlier_result_behind(tmp_path):
         load_run(tmp_path)
     assert str(refused.value) == (f"The run in {tmp_path} failed and cannot be overlaid; "
                                   f'it said "{said[:-1]}".')
+    # torchrun's log folders (one per launch, which it never removes) went with the launch.
+    assert os.listdir(temp) == []
 
 
 @pytest.mark.slow

@@ -21,7 +21,7 @@ from pathlib import Path
 from zero_sim.vocabulary.files import write_json_atomic
 
 from .. import options
-from ..launch import rank_env, run_outputs, supervise, without_nproc
+from ..launch import rank_env, run_outputs, supervise, torchrun_log_dir, without_nproc
 from ..processes import kill_group, start
 from .namespaces import ClusterUnavailable, Node, build, cleanup_stale, delete_namespace, unavailable_reason
 from .shapes import ClusterShape, check_shape, node_count
@@ -109,19 +109,20 @@ class EmulatedCluster:
         port = _STORE_PORT + self._runs
         self._runs += 1
         procs = []
-        try:
-            for i, node in enumerate(self.nodes):
-                cmd = ["ip", "netns", "exec", node.ns, sys.executable, "-m", "torch.distributed.run",
-                       f"--nnodes={self.n_nodes}", f"--node-rank={i}",
-                       f"--nproc-per-node={self.ranks_per_node}",
-                       f"--master-addr={self.nodes[0].addr}", f"--master-port={port}",
-                       "--monitor-interval=0.5", "-m", module, *without_nproc(argv)]
-                procs.append(start(cmd, rank_env(GLOO_SOCKET_IFNAME=node.ifname)))
-        except BaseException:
-            for proc in procs:
-                kill_group(proc)
-            raise
-        supervise(procs, on_line=on_line, timeout_s=timeout_s)
+        with torchrun_log_dir() as logs:
+            try:
+                for i, node in enumerate(self.nodes):
+                    cmd = ["ip", "netns", "exec", node.ns, sys.executable, "-m", "torch.distributed.run",
+                           f"--nnodes={self.n_nodes}", f"--node-rank={i}",
+                           f"--nproc-per-node={self.ranks_per_node}",
+                           f"--master-addr={self.nodes[0].addr}", f"--master-port={port}",
+                           "--monitor-interval=0.5", f"--log-dir={logs}", "-m", module, *without_nproc(argv)]
+                    procs.append(start(cmd, rank_env(GLOO_SOCKET_IFNAME=node.ifname)))
+            except BaseException:
+                for proc in procs:
+                    kill_group(proc)
+                raise
+            supervise(procs, on_line=on_line, timeout_s=timeout_s)
 
     def cluster_record(self) -> dict:
         return {"kind": self.shape.kind, "bandwidth_gbps": self.shape.bandwidth_gbps,
