@@ -69,9 +69,8 @@ def measure_network(runner, nproc: int, workdir: Path, max_bytes: str = "32M", b
                       on_line=on_line, timeout_s=timeout_s)
     sweep = json.loads(path.read_text())
     cores = sweep.get("cores") or os.cpu_count() or 1
-    return (fit_sweep(sweep["rows"], nproc),
-            cpu_from_sweep(sweep["rows"], nproc, cores, sweep.get("under_compute")),
-            sweep)
+    fits = fit_sweep(sweep["rows"], nproc)
+    return fits, cpu_from_sweep(sweep["rows"], nproc, cores, sweep.get("under_compute"), fits), sweep
 
 
 class Loopback:

@@ -104,8 +104,8 @@ def _from_lbfit(kind: str, n: int, fit: LatencyBandwidthFit, table: NcclTestsTab
                          tuple(r.size_bytes for r in table.rows), tuple(r.time_us * 1e-6 for r in table.rows))
 
 
-def cpu_from_sweep(rows: list[dict], world_size: int, cores: int,
-                   under_compute: list[dict] | None = None) -> CpuCalibration:
+def cpu_from_sweep(rows: list[dict], world_size: int, cores: int, under_compute: list[dict] | None = None,
+                   fits: dict[str, CollectiveFit] | None = None) -> CpuCalibration:
     """What communication takes from compute, from the CPU time per call of an idle sweep
     (rows with ``cpu_us``) on ``world_size`` ranks sharing ``cores`` cores.
 
@@ -129,7 +129,8 @@ def cpu_from_sweep(rows: list[dict], world_size: int, cores: int,
     (the median over the collectives), ``comm_rate_while_computing``; ``p_b`` is
     ``comm_bytes_rate_while_computing``.  The CPU communication takes while the ranks
     compute is its part's pace times the idle figures: ``c p`` per call, as above, and
-    ``f p_b`` while streaming (see the module docstring)."""
+    ``f p_b`` while streaming (see the module docstring).  ``fits``: the sweep's own
+    :func:`fit_sweep`, where the caller has it already."""
     timed = [r for r in rows if r.get("cpu_us") is not None and r["time_us"] > 0]
     small = [r["cpu_us"] * 1e-6 for r in timed if r["size_bytes"] <= SMALL_CALL_MAX_BYTES]
     if not small or not any(r["size_bytes"] >= BANDWIDTH_MIN_BYTES for r in timed):
@@ -142,7 +143,7 @@ def cpu_from_sweep(rows: list[dict], world_size: int, cores: int,
     bytes_pace = streaming_pace(n, c_cores, streaming)
     pace = 1.0
     if under_compute:
-        fits = fit_sweep(rows, n)
+        fits = fit_sweep(rows, n) if fits is None else fits
         pace = statistics.median(per_call_pace(r, fits.get(r["collective"]), bytes_pace)
                                  for r in under_compute)
     computing = min(n, c_cores)
