@@ -133,9 +133,9 @@ def test_hta_reads_the_folder_with_every_rank_and_step_and_the_recorded_compute(
     HTA 0.5's analyses measure GPU kernels, and a gloo run on CPU has none (every event is a
     CPU op, on HTA's stream -1): the kernel breakdown is empty and the temporal breakdown
     stops inside HTA on its empty kernel table.  What HTA does read meaningfully is the CPU
-    side: its parsed events hold the vocabulary labels, whose time per rank is the compute
-    the rank file recorded for the same steps.  The last step is complete (the trace is
-    written after it), so HTA is asked to keep it."""
+    side: its parsed events hold the vocabulary labels, one per compute op the rank file
+    recorded for the same steps, each lasting as long as the recorded op.  The last step is
+    complete (the trace is written after it), so HTA is asked to keep it."""
     from hta.trace_analysis import TraceAnalysis
 
     _, out = ddp_run
@@ -149,12 +149,18 @@ def test_hta_reads_the_folder_with_every_rank_and_step_and_the_recorded_compute(
         assert (df["stream"] == -1).all()  # CPU ops only: no GPU kernels for HTA's GPU analyses
         names = df["name"].map(lambda i: symbols[i])
         assert sorted(df.loc[names.str.startswith("ProfilerStep#"), "iteration"]) == PROFILED
-        compute = names.map(lambda n: n.split(" ")[0] in ("fwd", "bwd", "opt"))
-        hta_compute_s = df.loc[compute, "dur"].sum() / 1e6
-        record_s = sum(op["end_s"] - op["start_s"] for op in recorded(out, rank, PROFILED)
-                       if op["stream"] == COMPUTE)
-        assert hta_compute_s > 0
-        assert hta_compute_s == pytest.approx(record_s, rel=0.05, abs=2e-3)
+        compute = df[names.map(lambda n: n.split(" ")[0] in ("fwd", "bwd", "opt"))]
+        hta_spans = sorted(zip(compute["iteration"], compute["name"].map(symbols.__getitem__),
+                               compute["ts"], compute["dur"] / 1e6, strict=True))
+        rec_spans = sorted((op["step"], op["name"], op["start_s"], op["end_s"] - op["start_s"])
+                           for op in recorded(out, rank, PROFILED) if op["stream"] == COMPUTE)
+        assert [s[:2] for s in hta_spans] == [s[:2] for s in rec_spans]  # the same ops, step by step
+        # Each label opens before the recorder's start stamp and closes after its end stamp, so
+        # it holds the recorded span; what it adds is the label's own cost, plus any moment the
+        # watcher thread took the interpreter in between, which a busy box makes now and then.
+        extra_s = [h[3] - r[3] for h, r in zip(hta_spans, rec_spans, strict=True)]
+        assert min(extra_s) > -2e-6  # the profiler keeps microseconds
+        assert sorted(extra_s)[len(extra_s) // 2] < 1e-4
     kernels, _ = analysis.get_gpu_kernel_breakdown(visualize=False)
     assert kernels.empty
     with pytest.raises(IndexError):  # HTA 0.5 on a trace with no GPU kernels
