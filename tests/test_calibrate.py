@@ -69,6 +69,23 @@ def test_the_latency_is_the_mean_small_call_so_slow_spells_count_but_one_disturb
     assert latency == pytest.approx((0.5e-3 + 0.5e-3 + 2.5e-3 + 0.5e-3) / 4, rel=0.02)
 
 
+def test_small_calls_timed_queued_give_the_latency_a_call_pays_behind_another():
+    """An idle sweep times each small size alone and queued back to back; the queued times
+    give their own latency, read the same way (less the bytes' share, a trimmed mean).
+    A sweep without queued times (one written before they were measured) gives none."""
+    sizes = [1024 << i for i in range(16)]  # 1 KB .. 32 MB
+    rows = sweep_rows("reduce_scatter", 4, 7e-3, 0.05e9, sizes)
+    for row in rows:
+        if row["size_bytes"] <= 64 << 10:
+            row["queued_time_us"] = row["time_us"] - 1.8e3  # queued: 1.8 ms less per call
+    fit = fit_sweep(rows, 4)["reduce_scatter"]
+    assert fit.latency_s == pytest.approx(7e-3, rel=0.01)
+    assert fit.queued_latency_s == pytest.approx(5.2e-3, rel=0.01)
+    for row in rows:
+        row.pop("queued_time_us", None)
+    assert fit_sweep(rows, 4)["reduce_scatter"].queued_latency_s is None
+
+
 def test_a_sweep_with_one_size_cannot_be_fitted():
     with pytest.raises(CalibrationError, match="fewer than two sizes"):
         fit_sweep(sweep_rows("all_reduce", 2, 1e-4, 1e9, [1 << 20]), 2)
@@ -291,6 +308,10 @@ def test_a_calibration_survives_a_round_trip_through_its_file(tmp_path):
     with_cpu = replace(cal, cpu=CpuCalibration(2e-4, 0.1, 2, comm_rate_while_computing=0.25))
     with_cpu.save(tmp_path / "cpu.json")
     assert Calibration.load(tmp_path / "cpu.json").cpu == with_cpu.cpu
+    queued = replace(cal, collectives={k: replace(f, queued_latency_s=f.latency_s / 2)
+                                       for k, f in cal.collectives.items()})
+    queued.save(tmp_path / "queued.json")
+    assert Calibration.load(tmp_path / "queued.json").collectives == queued.collectives
 
 
 @pytest.mark.parametrize("content,fragment", [

@@ -11,6 +11,9 @@ call's time is its latency, which a per-parameter strategy pays between other wo
 identical small calls queued back to back pipeline through gloo's worker threads and look
 cheaper than any one of them is.  Their time is the mean of thirty in a row, because a step
 pays the sum of its small calls and their times have a long tail (a median would miss it).
+Training also issues small calls back to back (a per-parameter strategy's calls at the end
+of backward or in the optimizer step), so an idle sweep times each small size a second way
+too: thirty calls queued at once, their mean per call (``queued_time_us``).
 
 Each row also says how much CPU time the rank's threads used per call (``cpu_us``, the mean
 over ranks): on a CPU machine that is what communication takes from compute.  ``size`` is
@@ -122,6 +125,9 @@ def collective_sweep(kinds, lo: int, hi: int, budget_s: float, load: bool = Fals
                        "in_turn": in_turn}
                 if busy is None:
                     row["cpu_us"] = cpu * 1e6  # under load the process's time includes the load itself
+                    if in_turn > 1:  # the same small calls queued at once (module docstring)
+                        queued, _ = _time_collective(kind, s, world, fewest, queue=in_turn)
+                        row["queued_time_us"] = queued * 1e6
                 else:
                     during = (busy.done - before) / (time.perf_counter() - t0)
                     row["compute_slowdown"] = max(0.0, alone / max(during, 1e-9) - 1.0)

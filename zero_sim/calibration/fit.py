@@ -43,7 +43,9 @@ def fit_sweep(rows: list[dict], world_size: int, min_bytes: int = 0) -> dict[str
     the mean is the figure, and slow spells on a shared machine fill whole rows now and then,
     so a median over rows would miss them while a plain mean would follow one disturbed row;
     ``busbw`` minimises the relative error of ``latency + factor*S/busbw`` over the sizes
-    from 1 MB up; the two are refined in turn.  A sweep
+    from 1 MB up; the two are refined in turn.  ``queued_latency`` is the same trimmed mean
+    over the small sizes timed queued back to back (``queued_time_us``, when the sweep has
+    it): what a call costs behind another of its kind.  A sweep
     that lacks either regime falls back to one relative least-squares fit over every
     size from ``min_bytes`` (:func:`zero_sim.system.nccl_tests.fit_nccl_tests`)."""
 
@@ -63,10 +65,14 @@ def fit_sweep(rows: list[dict], world_size: int, min_bytes: int = 0) -> dict[str
                 num = sum(factor * sz / t * (1.0 - latency / t) for sz, t in large)
                 den = sum((factor * sz / t) ** 2 for sz, t in large)
                 inv_bw = num / den if num > 0 else 0.0
+            queued = [(r["size_bytes"], r["queued_time_us"] * 1e-6) for r in mine
+                      if r["size_bytes"] <= LATENCY_MAX_BYTES and "queued_time_us" in r]
+            queued_latency = (max(0.0, _trimmed_mean([t - factor * sz * inv_bw for sz, t in queued]))
+                              if len(queued) >= 2 else None)
             if inv_bw > 0:
                 fit = CollectiveFit(kind, world_size, latency, 1.0 / inv_bw, 0.0,
                                     tuple(r["size_bytes"] for r in mine),
-                                    tuple(r["time_us"] * 1e-6 for r in mine))
+                                    tuple(r["time_us"] * 1e-6 for r in mine), queued_latency)
                 worst = max(abs(fit.time(r["size_bytes"]) / (r["time_us"] * 1e-6) - 1) for r in mine)
                 fits[kind] = replace(fit, max_rel_error=worst)
                 continue

@@ -9,7 +9,10 @@ saved together in one JSON file that ``zero-sim simulate --calibration FILE`` lo
   nccl-tests' bus factors; :func:`fit_sweep` says how each parameter is read.  The
   latency is that of a small call made alone (the sweep times those one at a time, and
   takes their mean, as a step pays the sum of its small calls, long tail included), the
-  per-call work the engine makes a process group pay one call at a time.  The swept
+  per-call work the engine makes a process group pay one call at a time; a call that
+  queues behind another of its group pays ``queued_latency`` instead, the same fit on the
+  small sizes timed queued back to back (gloo's two worker threads overlap consecutive
+  calls' hand-offs, so a queue of small calls costs less per call).  The swept
   times are kept beside the fit: from 1 MB up, where they are reliable, a collective
   alone takes the measured time (interpolated between sizes), not the line's.  A fit
   holds for the group size and the links it was measured on; the simulator uses it for
@@ -120,6 +123,9 @@ class CollectiveFit:
     max_rel_error: float  # worst relative error of the fit over the measured sizes
     sizes: tuple[int, ...] = ()
     times_s: tuple[float, ...] = ()  # what each of ``sizes`` measured, when the sweep is at hand
+    # A small call's latency when it queues behind another of its process group (a backend whose
+    # worker threads overlap consecutive calls' hand-offs); None: as ``latency_s``.
+    queued_latency_s: float | None = None
 
     def time(self, nbytes: float) -> float:
         return self.latency_s + bus_factor(self.kind, self.world_size) * nbytes / self.busbw
@@ -201,7 +207,8 @@ class Calibration:
     def describe(self) -> str:
         parts = []
         for kind, f in self.collectives.items():
-            parts.append(f"{kind} n={f.world_size}: {f.latency_s * 1e6:.0f} us + "
+            queued = "" if f.queued_latency_s is None else f" ({f.queued_latency_s * 1e6:.0f} us queued)"
+            parts.append(f"{kind} n={f.world_size}: {f.latency_s * 1e6:.0f} us{queued} + "
                          f"busbw {f.busbw / 1e9:.3f} GB/s (fit within {f.max_rel_error:.1%})")
         if self.compute:
             c = self.compute
@@ -234,7 +241,7 @@ class Calibration:
             "collectives": {k: {"world_size": f.world_size, "latency_s": f.latency_s,
                                 "busbw_gbps": f.busbw / 1e9,
                                 "max_rel_error": f.max_rel_error, "sizes": list(f.sizes),
-                                "times_s": list(f.times_s)}
+                                "times_s": list(f.times_s), "queued_latency_s": f.queued_latency_s}
                             for k, f in self.collectives.items()},
             "compute": None if self.compute is None else {
                 "layer_seconds": self.compute.layer_seconds, "tokens": self.compute.tokens,
@@ -265,7 +272,7 @@ class Calibration:
         except ValidationError as exc:
             raise CalibrationError(sentence(source, exc.errors()[0])) from None
         fits = {kind: CollectiveFit(kind, v.world_size, v.latency_s, v.busbw_gbps * 1e9, v.max_rel_error,
-                                    tuple(v.sizes), tuple(v.times_s))
+                                    tuple(v.sizes), tuple(v.times_s), v.queued_latency_s)
                 for kind, v in (f.collectives or {}).items()}
         c = f.compute
         compute = None if c is None else ComputeCalibration(

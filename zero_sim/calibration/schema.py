@@ -60,6 +60,7 @@ class CollectiveFitFile(_Strict):
     max_rel_error: _number(lo=0.0) = 0.0
     sizes: list[Annotated[int, Field(ge=1, le=1 << 50)]] = []
     times_s: list[MeasuredS] = []
+    queued_latency_s: LatencyS | None = None
 
     @model_validator(mode="after")
     def _times_match_sizes(self):
@@ -181,6 +182,7 @@ FIELD_MEANING = {
                                        "fraction of the idle pace, above 0 and at most 1",
     "busbw_gbps": "the fitted bus bandwidth in GB/s",
     "latency_s": "the fitted latency of one call in seconds",
+    "queued_latency_s": "the fitted latency of a call queued behind another, in seconds (or null)",
     "world_size": "the group size the fit was measured on",
     "tokens": "tokens per rank the layer times were measured at",
     "nics": "NICs per node",

@@ -12,7 +12,10 @@ What is simulated, per rank:
   flight, started in stream order).  Their per-call work (the latency part of a
   collective) is still paid one call at a time per process group: two gloo threads do not
   make two small calls cost one, but a small call behind a large one runs while the large
-  one's bytes stream;
+  one's bytes stream.  A call whose per-call work has to wait for another's pays the
+  calibrated *queued* latency instead (the sweep times small calls queued back to back as
+  well as alone: the second thread's hand-offs overlap the first's, so a queue costs less
+  per call than calls made one at a time);
 * **collectives** start on every member rank at the same instant: when the last member's
   stream reaches it.  A slow rank delays everyone (the allocator flushes of the Amazon
   Science article 'Making DeepSpeed ZeRO run efficiently on more-affordable hardware' are
@@ -400,9 +403,11 @@ class Engine:
                 lock = self.call_locks.get(caller)
                 if lock is None:
                     lock = self.call_locks[caller] = simpy.Resource(env, 1)
+                # Behind another call's per-call work, this one pays the queued latency (module docstring).
+                queued = lock.count > 0 and stage.queued_latency_s is not None
                 with lock.request() as turn:
                     yield turn
-                    yield self._latency(stage.latency_s, ranks)
+                    yield self._latency(stage.queued_latency_s if queued else stage.latency_s, ranks)
             elif stage.latency_s > 0:
                 yield self._latency(stage.latency_s, ranks)
             if stage.edge_bytes > 0 and stage.loads:

@@ -131,6 +131,9 @@ class Stage:
     edge_bytes: float
     loads: tuple[tuple[str, float], ...]  # (link name, bytes crossing it per edge byte)
     rate_cap: float = math.inf  # bytes/s per edge at most: a calibrated collective's measured busbw
+    # The latency when the call queues behind another of its process group (a calibrated gloo
+    # collective: ``CollectiveFit.queued_latency_s``); None: the same as ``latency_s``.
+    queued_latency_s: float | None = None
 
     def isolated_time(self, topo: Topology) -> float:
         if self.edge_bytes <= 0 or not self.loads:
@@ -315,7 +318,7 @@ class CollectiveModel:
                    else fit.busbw * bus_factor(wire_kind, n) / bus_factor(kind, n))
             loads = (_merged_loads(self.topology, instances) if self.backend == "gloo"
                      else _merge(channel_loads(self.topology, m) for m in instances))
-            stage = Stage(fit.latency_s, edge_bytes, loads, cap)
+            stage = Stage(fit.latency_s, edge_bytes, loads, cap, fit.queued_latency_s)
             return CollectivePlan(kind, nbytes, n, "calibrated", self.backend, (stage,), sent)
         wanted = backend.algorithms if self.algorithm == "auto" else (self.algorithm,)
         candidates = [plan for algo in wanted for plan in self._candidates(algo, wire_kind, kind, nbytes,
