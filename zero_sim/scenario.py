@@ -30,6 +30,8 @@ from zero_sim.system.topology import build_topology
 from zero_sim.system.workload import (
     ATTENTION_IMPLS,
     DEFAULT_ATTENTION,
+    DEFAULT_ELEMENTWISE,
+    ELEMENTWISE_IMPLS,
     RECOMPUTE_MODES,
     Workload,
     WorkloadError,
@@ -85,6 +87,9 @@ COMMON: tuple[Setting, ...] = (
             "every other matmul output and the attention output kept)", str, RECOMPUTE_MODES),
     Setting("attention", DEFAULT_ATTENTION, "attention kernel: flash (FlashAttention / SDPA: no s x s "
             "scores kept) or eager (softmax over materialized scores)", str, ATTENTION_IMPLS),
+    Setting("elementwise", DEFAULT_ELEMENTWISE, "norms and rotary embeddings: fused (one HBM round trip "
+            "each, as fused or compiled kernels), eager (the chain of ATen kernels eager PyTorch runs) or "
+            "eager-fms (eager with foundation-model-stack's real-rotation rotary)", str, ELEMENTWISE_IMPLS),
     Setting("efficiency", None, "a flat fraction of peak FLOP/s for all compute (default: the GPU's per-op "
             "model)", float, gt=0, le=1),
     Setting("cuda_context_gb", None, "GB per GPU outside the tensors: CUDA context, cuBLAS and NCCL buffers "
@@ -127,16 +132,18 @@ def _resolve_workload(s: dict):
                                     f"{flags}; give either a size or a shape")
             shape = synthesize_shape(s["params"], s["seq_len"] or 1024, s["vocab"] or 50257)
             return gpt_workload(shape, s["micro_batch"], None, s["recompute"],
-                                name=f"gpt-{shape.params() / 1e6:.0f}m", attention=s["attention"])
+                                name=f"gpt-{shape.params() / 1e6:.0f}m", attention=s["attention"],
+                                elementwise=s["elementwise"])
         if shape_given:
             if s["model"] not in PRESETS:
                 raise ScenarioError(f"unknown model preset {s['model']!r} to take the missing shape values "
                                     f"from; choose one of {', '.join(sorted(PRESETS))}")
             shape = replace(PRESETS[s["model"]], **{SHAPE_SETTINGS[k]: v for k, v in shape_given.items()})
             workload = gpt_workload(shape, s["micro_batch"], s["seq_len"], s["recompute"], "custom",
-                                    s["attention"])
+                                    s["attention"], s["elementwise"])
             return replace(workload, name=f"custom-{human_params(workload.params)}")
-        return preset(s["model"], s["micro_batch"], s["seq_len"], s["recompute"], s["attention"])
+        return preset(s["model"], s["micro_batch"], s["seq_len"], s["recompute"], s["attention"],
+                      s["elementwise"])
     except WorkloadError as exc:
         raise ScenarioError(str(exc)) from None
 

@@ -70,7 +70,8 @@ def read_torchtitan(config) -> ConfigReading:
                           f"remove it to simulate")
     for name in data:
         if name == "compile":
-            reading.ignore("[compile]", "compiled kernels are within the per-op compute model's spread")
+            reading.ignore("[compile]", "--elementwise sets how norms and rotary run (fused, the default, "
+                           "or eager chains); give it beside the file")
         elif name in NO_EFFECT_SECTIONS:
             reading.ignore(f"[{name}]", "changes no step's time or memory")
         elif name not in ("model", "training", "parallelism", "activation_checkpoint", "float8"):

@@ -33,6 +33,8 @@ The per-op model sums three kinds of kernels, run one after another on the compu
 * Memory-bound kernels (norms, activations, residuals, rotary, softmax over eager scores,
   loss): ``memory_bytes / (HBM bandwidth * achievable fraction)``; backward moves twice the
   forward's bytes (it reads the saved input and the incoming gradient and writes a gradient).
+  Eager element-wise chains (the workload's ``elementwise`` setting) are in ``memory_bytes``
+  and take the same ratio.
 
 Recompute re-runs the forward ("full") or, under "selective", the attention core alone.
 

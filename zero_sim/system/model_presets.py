@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from zero_sim.system.workload import (
     DEFAULT_ATTENTION,
+    DEFAULT_ELEMENTWISE,
     GPTShape,
     Workload,
     WorkloadError,
@@ -156,11 +157,11 @@ def preset_names() -> list[str]:
 
 
 def preset(name: str, micro_batch: int = 1, seq_len: int | None = None, recompute: str = "none",
-           attention: str = DEFAULT_ATTENTION) -> Workload:
+           attention: str = DEFAULT_ATTENTION, elementwise: str = DEFAULT_ELEMENTWISE) -> Workload:
     if name not in PRESETS:
         raise WorkloadError(f"unknown model preset {name!r}; choose one of {', '.join(preset_names())} "
                             "or give --params N")
-    return gpt_workload(PRESETS[name], micro_batch, seq_len, recompute, name, attention)
+    return gpt_workload(PRESETS[name], micro_batch, seq_len, recompute, name, attention, elementwise)
 
 
 def synthesize_shape(target_params: int, seq_len: int = 1024, vocab: int = 50257) -> GPTShape:

@@ -36,8 +36,10 @@ query, causal masking not halved (``4*b*s^2*h`` for GPT-2's shape), as Narayanan
 count it.  Head: ``2*T*h*V``.  The embedding lookup is zero FLOPs.  Backward costs twice the
 forward.  ``Layer.fwd_flops`` is matmul + attention: the model FLOPs MFU is reported from.
 
-Memory-bound work (``Work.memory_bytes``, forward, bf16, per micro-batch).  Each op reads its
-inputs and writes its output once; biases are fused into their GEMM, so they cost nothing here:
+Memory-bound work (``Work.memory_bytes``, forward, bf16, per micro-batch).  Each kernel reads
+its inputs and writes its output once; biases are fused into their GEMM, so they cost nothing
+here.  Bytes per element of each op are in :data:`ELEMENTWISE_BYTES`, by the ``elementwise``
+setting:
 
 * a norm reads and writes the hidden state: ``4*T*h``; a residual add reads two and writes
   one: ``6*T*h``; a dropout reads, writes and writes a 1-byte mask: ``5*T*h``;
@@ -51,6 +53,37 @@ inputs and writes its output once; biases are fused into their GEMM, so they cos
 * embedding: the gather (``4*T*h``), the learned position add (``6*T*h``), dropout;
   head: the final norm, and the loss: logits cast to fp32 (reads 2, writes 4 bytes per
   logit) and log-softmax (reads and writes 4): ``14*T*V``.
+
+Element-wise chains (the ``elementwise`` setting).  ``"fused"`` (the default) takes every
+norm and rotary embedding as the one HBM round trip above, as a fused or compiled kernel
+runs it.  ``"eager"`` charges the chain of separate ATen kernels that the common eager
+PyTorch code runs, each a round trip of its own (per element; per-row statistics and
+broadcast tables such as the norm weight or the rotary frequencies are below this
+resolution):
+
+* RMSNorm as Meta's Llama reference, torchtitan and fms write it, ``x.float()`` (read 2,
+  write 4), ``pow(2)`` (4 + 4), ``mean(-1)`` (reads 4, writes one value a row), ``x * rsqrt``
+  (4 + 4), ``type_as(x)`` (4 + 2), ``* weight`` (2 + 2): ``36*T*h`` per norm, 9 times the
+  fused ``4*T*h``;
+* rotary as a complex multiply (Meta's reference and torchtitan): ``xq.float()`` (2 + 4),
+  the complex product with ``freqs_cis`` (4 + 4), ``type_as`` (4 + 2): ``20*T*(a*d + kv*d)``.
+  Hugging Face's ``rotate_half`` chain (negate half 2, concatenate 4, two products 4 + 4 and
+  a sum 6, all bf16) also moves 20;
+* ``"eager-fms"``: as ``"eager"``, with rotary as foundation-model-stack's real 2 x 2
+  rotation: ``q.float()`` (2 + 4), a product with the rotation matrices that writes fp32
+  twice q's size (reads 4, writes 8), ``sum`` over the pair (8 + 4), ``type_as`` (4 + 2):
+  ``36*T*(a*d + kv*d)``;
+* unchanged, because eager PyTorch already runs them as the kernels counted above:
+  LayerNorm (one ``native_layer_norm`` kernel), GeLU and ReLU (one kernel each), SwiGLU
+  (``silu`` then the product: two kernels, ``10*T*f``), residual adds, dropout, the
+  embedding gather and the loss (already counted as eager: a cast and a log-softmax);
+* not counted in any setting: Llama's ``repeat_kv`` copy of K and V out to every query
+  head before a flash kernel, which compiled runs make as well; and the larger tensors an
+  eager RMSNorm saves for backward (its input's fp32 copy and its bf16 output, 6 bytes an
+  element against the input's 2), so saved activations are the same in every setting.
+
+Eager backward chains are taken at the same ratio: backward moves twice the forward's bytes
+in every setting (:mod:`zero_sim.system.hardware`).
 
 Saved activations (bytes per micro-batch, bf16, no tensor parallelism), following
 Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer Models",
@@ -109,6 +142,41 @@ ATTENTION_IMPLS = ("flash", "eager")  # flash: FlashAttention / torch SDPA; eage
 # FlashAttention (Dao et al. 2022) is what torch's scaled_dot_product_attention runs for bf16 on
 # Ampere and newer GPUs, the setting of every preset here: it is the default.
 DEFAULT_ATTENTION = "flash"
+# fused: one HBM round trip per norm and rotary embedding (fused or compiled kernels), the default;
+# eager: the chains of ATen kernels eager PyTorch code runs (see the module docstring); eager-fms:
+# the same, with foundation-model-stack's real-rotation rotary in place of the complex multiply.
+ELEMENTWISE_IMPLS = ("fused", "eager", "eager-fms")
+DEFAULT_ELEMENTWISE = "fused"
+# Forward HBM bytes per element of each memory-bound op of a block, head or embedding, bf16
+# activations.  The rule: every kernel reads each input once and writes its output once, so a
+# chain of eager kernels pays each intermediate tensor's write and read again.
+_FUSED_BYTES = {
+    "layernorm": 4,  # read x (2), write y (2)
+    "rmsnorm": 4,  # read x (2), write y (2)
+    "rotary": 4,  # per element of Q and K: read 2, write 2
+    "residual_add": 6,  # read two bf16 inputs (2 + 2), write 2
+    "dropout": 5,  # read 2, write 2 and a 1-byte mask
+    "gelu": 4,  # per element of the MLP width: read 2, write 2
+    "relu": 4,  # read 2, write 2
+    "silu": 4,  # SwiGLU's gate: read 2, write 2
+    "product": 6,  # SwiGLU's gate times up: read 2 + 2, write 2
+    "gather": 4,  # the embedding lookup: read a row (2), write it (2)
+    "loss": 14,  # per logit, as eager code runs it: cast to fp32 (read 2, write 4), log-softmax (4 + 4)
+}
+ELEMENTWISE_BYTES = {
+    "fused": _FUSED_BYTES,
+    "eager": _FUSED_BYTES | {
+        # x.float() 2+4, pow(2) 4+4, mean 4 (one value a row written), x * rsqrt 4+4, type_as 4+2,
+        # * weight 2+2: every step of the chain is its own kernel.
+        "rmsnorm": 36,
+        # xq.float() 2+4, complex multiply by freqs_cis 4+4 (complex64: 4 bytes a real element),
+        # type_as 4+2: torchtitan's apply_rotary_emb, three kernels.
+        "rotary": 20,
+    },
+}
+# q.float() 2+4; freqs.mul(q_) reads fp32 q (4) and writes a 2 x 2 product per pair, fp32 twice
+# q's size (8); sum(5) reads that (8), writes 4; type_as 4+2: fms's RotaryEmbedding.adjusted_qk.
+ELEMENTWISE_BYTES["eager-fms"] = ELEMENTWISE_BYTES["eager"] | {"rotary": 36}
 MLP_KINDS = ("gelu", "relu", "swiglu")
 NORMS = ("layernorm", "rmsnorm")
 POSITIONS = ("learned", "rotary", "alibi", "relative")
@@ -241,6 +309,7 @@ class Workload:
     recompute: str = "none"
     shape: GPTShape | None = field(default=None, compare=False)
     attention: str | None = field(default=None, compare=False)  # None for a workload read off a module
+    elementwise: str | None = field(default=None, compare=False)  # None for a workload read off a module
 
     @property
     def params(self) -> int:
@@ -265,8 +334,10 @@ class Workload:
         s = self.shape
         shape = f", {s.describe()}" if s else ""
         attention = f", {self.attention} attention" if self.attention else ""
+        eager = self.elementwise is not None and self.elementwise != DEFAULT_ELEMENTWISE
+        chains = f", {self.elementwise} element-wise chains" if eager else ""
         return (f"{self.name}: {self.params:,} parameters{shape}, seq {self.seq_len}, "
-                f"micro-batch {self.micro_batch}{attention}")
+                f"micro-batch {self.micro_batch}{attention}{chains}")
 
 
 def block_activation_bytes(s: int, b: int, h: int, a: int, recompute: str, *, kv_heads: int | None = None,
@@ -345,7 +416,8 @@ def _block_tensors(shape: GPTShape, cross: bool) -> tuple[Tensor, ...]:
     return tensors
 
 
-def _block_work(shape: GPTShape, b: int, attention: str, cross: bool) -> Work:
+def _block_work(shape: GPTShape, b: int, attention: str, cross: bool,
+                elementwise: str = DEFAULT_ELEMENTWISE) -> Work:
     s, h, f, a, dh = shape.seq_len, shape.d_model, shape.d_ffn, shape.n_head, shape.d_head
     t = s * b
     q, k = a * dh, shape.n_kv_head * dh
@@ -354,11 +426,14 @@ def _block_work(shape: GPTShape, b: int, attention: str, cross: bool) -> Work:
     mlp_mats = 3 if shape.mlp == "swiglu" else 2
     matmul = 2 * t * (h * (q + 2 * k) + q * h) * n_attn + 2 * t * mlp_mats * h * f
     core = 4 * b * s * sk * q * n_attn
-    drop = 5 if shape.dropout else 0
-    memory = (4 + 6 + drop) * t * h * (2 + (1 if cross else 0))  # norms, residual adds, residual dropouts
-    memory += {"gelu": 4, "relu": 4, "swiglu": 10}[shape.mlp] * t * f
+    ops = ELEMENTWISE_BYTES[elementwise]
+    drop = ops["dropout"] if shape.dropout else 0
+    # Each sublayer (attention, cross-attention, MLP) has a norm, a residual add and a residual dropout.
+    memory = (ops[shape.norm] + ops["residual_add"] + drop) * t * h * (2 + (1 if cross else 0))
+    activation = ops["silu"] + ops["product"] if shape.mlp == "swiglu" else ops[shape.mlp]
+    memory += activation * t * f
     if shape.positions == "rotary":
-        memory += 4 * t * (q + k)
+        memory += ops["rotary"] * t * (q + k)
     if attention == "eager":
         memory += (4 + drop) * b * a * s * sk * n_attn
         if k < q:
@@ -372,8 +447,8 @@ def _block_work(shape: GPTShape, b: int, attention: str, cross: bool) -> Work:
                 shape.causal or cross)
 
 
-def _gpt_layers(shape: GPTShape, micro_batch: int, recompute: str,
-                attention: str = DEFAULT_ATTENTION) -> list[Layer]:
+def _gpt_layers(shape: GPTShape, micro_batch: int, recompute: str, attention: str = DEFAULT_ATTENTION,
+                elementwise: str = DEFAULT_ELEMENTWISE) -> list[Layer]:
     s, b, h, a, v = shape.seq_len, micro_batch, shape.d_model, shape.n_head, shape.vocab
     tokens = s * b
     dh = shape.d_head
@@ -384,8 +459,10 @@ def _gpt_layers(shape: GPTShape, micro_batch: int, recompute: str,
     elif shape.positions == "relative":
         stacks = 2 if shape.cross_attention else 1
         emb_tensors += (Tensor("relative_attention_bias", RELATIVE_BUCKETS * a * stacks),)
-    emb_memory = 4 * tokens * h + (6 * tokens * h if shape.positions == "learned" else 0)
-    emb_memory += 5 * tokens * h if shape.dropout else 0
+    ops = ELEMENTWISE_BYTES[elementwise]
+    position_add = ops["residual_add"] if shape.positions == "learned" else 0
+    emb_memory = (ops["gather"] + position_add) * tokens * h
+    emb_memory += ops["dropout"] * tokens * h if shape.dropout else 0
     layers = [
         Layer(
             0, "embedding", emb_tensors,
@@ -400,7 +477,7 @@ def _gpt_layers(shape: GPTShape, micro_batch: int, recompute: str,
     for i in range(1, shape.n_layer + 1):
         cross = i >= first_cross
         if cross not in kinds:
-            work = _block_work(shape, b, attention, cross)
+            work = _block_work(shape, b, attention, cross, elementwise)
             act = dict(kv_heads=shape.n_kv_head, head_dim=dh, ffn_hidden=shape.d_ffn, mlp=shape.mlp,
                        attention=attention, dropout=shape.dropout, keys=shape.window, cross=cross)
             kinds[cross] = (
@@ -425,8 +502,8 @@ def _gpt_layers(shape: GPTShape, micro_batch: int, recompute: str,
             activation_bytes=head_act,
             checkpointed_activation_bytes=head_act,
             reads_layer=0 if shape.tied else None,
-            work=Work(float(head_matmul), 0.0, float(4 * tokens * h + 14 * tokens * v), tokens, h, s, a, dh,
-                      attention),
+            work=Work(float(head_matmul), 0.0, float(ops[shape.norm] * tokens * h + ops["loss"] * tokens * v),
+                      tokens, h, s, a, dh, attention),
         )
     )
     return layers
@@ -460,7 +537,8 @@ def check_shape(shape: GPTShape) -> None:
 
 
 def gpt_workload(shape: GPTShape, micro_batch: int = 1, seq_len: int | None = None,
-                 recompute: str = "none", name: str = "gpt", attention: str = DEFAULT_ATTENTION) -> Workload:
+                 recompute: str = "none", name: str = "gpt", attention: str = DEFAULT_ATTENTION,
+                 elementwise: str = DEFAULT_ELEMENTWISE) -> Workload:
     if seq_len is not None:
         shape = replace(shape, seq_len=seq_len)
     check_positive(micro_batch=micro_batch)
@@ -469,8 +547,10 @@ def gpt_workload(shape: GPTShape, micro_batch: int = 1, seq_len: int | None = No
         raise WorkloadError(f"unknown recompute mode {recompute!r}; use one of {', '.join(RECOMPUTE_MODES)}")
     if attention not in ATTENTION_IMPLS:
         raise WorkloadError(f"unknown attention {attention!r}; use one of {', '.join(ATTENTION_IMPLS)}")
-    return Workload(name, tuple(_gpt_layers(shape, micro_batch, recompute, attention)), shape.seq_len,
-                    micro_batch, recompute, shape, attention)
+    if elementwise not in ELEMENTWISE_IMPLS:
+        raise WorkloadError(f"unknown elementwise {elementwise!r}; use one of {', '.join(ELEMENTWISE_IMPLS)}")
+    layers = _gpt_layers(shape, micro_batch, recompute, attention, elementwise)
+    return Workload(name, tuple(layers), shape.seq_len, micro_batch, recompute, shape, attention, elementwise)
 
 
 def check_positive(**values: int) -> None:
@@ -484,7 +564,8 @@ def ceil_div(a: int, b: int) -> int:
 
 
 __all__ = [
-    "ATTENTION_IMPLS", "DEFAULT_ATTENTION", "GPTShape", "Layer", "MLP_KINDS", "NORMS", "POSITIONS",
+    "ATTENTION_IMPLS", "DEFAULT_ATTENTION", "DEFAULT_ELEMENTWISE", "ELEMENTWISE_BYTES", "ELEMENTWISE_IMPLS",
+    "GPTShape", "Layer", "MLP_KINDS", "NORMS", "POSITIONS",
     "Tensor", "Work", "Workload", "WorkloadError", "block_activation_bytes",
     "check_positive", "check_shape", "gpt_workload", "ceil_div",
 ]
