@@ -1,7 +1,7 @@
 """Element-wise chains: eager PyTorch runs an RMSNorm or a rotary embedding as a chain of
 kernels, each an HBM round trip, where a fused or compiled kernel makes one.
 
-The bytes are counted from the sources' code (the table is in zero_sim/system/workload.py);
+The bytes are counted from the sources' code (the table is in zero_sim/system/elementwise.py);
 the ratio is checked against Liger-Kernel's A100 benchmark of eager against fused RMSNorm.
 ``fused`` is the default and leaves every figure as it was."""
 
@@ -13,9 +13,10 @@ from zero_sim import simulate
 from zero_sim.cli import main
 from zero_sim.published import load_points
 from zero_sim.scenario import ScenarioError, resolve
+from zero_sim.system.elementwise import ELEMENTWISE_BYTES
 from zero_sim.system.hardware import GPUS, MEMORY_BWD_BYTES, ComputeModel
 from zero_sim.system.model_presets import PRESETS, preset
-from zero_sim.system.workload import ELEMENTWISE_BYTES, WorkloadError, gpt_workload
+from zero_sim.system.workload import WorkloadError, gpt_workload
 
 # torchtitan's (and Meta's reference) eager RMSNorm, step by step: (bytes read, bytes written)
 # per element of the hidden state, bf16 in and out; the per-row mean and rsqrt are negligible.

@@ -38,8 +38,8 @@ forward.  ``Layer.fwd_flops`` is matmul + attention: the model FLOPs MFU is repo
 
 Memory-bound work (``Work.memory_bytes``, forward, bf16, per micro-batch).  Each kernel reads
 its inputs and writes its output once; biases are fused into their GEMM, so they cost nothing
-here.  Bytes per element of each op are in :data:`ELEMENTWISE_BYTES`, by the ``elementwise``
-setting:
+here.  Bytes per element of each op are in
+:data:`zero_sim.system.elementwise.ELEMENTWISE_BYTES`, by the ``elementwise`` setting:
 
 * a norm reads and writes the hidden state: ``4*T*h``; a residual add reads two and writes
   one: ``6*T*h``; a dropout reads, writes and writes a 1-byte mask: ``5*T*h``;
@@ -54,36 +54,8 @@ setting:
   head: the final norm, and the loss: logits cast to fp32 (reads 2, writes 4 bytes per
   logit) and log-softmax (reads and writes 4): ``14*T*V``.
 
-Element-wise chains (the ``elementwise`` setting).  ``"fused"`` (the default) takes every
-norm and rotary embedding as the one HBM round trip above, as a fused or compiled kernel
-runs it.  ``"eager"`` charges the chain of separate ATen kernels that the common eager
-PyTorch code runs, each a round trip of its own (per element; per-row statistics and
-broadcast tables such as the norm weight or the rotary frequencies are below this
-resolution):
-
-* RMSNorm as Meta's Llama reference, torchtitan and fms write it, ``x.float()`` (read 2,
-  write 4), ``pow(2)`` (4 + 4), ``mean(-1)`` (reads 4, writes one value a row), ``x * rsqrt``
-  (4 + 4), ``type_as(x)`` (4 + 2), ``* weight`` (2 + 2): ``36*T*h`` per norm, 9 times the
-  fused ``4*T*h``;
-* rotary as a complex multiply (Meta's reference and torchtitan): ``xq.float()`` (2 + 4),
-  the complex product with ``freqs_cis`` (4 + 4), ``type_as`` (4 + 2): ``20*T*(a*d + kv*d)``.
-  Hugging Face's ``rotate_half`` chain (negate half 2, concatenate 4, two products 4 + 4 and
-  a sum 6, all bf16) also moves 20;
-* ``"eager-fms"``: as ``"eager"``, with rotary as foundation-model-stack's real 2 x 2
-  rotation: ``q.float()`` (2 + 4), a product with the rotation matrices that writes fp32
-  twice q's size (reads 4, writes 8), ``sum`` over the pair (8 + 4), ``type_as`` (4 + 2):
-  ``36*T*(a*d + kv*d)``;
-* unchanged, because eager PyTorch already runs them as the kernels counted above:
-  LayerNorm (one ``native_layer_norm`` kernel), GeLU and ReLU (one kernel each), SwiGLU
-  (``silu`` then the product: two kernels, ``10*T*f``), residual adds, dropout, the
-  embedding gather and the loss (already counted as eager: a cast and a log-softmax);
-* not counted in any setting: Llama's ``repeat_kv`` copy of K and V out to every query
-  head before a flash kernel, which compiled runs make as well; and the larger tensors an
-  eager RMSNorm saves for backward (its input's fp32 copy and its bf16 output, 6 bytes an
-  element against the input's 2), so saved activations are the same in every setting.
-
-Eager backward chains are taken at the same ratio: backward moves twice the forward's bytes
-in every setting (:mod:`zero_sim.system.hardware`).
+Element-wise chains (the ``elementwise`` setting: one fused round trip per norm and rotary
+embedding, or the chain of eager ATen kernels) are counted in :mod:`zero_sim.system.elementwise`.
 
 Saved activations (bytes per micro-batch, bf16, no tensor parallelism), following
 Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer Models",
@@ -134,6 +106,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from zero_sim.system.elementwise import DEFAULT_ELEMENTWISE, ELEMENTWISE_BYTES, ELEMENTWISE_IMPLS
+
 # "op" is torchtitan's op-level selective checkpointing (``_save_list`` in its activation
 # checkpointing module): a block keeps the attention kernel's output and every other matmul
 # output, counted in forward order from the first; everything else is recomputed.
@@ -142,41 +116,6 @@ ATTENTION_IMPLS = ("flash", "eager")  # flash: FlashAttention / torch SDPA; eage
 # FlashAttention (Dao et al. 2022) is what torch's scaled_dot_product_attention runs for bf16 on
 # Ampere and newer GPUs, the setting of every preset here: it is the default.
 DEFAULT_ATTENTION = "flash"
-# fused: one HBM round trip per norm and rotary embedding (fused or compiled kernels), the default;
-# eager: the chains of ATen kernels eager PyTorch code runs (see the module docstring); eager-fms:
-# the same, with foundation-model-stack's real-rotation rotary in place of the complex multiply.
-ELEMENTWISE_IMPLS = ("fused", "eager", "eager-fms")
-DEFAULT_ELEMENTWISE = "fused"
-# Forward HBM bytes per element of each memory-bound op of a block, head or embedding, bf16
-# activations.  The rule: every kernel reads each input once and writes its output once, so a
-# chain of eager kernels pays each intermediate tensor's write and read again.
-_FUSED_BYTES = {
-    "layernorm": 4,  # read x (2), write y (2)
-    "rmsnorm": 4,  # read x (2), write y (2)
-    "rotary": 4,  # per element of Q and K: read 2, write 2
-    "residual_add": 6,  # read two bf16 inputs (2 + 2), write 2
-    "dropout": 5,  # read 2, write 2 and a 1-byte mask
-    "gelu": 4,  # per element of the MLP width: read 2, write 2
-    "relu": 4,  # read 2, write 2
-    "silu": 4,  # SwiGLU's gate: read 2, write 2
-    "product": 6,  # SwiGLU's gate times up: read 2 + 2, write 2
-    "gather": 4,  # the embedding lookup: read a row (2), write it (2)
-    "loss": 14,  # per logit, as eager code runs it: cast to fp32 (read 2, write 4), log-softmax (4 + 4)
-}
-ELEMENTWISE_BYTES = {
-    "fused": _FUSED_BYTES,
-    "eager": _FUSED_BYTES | {
-        # x.float() 2+4, pow(2) 4+4, mean 4 (one value a row written), x * rsqrt 4+4, type_as 4+2,
-        # * weight 2+2: every step of the chain is its own kernel.
-        "rmsnorm": 36,
-        # xq.float() 2+4, complex multiply by freqs_cis 4+4 (complex64: 4 bytes a real element),
-        # type_as 4+2: torchtitan's apply_rotary_emb, three kernels.
-        "rotary": 20,
-    },
-}
-# q.float() 2+4; freqs.mul(q_) reads fp32 q (4) and writes a 2 x 2 product per pair, fp32 twice
-# q's size (8); sum(5) reads that (8), writes 4; type_as 4+2: fms's RotaryEmbedding.adjusted_qk.
-ELEMENTWISE_BYTES["eager-fms"] = ELEMENTWISE_BYTES["eager"] | {"rotary": 36}
 MLP_KINDS = ("gelu", "relu", "swiglu")
 NORMS = ("layernorm", "rmsnorm")
 POSITIONS = ("learned", "rotary", "alibi", "relative")
