@@ -128,6 +128,14 @@ def _train_argv(case: Case, opts: Options, out: Path) -> list[str]:
         "timeout_s": min(opts.timeout_s, 120.0), "bucket_mb": case.bucket_mb})
 
 
+def run_timeout_s(predicted_step_s: float, opts: Options) -> float:
+    """How long a case's training run may take before it counts as hung: the fixed timeout,
+    plus twice the steps' predicted time.  A case predicted to train longer than the timeout
+    (a large model over a slow link) is not a hang, and the prediction is written down before
+    the run starts, so it can set the run's limit."""
+    return opts.timeout_s + 2.0 * opts.steps * predicted_step_s
+
+
 def measured_step_s(run: dict) -> float:
     """Median step time after the first (warm-up) step; each step is its slowest rank's."""
     times = run["step_times_s"]
@@ -305,7 +313,8 @@ def _run_case(c: Case, opts: Options, cluster, network: Calibration, record: dic
         f"slowest rank {compute.slowest_rank_factor:.3f}x the mean")
     say(f"predicted {c.label()}: {sim.metrics['step_time_s']:.4f} s")
     out = workdir / tag
-    cluster.run_module("real_runs.train", _train_argv(c, opts, out), timeout_s=opts.timeout_s)
+    cluster.run_module("real_runs.train", _train_argv(c, opts, out),
+                       timeout_s=run_timeout_s(sim.metrics["step_time_s"], opts))
     # Stamped with the cluster, the run directory replays on its own links (overlay, notebook 06).
     if record is not None:
         run = emu.stamp_run_json(out, cluster)

@@ -205,3 +205,11 @@ def test_a_validation_that_fails_midway_leaves_no_folder(temp_root, monkeypatch)
     with pytest.raises(RunFailed):
         v.run_validation([v.Case("ddp", 2, 1.0)], v.Options(model="nano"), on_line=None)
     assert seen and not seen[0].exists() and list(temp_root.iterdir()) == []
+
+
+def test_a_case_predicted_to_train_longer_than_the_timeout_is_given_the_time_it_needs():
+    """The prediction is written down before the run: a medium model over a 0.3 Gbit/s link,
+    predicted at 35 s a step, needs seven minutes for twelve steps, which is not a hang."""
+    opts = v.Options(steps=12, timeout_s=300.0)
+    assert v.run_timeout_s(34.7, opts) > 12 * 34.7 * 1.5  # room for a run slower than predicted
+    assert v.run_timeout_s(0.05, opts) == pytest.approx(300.0, abs=2.0)  # a short case keeps the limit
