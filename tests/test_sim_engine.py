@@ -89,6 +89,43 @@ def test_compute_overlapping_communication_runs_slower_when_asked():
     assert plain[(0, "bwd L0")].end_s - plain[(0, "bwd L0")].start_s == pytest.approx(0.001)
 
 
+def test_on_a_gpu_only_the_part_of_an_op_a_collective_overlaps_runs_slower():
+    # The collective is issued first and runs for some milliseconds; the compute beside it
+    # starts at once and outlasts it by far.  Only the overlapped stretch is slowed.
+    b = ProgramBuilder()
+    b.collective("all_reduce", "all_reduce B0", 5e8, "backward")
+    b.compute("bwd L0", "backward", 0.050, deps=())
+    plain, _ = run(b.build())
+    slowed, _ = run(b.build(), overlap_slowdown=0.5)
+    comm = slowed[(0, "all_reduce B0")].end_s - slowed[(0, "all_reduce B0")].start_s
+    assert 0 < comm < 0.050
+    # During the collective the op does comm / 1.5 of its work; the rest at full rate after it.
+    expected = comm + (0.050 - comm / 1.5)
+    assert slowed[(0, "bwd L0")].end_s - slowed[(0, "bwd L0")].start_s == pytest.approx(expected)
+    assert plain[(0, "bwd L0")].end_s - plain[(0, "bwd L0")].start_s == pytest.approx(0.050)
+
+
+def test_on_a_cpu_an_op_that_starts_beside_a_collective_is_slowed_whole():
+    # The CPU calibration measures this rule: gloo's threads take cores while the call streams.
+    b = ProgramBuilder()
+    b.collective("all_reduce", "all_reduce B0", 5e8, "backward")
+    b.compute("bwd L0", "backward", 0.050, deps=())
+    slowed, _ = run(b.build(), overlap_slowdown=0.5, host_runs_compute=True)
+    comm = slowed[(0, "all_reduce B0")].end_s - slowed[(0, "all_reduce B0")].start_s
+    assert comm < 0.050
+    assert slowed[(0, "bwd L0")].end_s - slowed[(0, "bwd L0")].start_s == pytest.approx(0.075)
+
+
+def test_gpus_are_slowed_by_communication_by_default_and_cpu_ranks_are_not():
+    gpu = simulate(model="gpt2-124m", strategy="fsdp", gpus=8, topology="dgx-a100", steps=1)
+    told = simulate(model="gpt2-124m", strategy="fsdp", gpus=8, topology="dgx-a100", steps=1,
+                    overlap_slowdown=0.0)
+    cpu = simulate(model="gpt2-124m", seq_len=64, strategy="ddp", gpus=2, topology="cpu-gloo", steps=1)
+    assert gpu.scenario["overlap_slowdown"] == 0.35 and told.scenario["overlap_slowdown"] == 0.0
+    assert gpu.metrics["compute_time_s"] > told.metrics["compute_time_s"]
+    assert cpu.scenario["overlap_slowdown"] == 0.0
+
+
 def test_each_collective_takes_the_calibrated_cpu_time_from_the_compute_it_runs_alongside():
     b = ProgramBuilder()
     b.collective("all_reduce", "all_reduce B0", 1e3, "backward")

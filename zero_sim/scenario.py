@@ -23,7 +23,7 @@ from zero_sim.settings import ScenarioError, Setting, check_settings
 from zero_sim.strategies import PRECISIONS, Context, all_knobs, get_strategy
 from zero_sim.strategies.base import StrategyError
 from zero_sim.system.collectives import ALGORITHMS, BACKENDS, CollectiveModel
-from zero_sim.system.hardware import GPUS, ComputeModel
+from zero_sim.system.hardware import GPUS, ComputeModel, default_overlap_slowdown
 from zero_sim.system.model_presets import PRESETS, human_params, parse_count, preset, synthesize_shape
 from zero_sim.system.topology import PRESETS as TOPOLOGIES
 from zero_sim.system.topology import build_topology
@@ -97,8 +97,9 @@ COMMON: tuple[Setting, ...] = (
     Setting("allocator_reserve", DEFAULT_ALLOCATOR_RESERVE, "fraction of the tensors' peak the caching "
             "allocator holds reserved but unused (fragmentation)", float, ge=0, le=1),
     Setting("host_overhead_us", 10.0, "host time to issue one op, microseconds", float, ge=0, le=1e6),
-    Setting("overlap_slowdown", 0.0, "compute slows by this fraction while a collective runs", float,
-            ge=0, le=100),
+    Setting("overlap_slowdown", None, "compute slows by this fraction while a collective runs (default: 0.35 "
+            "on GPUs, for the overlapped part of each op; on CPU ranks the calibration's figure, else 0)",
+            float, ge=0, le=100),
     Setting("straggler_prob", 0.0, "chance that a rank stalls before a collective", float, ge=0, le=1),
     Setting("straggler_ms", 0.0, "length of such a stall, milliseconds", float, ge=0, le=1e6),
     Setting("seed", 0, "seed for straggler draws", int, ge=0, le=2**63 - 1),
@@ -310,8 +311,10 @@ def simulate(workload: Workload | None = None, **kwargs) -> SimResult:
         # Measured for this many ranks on this machine; an explicit --overlap-slowdown still wins.
         collective_cpu_s, comm_rate = cpu.collective_cpu_s, cpu.comm_rate_while_computing
         bytes_rate = cpu.bytes_pace
-        if kwargs.get("overlap_slowdown") is None:
+        if overlap_slowdown is None:
             overlap_slowdown = cpu.overlap_slowdown
+    if overlap_slowdown is None:
+        overlap_slowdown = default_overlap_slowdown(gpu.name)
     config = EngineConfig(steps=s["steps"], host_overhead_s=s["host_overhead_us"] * 1e-6,
                           overlap_slowdown=overlap_slowdown, collective_cpu_s=collective_cpu_s,
                           comm_rate_while_computing=comm_rate, comm_bytes_rate_while_computing=bytes_rate,

@@ -24,8 +24,11 @@ What is simulated, per rank:
   ring edges of every transfer active on them; rates are recomputed whenever a transfer
   starts or ends.  Two process groups' collectives in flight together share the links
   they both cross;
-* compute that starts while a collective is in flight on its rank runs
-  ``1 + overlap_slowdown`` times longer (communication kernels take SMs; on a CPU, gloo's
+* compute slowed by communication, ``overlap_slowdown``.  On a GPU, the part of a compute op
+  that runs while a collective is in flight on its rank progresses at ``1 / (1 + overlap_slowdown)``
+  of its rate: NCCL's kernels hold SMs and draw HBM bandwidth for exactly as long as they run.
+  On a CPU (``host_runs_compute``), a compute op that *starts* while a collective is in flight
+  runs ``1 + overlap_slowdown`` times longer, the rule the CPU calibration measures (gloo's
   threads take cores); besides, every collective takes ``collective_cpu_s`` from the first
   compute op that runs while it is in flight (on a CPU, the per-call work of its threads;
   a collective that runs while its rank computes nothing costs nothing), but an op loses at
@@ -192,6 +195,9 @@ class Engine:
         self.rendezvous: dict[tuple, _Rendezvous] = {}
         self.plans: dict[int, CollectivePlan] = {}
         self.comm_busy: dict[int, int] = {r: 0 for r in self.ranks}
+        # Fired when a rank's communication starts or stops, so that the compute op it slows
+        # (GPU rule of ``overlap_slowdown``) can change its rate.
+        self.comm_flip: dict[int, simpy.Event | None] = {r: None for r in self.ranks}
         # Per-call CPU cost of collectives (collective_cpu_s): those in flight not yet charged
         # to any compute, and what the compute op running now owes on top of its own time.
         self.uncharged: dict[int, set] = {r: set() for r in self.ranks}
@@ -324,7 +330,8 @@ class Engine:
             else:
                 start = env.now
                 seconds = op.seconds
-                if slowdown and self.comm_busy[rank]:
+                shared = bool(slowdown) and not self.config.host_runs_compute
+                if slowdown and not shared and self.comm_busy[rank]:
                     seconds *= 1.0 + slowdown
                 self._apply(rank, op.alloc, +1)
                 self.computing[rank] = True
@@ -332,7 +339,9 @@ class Engine:
                     self.net.reshare()
                 self.owed[rank] = len(self.uncharged[rank]) * self.config.collective_cpu_s
                 self.uncharged[rank].clear()
-                if seconds > 0:
+                if seconds > 0 and shared:
+                    yield from self._compute_beside_comm(rank, seconds, slowdown)
+                elif seconds > 0:
                     yield env.timeout(seconds)
                 # Collectives that ran alongside took their share of the core, but at most the op's
                 # own time: the scheduler shares a core fairly, so communication threads that keep
@@ -347,6 +356,29 @@ class Engine:
                 if self.net.throttle is not None:
                     self.net.reshare()
                 self._finish(rank, step, op, start, env.now)
+
+    def _compute_beside_comm(self, rank: int, seconds: float, slowdown: float):
+        """Run ``seconds`` of compute; its rate is ``1 / (1 + slowdown)`` while a collective is in flight."""
+        env, remaining = self.env, seconds
+        while True:
+            rate = 1.0 / (1.0 + slowdown) if self.comm_busy[rank] else 1.0
+            flip = self.comm_flip[rank] = env.event()
+            began = env.now
+            yield env.timeout(remaining / rate) | flip
+            if not flip.triggered:
+                break
+            remaining -= (env.now - began) * rate
+            if remaining <= 0:
+                break
+        self.comm_flip[rank] = None
+
+    def _comm_count(self, rank: int, change: int) -> None:
+        before = self.comm_busy[rank]
+        self.comm_busy[rank] = before + change
+        flip = self.comm_flip[rank]
+        if flip is not None and (before == 0) != (self.comm_busy[rank] == 0):
+            self.comm_flip[rank] = None
+            flip.succeed()
 
     def _collective_in_slot(self, rank: int, step: int, op: Op, slots: simpy.Resource, slot):
         yield from self._collective(rank, step, op)
@@ -385,7 +417,7 @@ class Engine:
             rv.start = env.now
             env.process(self._run_plan(plan, rv.done, (op.stream, op.group, gi), rv.ranks))
         self._apply(rank, op.alloc, +1)
-        self.comm_busy[rank] += 1
+        self._comm_count(rank, +1)
         if self.config.collective_cpu_s:
             if self.computing[rank]:
                 self.owed[rank] += self.config.collective_cpu_s
@@ -393,7 +425,7 @@ class Engine:
                 self.uncharged[rank].add(key)
         yield rv.done
         self.uncharged[rank].discard(key)
-        self.comm_busy[rank] -= 1
+        self._comm_count(rank, -1)
         self._finish(rank, step, op, rv.start, env.now, plan)
 
     def _run_plan(self, plan: CollectivePlan, done: simpy.Event, caller: tuple, ranks: tuple[int, ...]):

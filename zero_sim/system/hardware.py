@@ -228,6 +228,21 @@ def gpu_names() -> list[str]:
     return list(GPUS)
 
 
+# Compute overlapped by a collective runs this much slower, for as long as the overlap lasts
+# (engine rule 10).  NCCL's kernels hold SMs for as long as they run (about 16 on an 8-NIC DGX,
+# NVIDIA/nccl issue 689; a GEMM sized for every SM then needs a second wave) and its NVLink
+# traffic costs HBM bandwidth two to three times over (NVIDIA/nccl issue 1428).  The figure is
+# PyTorch's for 8 x H100 over NVLink, "matmuls that are overlapped by them 30-40% slower"
+# (pytorch/pytorch PR 179937), taken at its middle for every GPU: matmuls are most of a step's
+# compute, and no per-generation figure of the same kind was found (docs/compute.md).
+GPU_OVERLAP_SLOWDOWN = 0.35
+
+
+def default_overlap_slowdown(gpu_name: str) -> float:
+    """The stated slowdown of compute overlapped by communication: GPUs above, 0 for CPU ranks."""
+    return 0.0 if gpu_name == "CPU" else GPU_OVERLAP_SLOWDOWN
+
+
 @dataclass
 class ComputeModel:
     """Seconds for each compute op: a calibration table, a flat roofline or the per-op model."""

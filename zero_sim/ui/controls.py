@@ -45,7 +45,7 @@ STOPS: dict[str, list] = {
     "prefetch_bucket_size": [0, 1_000_000, 5_000_000, 10_000_000, 50_000_000, 100_000_000, 500_000_000],
     "straggler_ms": [0, 1, 2, 5, 10, 20, 50, 100, 200, 500],
     "straggler_prob": [0, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1],
-    "overlap_slowdown": [0, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5],
+    "overlap_slowdown": [0, 0.1, 0.2, 0.35, 0.5, 0.75, 1.0],
 }
 LABELS = {
     "gpus": "GPUs (N)", "micro_batch": "micro-batch", "grad_accum": "grad accumulation",
