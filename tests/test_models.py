@@ -288,6 +288,16 @@ def test_the_defaults_are_the_sourced_ones():
     assert cpu["context_bytes"] == 0  # no CUDA context on CPU ranks
 
 
+def test_a_run_that_recomputes_activations_leaves_a_third_of_its_peak_reserved_but_unused():
+    # GMLake: recompute fragments the caching allocator to about 25% (reserved = peak / 0.75).
+    recomputed = simulate(**SCENARIO, recompute="full", cuda_context_gb=0)
+    mem = recomputed.metrics["memory"]
+    assert recomputed.scenario["allocator_reserve"] == pytest.approx(1 / 3)
+    assert mem["reserved_peak_bytes"] == round(mem["peak_bytes"] / 0.75)
+    told = simulate(**SCENARIO, recompute="full", cuda_context_gb=0, allocator_reserve=0.1).metrics["memory"]
+    assert told["reserved_peak_bytes"] == round(told["peak_bytes"] * 1.10)
+
+
 def test_fits_is_judged_on_the_reserved_peak():
     roomy = simulate(**SCENARIO, cuda_context_gb=0, allocator_reserve=0).metrics["memory"]
     assert roomy["fits"] and roomy["peak_bytes"] < roomy["capacity_bytes"]

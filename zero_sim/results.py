@@ -35,13 +35,17 @@ reaches (what ``nvidia-smi`` shows), and it is what must fit.  Defaults and thei
   #109888); one NCCL communicator holds 0.54-0.69 GB on 4 x A100 over NVLink
   (NVIDIA/nccl#964) and about 1.06 GB on 8 x H100 (NVIDIA/nccl#1685).  Sum: 1.1 GB on A100
   (and older GPUs), 1.5 GB on H100, H200 and newer; nothing for CPU ranks (gloo).
-* allocator reserve 0.10: GMLake (Guo et al., ASPLOS 2024, "GMLake: Efficient and
-  Transparent GPU Memory Defragmentation for Large-scale DNN Training with Virtual Memory
-  Stitching"; evaluation also in the project's README) measures PyTorch's caching allocator
-  at up to 30% fragmentation (1 - peak active / peak reserved) when LLMs train with ZeRO-3,
-  FSDP, recompute, offload or LoRA on A100-80GB, 5-29 points above its own allocator's (under
-  10%).  Plain training repeats the same allocations every step and fragments less: we take
-  10%, the low end of that range, a judgement within the sourced range rather than a fit.
+* allocator reserve (:func:`allocator_reserve`): GMLake (Guo et al., ASPLOS 2024, "GMLake:
+  Efficient and Transparent GPU Memory Defragmentation for Large-scale DNN Training with
+  Virtual Memory Stitching"; its README repeats the evaluation) measures fragmentation,
+  ``1 - peak active / peak reserved``, of PyTorch's caching allocator when LLMs train with
+  ZeRO-3 and recompute (with LoRA or offload in some runs) on A100-80GB: up to 30%, and on
+  average 15 points above its own allocator, which keeps about 10%.  Recompute is what those
+  runs share and what the paper names first among the techniques that fragment ("complicated
+  strategies lead to fragmentation"), so a run that recomputes takes 10% + 15% = 25%
+  fragmentation: reserved = peak / 0.75, a reserve of one third of the peak.  A run without
+  recompute repeats the same allocations every step and takes 0.10, the low end of the range,
+  a judgement within the sourced range rather than a fit.
 """
 
 from __future__ import annotations
@@ -66,8 +70,11 @@ from zero_sim.vocabulary import (
 # NCCL communicator's buffers); sources in the module docstring.  Unknown GPUs: the newest figure.
 CONTEXT_GB = {"V100": 1.1, "A100-40GB": 1.1, "A100-80GB": 1.1, "H100": 1.5, "H200": 1.5, "CPU": 0.0}
 DEFAULT_CONTEXT_GB = 1.5
-# Fraction of the tensors' peak the caching allocator holds reserved but unused (GMLake, low end).
-DEFAULT_ALLOCATOR_RESERVE = 0.10
+# Fraction of the tensors' peak the caching allocator holds reserved but unused (module docstring):
+# without recompute, the low end of GMLake's range; with it, GMLake's 25% fragmentation.
+ALLOCATOR_RESERVE_PLAIN = 0.10
+FRAGMENTATION_WITH_RECOMPUTE = 0.25
+ALLOCATOR_RESERVE_RECOMPUTE = 1.0 / (1.0 - FRAGMENTATION_WITH_RECOMPUTE) - 1.0
 
 
 def context_gb(gpu_name: str, given: float | None = None) -> float:
@@ -75,6 +82,13 @@ def context_gb(gpu_name: str, given: float | None = None) -> float:
     if given is not None:
         return float(given)
     return CONTEXT_GB.get(gpu_name, DEFAULT_CONTEXT_GB)
+
+
+def allocator_reserve(recompute: str, given: float | None = None) -> float:
+    """The reserved-but-unused share of the tensors' peak: ``given`` when set, else by recompute mode."""
+    if given is not None:
+        return float(given)
+    return ALLOCATOR_RESERVE_PLAIN if recompute == "none" else ALLOCATOR_RESERVE_RECOMPUTE
 
 
 @dataclass

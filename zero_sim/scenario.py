@@ -18,7 +18,7 @@ from typing import Any
 from zero_sim.calibration import Calibration, CalibrationError
 from zero_sim.configs.read import read_config
 from zero_sim.engine.engine import Engine, EngineConfig, Straggler
-from zero_sim.results import DEFAULT_ALLOCATOR_RESERVE, SimResult, compute_metrics, context_gb
+from zero_sim.results import SimResult, allocator_reserve, compute_metrics, context_gb
 from zero_sim.settings import ScenarioError, Setting, check_settings
 from zero_sim.strategies import PRECISIONS, Context, all_knobs, get_strategy
 from zero_sim.strategies.base import StrategyError
@@ -94,8 +94,8 @@ COMMON: tuple[Setting, ...] = (
             "model)", float, gt=0, le=1),
     Setting("cuda_context_gb", None, "GB per GPU outside the tensors: CUDA context, cuBLAS and NCCL buffers "
             "(default: by GPU, 1.1 on A100, 1.5 on H100/H200, 0 for CPU ranks)", float, ge=0, le=10_000),
-    Setting("allocator_reserve", DEFAULT_ALLOCATOR_RESERVE, "fraction of the tensors' peak the caching "
-            "allocator holds reserved but unused (fragmentation)", float, ge=0, le=1),
+    Setting("allocator_reserve", None, "fraction of the tensors' peak the caching allocator holds reserved "
+            "but unused (default: 0.10, or 1/3 when activations are recomputed)", float, ge=0, le=1),
     Setting("host_overhead_us", 10.0, "host time to issue one op, microseconds", float, ge=0, le=1e6),
     Setting("overlap_slowdown", None, "compute slows by this fraction while a collective runs (default: 0.35 "
             "on GPUs, for the overlapped part of each op; on CPU ranks the calibration's figure, else 0)",
@@ -323,8 +323,9 @@ def simulate(workload: Workload | None = None, **kwargs) -> SimResult:
     run = engine.run()
 
     context = context_gb(gpu.name, s["cuda_context_gb"])
+    reserve = allocator_reserve(s["recompute"], s["allocator_reserve"])
     scenario = dict(s) | knobs | {
-        "cuda_context_gb": context, "attention": workload.attention,
+        "cuda_context_gb": context, "allocator_reserve": reserve, "attention": workload.attention,
         "calibration": calibration.describe() if calibration is not None else None,
         "config_file": reading.source if reading is not None else None,
         "overlap_slowdown": overlap_slowdown, "collective_cpu_us": collective_cpu_s * 1e6,
@@ -336,7 +337,7 @@ def simulate(workload: Workload | None = None, **kwargs) -> SimResult:
     tokens = s["gpus"] * workload.tokens_per_micro_batch * s["grad_accum"]
     metrics = compute_metrics(run, program, scenario, s["gpus"], tokens, gpu.hbm_bytes,
                               context_bytes=int(round(context * 1e9)),
-                              allocator_reserve=s["allocator_reserve"])
+                              allocator_reserve=reserve)
     # What a configuration file set, ignored (and why) or had overridden, beside the figures it produced.
     metrics["config_notes"] = reading.notes if reading is not None else []
     ops = [
