@@ -77,7 +77,9 @@ class Head(nn.Module):
 
     def forward(self, x: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         logits = self.lm_head(self.ln(x))
-        return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+        # The loss in fp32 whatever the weights' dtype, as autocast runs it: bf16 logits
+        # would round the log-probabilities of a large vocabulary.
+        return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
 
 
 class GPT(nn.Module):

@@ -16,6 +16,7 @@ from pathlib import Path
 from zero_sim.vocabulary import REAL_STRATEGIES
 from zero_sim.vocabulary.buckets import DEFAULT_BUCKET_MB
 
+from .precision import DEFAULT_PRECISION, PRECISIONS
 from .presets import PRESETS
 
 
@@ -53,6 +54,8 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--precision", choices=tuple(PRECISIONS), default=DEFAULT_PRECISION,
+                   help="fp32, or bf16 weights and gradients with fp32 master weights and Adam state")
     p.add_argument("--bucket-mb", type=float, default=DEFAULT_BUCKET_MB,
                    help="gradient bucket cap (ddp, zero1, zero2); at the default the first bucket is 1 MiB")
     p.add_argument("--lr", type=float, default=1e-3)

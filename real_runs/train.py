@@ -10,7 +10,8 @@ The same without torchrun (this process starts it, and stops every rank if one f
 
 The global batch (sequences per step) is split evenly across ranks, so any number of
 ranks trains the same model on the same data.  The backend follows the device: nccl on
-CUDA, gloo on CPU, where each rank uses one thread.
+CUDA, gloo on CPU, where each rank uses one thread.  ``--precision bf16`` trains in bf16
+with fp32 master weights and Adam state (:mod:`real_runs.precision`), as GPU runs do.
 
 Output, in ``--out``: ``rank<r>.json`` per rank (ops and memory over time),
 ``traces/rank<r>.pt.trace.json`` with ``--trace`` (a torch.profiler trace per rank, in a
@@ -63,6 +64,7 @@ from .launch import (
 )
 from .model import PRESETS, build_model, count_params, global_batch, rank_shard
 from .options import BadInput, make_parser, validate
+from .precision import PRECISIONS
 from .record import Recorder, peak_cuda_bytes
 from .strategies import STRATEGIES, AdamW
 
@@ -162,7 +164,7 @@ def train(args) -> dict | None:
     model = build_model(cfg, args.seed, device)
     n_params = count_params(model)
     rec = Recorder(rank, device, labels=args.trace)
-    strategy = STRATEGIES[args.strategy](model, rec, AdamW(lr=args.lr), args.bucket_mb)
+    strategy = STRATEGIES[args.strategy](model, rec, AdamW(lr=args.lr), args.bucket_mb, args.precision)
     strategy.record_model_states()
 
     profiler = _start_profiler(args, out, rank, device) if args.trace else None
@@ -225,13 +227,16 @@ def train(args) -> dict | None:
     if missing:
         raise RuntimeError(f"rank files missing for ranks {missing}")
     stage = STRATEGIES[args.strategy].stage
-    model_states = formula(stage, n_params, world, elem_bytes=4, k=8)
+    precision = PRECISIONS[args.precision]
+    model_states = formula(stage, n_params, world, elem_bytes=precision.param_bytes,
+                           k=precision.optimizer_bytes)
     model_states["measured"] = {
         str(r): m["params"] + m["grads"] + m["optimizer"] for r, m in enumerate(per_rank)}
     run = {
         "strategy": args.strategy, "world_size": world, "backend": dist.get_backend(),
         "device": device.type, "model": args.model, "model_config": cfg.to_dict(), "params": n_params,
-        "dtype": "float32", "global_batch": args.global_batch, "seq_len": args.seq_len,
+        "precision": precision.name, "dtype": precision.dtype,
+        "global_batch": args.global_batch, "seq_len": args.seq_len,
         "steps": args.steps, "seed": args.seed, "bucket_mb": args.bucket_mb, "lr": args.lr,
         "step_times_s": times.tolist(), "median_step_s": statistics.median(times.tolist()),
         "losses": mean_loss.tolist(), "final_loss": float(mean_loss[-1]), "param_l2": param_l2,

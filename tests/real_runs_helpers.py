@@ -28,18 +28,29 @@ RUN = dict(model="nano", global_batch=8, seq_len=32, steps=2, seed=3, lr=1e-3, b
 
 
 @functools.cache
-def reference(model: str, global_batch_: int, seq_len: int, steps: int, seed: int, lr: float) -> dict:
-    """Plain single-process training on the whole global batch: the ground truth."""
+def reference(model: str, global_batch_: int, seq_len: int, steps: int, seed: int, lr: float,
+              precision: str = "fp32") -> dict:
+    """Plain single-process training on the whole global batch: the ground truth.  In bf16,
+    the textbook recipe: a bf16 model, and torch's AdamW on fp32 master copies of its weights."""
     torch.set_num_threads(1)
     cfg = PRESETS[model]
     net = build_model(cfg, seed)
-    opt = AdamW(lr=lr).torch_optimizer(net.parameters())
+    if precision == "bf16":
+        net.to(torch.bfloat16)
+    weights = list(net.parameters())
+    masters = [w.detach().float().requires_grad_() for w in weights] if precision == "bf16" else weights
+    opt = AdamW(lr=lr).torch_optimizer(masters)
     for step in range(steps):
         x, y = global_batch(cfg, seed, step, global_batch_, seq_len)
-        opt.zero_grad()
+        net.zero_grad()
         net(x, y).backward()
+        for m, w in zip(masters, weights, strict=True):
+            m.grad = w.grad.float()
         opt.step()
-    names = {p: n for n, p in net.named_parameters()}
+        with torch.no_grad():
+            for m, w in zip(masters, weights, strict=True):
+                w.copy_(m)
+    names = {m: n for m, (n, _) in zip(masters, net.named_parameters(), strict=True)}
     return {
         "params": {n: p.detach().clone() for n, p in net.named_parameters()},
         "exp_avg": {names[p]: s["exp_avg"] for p, s in opt.state.items()},
@@ -48,7 +59,8 @@ def reference(model: str, global_batch_: int, seq_len: int, steps: int, seed: in
 
 
 def reference_for(run: dict) -> dict:
-    return reference(run["model"], run["global_batch"], run["seq_len"], run["steps"], run["seed"], run["lr"])
+    return reference(run["model"], run["global_batch"], run["seq_len"], run["steps"], run["seed"], run["lr"],
+                     run.get("precision", "fp32"))
 
 
 def rank_record(out: str, rank: int) -> dict:

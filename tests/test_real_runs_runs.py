@@ -12,9 +12,11 @@ import math
 import os
 
 import pytest
+import torch
 from real_runs_helpers import RUN, load_state, max_rel_err, rank_record, real_run, reference_for
 
 from real_runs.launch import launch
+from real_runs.strategies import STRATEGIES
 from zero_sim.vocabulary import (
     MEMORY_CATEGORIES,
     OP_FIELDS,
@@ -22,6 +24,7 @@ from zero_sim.vocabulary import (
     STREAMS,
     parse_op_name,
 )
+from zero_sim.vocabulary.model_states import model_state_bytes
 
 pytestmark = pytest.mark.slow
 TOL = 1e-5
@@ -76,6 +79,39 @@ def test_sharding_shrinks_model_states_in_the_order_of_the_stages():
     held = {s: real_run(s, 2)[0]["model_states_formula"]["measured"]["0"]
             for s in ("ddp", "zero1", "zero2", "fsdp")}
     assert held["ddp"] > held["zero1"] > held["zero2"] > held["fsdp"]
+
+
+# --- 2b. bf16: bf16 weights and gradients, fp32 master weights and Adam ----------------------
+
+def test_in_bf16_one_rank_trains_exactly_as_the_textbook_mixed_precision_recipe():
+    # A bf16 model, torch's AdamW on fp32 masters of its weights, the masters rounded back.
+    run, out = real_run("ddp", 1, precision="bf16")
+    ref, state = reference_for(run), load_state(out)
+    assert run["precision"] == "bf16" and run["dtype"] == "bfloat16"
+    for part in ("params", "exp_avg", "exp_avg_sq"):
+        assert max_rel_err(state[part], ref[part]) == 0
+    assert all(t.dtype == torch.bfloat16 for t in state["params"].values())
+
+
+@pytest.mark.parametrize("strategy", REAL_STRATEGIES)
+def test_in_bf16_every_strategy_holds_2_2_12_bytes_a_parameter_and_lands_where_ddp_does(strategy):
+    run, out = real_run(strategy, 2, precision="bf16")
+    formula = run["model_states_formula"]
+    assert (formula["b"], formula["K"]) == (2, 12)
+    assert set(formula["measured"].values()) == {formula["bytes"]}  # nano splits evenly: no padding
+    # torch's FSDP2 keeps fp32 shards as the masters: the same total, split 4 + 4 + 8.
+    split = (4, 4, 8) if strategy == "fsdp-torch" else (2, 2, 12)
+    expected = model_state_bytes(STRATEGIES[strategy].stage, run["params"], 2, *split)
+    for per_rank in run["memory"].values():
+        assert {k: per_rank[k] for k in expected} == expected
+    # Every hand-written strategy, and torch's DDP, reduce the same bf16 gradients and update
+    # the same masters: the same bits as DDP.  FSDP2's own recipe lands within bf16's rounding.
+    ddp = load_state(real_run("ddp", 2, precision="bf16")[1])["params"]
+    params = load_state(out)["params"]
+    if strategy == "fsdp-torch":
+        assert 0 < max_rel_err(params, ddp) < 5e-3
+    else:
+        assert all(torch.equal(params[k], ddp[k]) for k in ddp)
 
 
 # --- 3. Output files -------------------------------------------------------------------------

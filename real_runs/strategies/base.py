@@ -61,17 +61,20 @@ class AdamState:
     """Adam moments for one flat tensor (a whole bucket, or this rank's shard of one).
 
     The arithmetic is torch's single-tensor AdamW, op for op, so a sharded update lands
-    on the same numbers as ``torch.optim.AdamW`` on the whole parameter."""
+    on the same numbers as ``torch.optim.AdamW`` on the whole parameter.  For bf16
+    weights it also keeps their fp32 master copy: the update runs on the master with the
+    gradient read in fp32, and the weights get the master rounded to bf16."""
 
     def __init__(self, like: torch.Tensor, hp: AdamW):
         self.hp = hp
-        self.m = torch.zeros_like(like)
-        self.v = torch.zeros_like(like)
+        self.master = like.detach().float().clone() if like.dtype != torch.float32 else None
+        self.m = torch.zeros_like(like, dtype=torch.float32)
+        self.v = torch.zeros_like(like, dtype=torch.float32)
         self.t = 0
 
     @property
     def nbytes(self) -> int:
-        return self.m.nbytes + self.v.nbytes
+        return self.m.nbytes + self.v.nbytes + (self.master.nbytes if self.master is not None else 0)
 
     # Elements per slice of the update: 1 MiB of fp32.  The update reads and writes each
     # tensor several times; on a whole bucket every pass would go to main memory, while a
@@ -85,12 +88,16 @@ class AdamState:
         step_size = hp.lr / (1 - b1 ** self.t)
         bias2_sqrt = math.sqrt(1 - b2 ** self.t)
         for s in range(0, p.numel(), self.SLICE):
-            pp, gg = p[s:s + self.SLICE], g[s:s + self.SLICE]
+            pp, gg = p[s:s + self.SLICE], g[s:s + self.SLICE].float()
+            if self.master is not None:
+                weights, pp = pp, self.master[s:s + self.SLICE]
             m, v = self.m[s:s + self.SLICE], self.v[s:s + self.SLICE]
             pp.mul_(1 - hp.lr * hp.weight_decay)
             m.lerp_(gg, 1 - b1)
             v.mul_(b2).addcmul_(gg, gg, value=1 - b2)
             pp.addcdiv_(m, (v.sqrt() / bias2_sqrt).add_(hp.eps), value=-step_size)
+            if self.master is not None:
+                weights.copy_(pp)
 
 
 def free(t: torch.Tensor) -> None:
@@ -195,8 +202,15 @@ class Strategy:
     name = ""
     stage = 0  # the ZeRO stage its model states follow (zero_sim.vocabulary.model_states)
 
-    def __init__(self, model: nn.Module, rec: Recorder, hp: AdamW, bucket_mb: float):
-        self.model, self.rec, self.hp = model, rec, hp
+    # bf16 runs: the strategy is handed an fp32 model and casts it to bf16 before ``setup``,
+    # unless it applies the precision itself (torch's FSDP2 keeps fp32 shards as the master).
+    casts_model = True
+
+    def __init__(self, model: nn.Module, rec: Recorder, hp: AdamW, bucket_mb: float,
+                 precision: str = "fp32"):
+        self.model, self.rec, self.hp, self.precision = model, rec, hp, precision
+        if precision == "bf16" and self.casts_model:
+            model.to(torch.bfloat16)
         self.bucket_bytes, self.first_bucket_bytes = bucket_caps(bucket_mb)
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.layers = list(model.layers)

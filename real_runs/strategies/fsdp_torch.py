@@ -16,13 +16,19 @@ Communication phases, all run by FSDP inside torch:
 On CPU the unit gets an explicit CPU device mesh so FSDP runs on gloo.  FSDP's
 collectives are internal to torch, so the record holds compute ops only; the
 ``--trace`` profiler trace shows the collectives.
-Per-rank model states (fp32): 16Ψ/N.
+
+In bf16, FSDP2's own mixed precision (``MixedPrecisionPolicy``, bf16 parameters and
+bf16 reduce-scatters): the sharded parameters stay fp32 and are Adam's master weights;
+each unit is gathered and computes in bf16, and its reduced gradient lands in an fp32
+shard.  Per-rank model states: fp32 16Ψ/N; bf16 the same 16Ψ/N, split as params 4Ψ/N
+(the fp32 masters), grads 4Ψ/N and Adam 8Ψ/N, where the formula's split is 2 + 2 + 12.
 """
 
 from __future__ import annotations
 
+import torch
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from zero_sim.vocabulary import opt
 
@@ -32,13 +38,16 @@ from .base import Strategy, model_state_bytes, optimizer_moment_bytes
 class FSDPTorch(Strategy):
     name = "fsdp-torch"
     stage = 3
+    casts_model = False  # FSDP2 applies bf16 itself and keeps fp32 shards
 
     def setup(self) -> None:
         device = next(self.model.parameters()).device
         mesh = init_device_mesh(device.type, (self.world,))
+        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16) \
+            if self.precision == "bf16" else MixedPrecisionPolicy()
         for block in self.layers[1:-1]:
-            fully_shard(block, mesh=mesh)
-        fully_shard(self.model, mesh=mesh)
+            fully_shard(block, mesh=mesh, mp_policy=policy)
+        fully_shard(self.model, mesh=mesh, mp_policy=policy)
         self.opt = self.hp.torch_optimizer(self.model.parameters())
         # fully_shard swapped in DTensor parameters; index them afresh.
         self.names = {p: n for n, p in self.model.named_parameters()}
