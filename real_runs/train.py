@@ -54,6 +54,7 @@ import torch.distributed as dist
 from zero_sim.vocabulary.files import write_json_atomic
 from zero_sim.vocabulary.model_states import formula
 
+from .gpu_stamp import gpu_stamp
 from .launch import (
     FAILED_FILE,
     INTERRUPTED,
@@ -243,6 +244,8 @@ def train(args) -> dict | None:
         "memory": {str(r): m for r, m in enumerate(per_rank)}, "model_states_formula": model_states,
         "versions": _versions(), "files": _outputs(out),
     }
+    if device.type == "cuda":
+        run["gpu"] = gpu_stamp()
     write_json_atomic(out / "run.json", run)
     return run
 

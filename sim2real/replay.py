@@ -11,16 +11,25 @@ The pieces, each a deliberate choice:
   device (:func:`sim2real.module_workload.workload_from_module`): exact parameter counts per
   layer (the real lm head is untied), FLOPs, saved-activation bytes.  Layer kinds are
   labelled ``embedding`` / ``block`` / ``head`` so per-kind calibrated times apply.
-* **precision**: fp32 everywhere (the real runs train in fp32): K = 8, 4-byte grads.
+* **precision**: the run's (``run.json`` ``precision``; fp32 for runs written before it):
+  fp32 is the simulator's ``fp32`` (b = 4, K = 8), bf16 its ``mixed`` (b = 2, K = 12).
 * **strategy**: each real implementation maps to the simulated strategy and knobs that
   describe what it does (:data:`REAL_TO_SIM`).  Where they differ, the mapping says so.
-* **machine**: ``gpu=CPU``, ``backend=gloo``; the topology is the emulated cluster's
-  when the run has a ``cluster`` block, else ``cpu-gloo`` (loopback).
+* **machine**: a CPU run is ``gpu=CPU``, ``backend=gloo``; the topology is the emulated
+  cluster's when the run has a ``cluster`` block, else ``cpu-gloo`` (loopback).  A CUDA run
+  is ``backend=nccl`` on the GPU preset its stamp names (``run.json`` ``gpu.name``, see
+  :mod:`zero_sim.system.device_names`), on one node: PCIe when its recorded
+  ``nvidia-smi topo -m`` shows no NVLink, else the NVSwitch box of that GPU generation.
+  Without a calibration its compute is the preset's model: the real model's layers carry
+  FLOPs but no per-op breakdown, so they run at the GPU's default efficiency
+  (docs/compute.md, "Which time a layer gets").
 """
 
 from __future__ import annotations
 
+from real_runs.precision import precision_of_run
 from zero_sim.scenario import simulate
+from zero_sim.system.device_names import node_topology, preset_for_device
 from zero_sim.system.workload import Layer, Workload
 from zero_sim.vocabulary.buckets import DEFAULT_BUCKET_MB
 
@@ -92,34 +101,51 @@ def scenario_for_run(run: dict, calibration=None) -> tuple[dict, Workload]:
         raise ReplayError(f"run.json lacks the field {exc}; it was not written by real_runs.train") from None
     if strategy not in REAL_TO_SIM:
         raise ReplayError(f"unknown real strategy {strategy!r}; expected one of {', '.join(REAL_TO_SIM)}")
-    if run.get("device", "cpu") != "cpu":
-        raise ReplayError("only CPU (gloo) runs can be replayed without a GPU calibration; "
-                          "pass a calibration measured on that GPU")
     sim_strategy, knobs, _ = REAL_TO_SIM[strategy]
     knobs = dict(knobs)
     if strategy in BUCKETED:
         knobs["bucket_mb"] = float(run.get("bucket_mb", DEFAULT_BUCKET_MB))
     micro = gb // world
     cluster = run.get("cluster")
-    kw = dict(strategy=sim_strategy, gpus=world, gpu="CPU", backend="gloo", precision="fp32",
+    kw = dict(strategy=sim_strategy, gpus=world, precision=precision_of_run(run).simulator,
               micro_batch=micro, seq_len=seq_len, grad_accum=1, steps=3, explicit_ranks=True, **knobs)
-    if cluster:
+    if run.get("device", "cpu") != "cpu":
+        kw.update(gpu_machine(run, world))
+    elif cluster:
         kind = cluster.get("kind")
         if kind not in CLUSTER_TOPOLOGY:
             raise ReplayError(f"the run's emulated cluster shape {kind!r} is unknown; "
                               f"expected one of {', '.join(CLUSTER_TOPOLOGY)}")
-        kw["topology"] = CLUSTER_TOPOLOGY[kind]
+        kw.update(gpu="CPU", backend="gloo", topology=CLUSTER_TOPOLOGY[kind])
         kw["bandwidth_gbps"] = float(cluster["bandwidth_gbps"])
         if kind == "two-nodes":
             kw["gpus_per_node"] = world // 2
         elif kind == "uniform":
             kw["gpus_per_node"] = 1
     else:
-        kw["topology"] = "cpu-gloo"
+        kw.update(gpu="CPU", backend="gloo", topology="cpu-gloo")
     if calibration is not None:
         kw["calibration"] = calibration
     name = f"{run.get('model', 'real')} (real_runs)"
     return kw, real_workload(cfg, micro, seq_len, name)
+
+
+def gpu_machine(run: dict, world: int) -> dict:
+    """``simulate`` keywords for the GPUs a CUDA run's stamp names (module docstring)."""
+    stamp = run.get("gpu") or {}
+    name = stamp.get("name")
+    if not name:
+        raise ReplayError("this CUDA run's run.json does not say which GPU it ran on (no 'gpu' stamp); "
+                          "record it again with this version of real_runs.train")
+    preset = preset_for_device(name)
+    if preset is None:
+        raise ReplayError(f"no GPU preset models a {name!r}; add its figures to zero_sim/system/hardware.py "
+                          f"and a rule to zero_sim/system/device_names.py")
+    topology = node_topology(preset, stamp.get("topology"))
+    if topology is None:
+        raise ReplayError(f"no single-node topology preset is known for {world} x {preset}; "
+                          f"record the run with nvidia-smi on the path so its links are stamped")
+    return dict(gpu=preset, backend="nccl", topology=topology, gpus_per_node=world)
 
 
 def predict_run(run: dict, calibration=None):

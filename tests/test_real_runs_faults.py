@@ -99,3 +99,17 @@ def test_one_rank_on_cuda_records_events_and_peak_memory(tmp_path):
     run = launch("fsdp", nproc=1, out=tmp_path, device="cuda", **RUN)
     assert run["backend"] == "nccl"
     assert run["memory"]["0"]["peak_allocated"] > 0
+    assert run["gpu"]["name"] and run["gpu"]["total_memory_bytes"] > 0  # the stamp replay reads
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(),
+                    reason="needs a CUDA device (NCCL, CUDA events, CUDA memory stats)")
+def test_a_bf16_run_on_cuda_holds_2_2_12_bytes_a_parameter_and_replays(tmp_path):
+    from sim2real.replay import predict_run
+
+    run = launch("zero2", nproc=1, out=tmp_path, device="cuda", precision="bf16", **RUN)
+    formula = run["model_states_formula"]
+    assert (formula["b"], formula["K"], run["dtype"]) == (2, 12, "bfloat16")
+    assert set(formula["measured"].values()) == {formula["bytes"]}
+    sim = predict_run(run)
+    assert sim.scenario["backend"] == "nccl" and sim.scenario["precision"] == "mixed"

@@ -133,3 +133,62 @@ def test_a_run_that_cannot_be_replayed_says_why_in_one_sentence(run, fragment):
     with pytest.raises(ReplayError) as err:
         scenario_for_run(run)
     assert fragment in str(err.value) and "\n" not in str(err.value)
+
+
+# --- runs in bf16 and runs on GPUs -----------------------------------------------------------------
+# The configurations below are written by hand to test the mapping alone: no measured figure is
+# read from them, and no GPU recording is stood for by one.
+
+def test_a_bf16_run_replays_in_the_simulators_mixed_precision():
+    fp32_kw, _ = scenario_for_run(planned("zero2", 2))
+    bf16_kw, _ = scenario_for_run(planned("zero2", 2) | {"precision": "bf16", "dtype": "bfloat16"})
+    assert (fp32_kw["precision"], bf16_kw["precision"]) == ("fp32", "mixed")
+    fp32, bf16 = predict_run(planned("zero2", 2)), predict_run(planned("zero2", 2) | {"precision": "bf16"})
+    # Mixed-precision ZeRO-2 on 2 ranks: 2 + (2 + 12) / 2 = 9 bytes a parameter against 4 + 12 / 2 = 10.
+    ratio = bf16.metrics["memory"]["model_states_bytes"] / fp32.metrics["memory"]["model_states_bytes"]
+    assert ratio == pytest.approx(9 / 10, rel=1e-3)
+
+
+def cuda_run(name: str, world: int = 8, topology: str | None = None) -> dict:
+    return planned("fsdp", world, global_batch=world) | {
+        "device": "cuda", "backend": "nccl", "precision": "bf16",
+        "gpu": {"name": name, "count": world, "topology": topology}}
+
+
+NVLINK_MATRIX = "\tGPU0\tGPU1\nGPU0\t X \tNV18\nGPU1\tNV18\t X \n"
+PCIE_MATRIX = "\tGPU0\tGPU1\nGPU0\t X \tPHB\nGPU1\tPHB\t X \n"
+
+
+@pytest.mark.parametrize("name,preset,matrix,topology", [
+    ("NVIDIA H100 80GB HBM3", "H100", NVLINK_MATRIX, "dgx-h100"),
+    ("NVIDIA A100-SXM4-80GB", "A100-80GB", None, "dgx-a100"),
+    ("NVIDIA A100-SXM4-40GB", "A100-40GB", NVLINK_MATRIX, "p4d-efa"),
+    ("NVIDIA H200", "H200", NVLINK_MATRIX, "dgx-h200"),
+    ("NVIDIA H100 PCIe", "H100-PCIe", PCIE_MATRIX, "pcie"),
+    ("NVIDIA H100 80GB HBM3", "H100", PCIE_MATRIX, "pcie"),
+])
+def test_a_cuda_run_replays_on_the_gpu_its_stamp_names_over_its_recorded_links(name, preset, matrix,
+                                                                               topology):
+    kw, _ = scenario_for_run(cuda_run(name, topology=matrix))
+    assert (kw["gpu"], kw["backend"], kw["topology"], kw["precision"]) == (preset, "nccl", topology, "mixed")
+    assert kw["gpus_per_node"] == 8
+
+
+@pytest.mark.parametrize("run,fragment", [
+    (cuda_run("NVIDIA H100 80GB HBM3") | {"gpu": None}, "does not say which GPU"),
+    (cuda_run("NVIDIA H100 NVL"), "no GPU preset models a 'NVIDIA H100 NVL'"),
+    (cuda_run("Tesla V100-SXM2-32GB"), "no single-node topology preset is known for 8 x V100"),
+])
+def test_a_cuda_run_that_cannot_be_placed_on_a_preset_says_why(run, fragment):
+    with pytest.raises(ReplayError) as err:
+        scenario_for_run(run)
+    assert fragment in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_cuda_run_is_predicted_with_nccl_on_its_gpu():
+    sim = predict_run(cuda_run("NVIDIA H100 80GB HBM3", topology=NVLINK_MATRIX))
+    assert sim.scenario["gpu"] == "H100" and sim.scenario["backend"] == "nccl"
+    assert sim.metrics["memory"]["fits"] and sim.metrics["comm_time_s"] > 0
+    # Mixed-precision FSDP over 8 ranks: (2 + 2 + 12) bytes a parameter / 8, padding aside.
+    held = sim.metrics["memory"]["model_states_bytes"]
+    assert held == pytest.approx(16 * sim.scenario["params"] / 8, rel=1e-3)
