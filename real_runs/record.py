@@ -250,7 +250,11 @@ class Pending:
                     rec._cuda_ops[i] = (op, start, rec._event())
 
 
-def peak_cuda_bytes(device: torch.device) -> int | None:
+def cuda_memory_peaks(device: torch.device) -> dict[str, int]:
+    """The CUDA caching allocator's peaks on ``device``: what tensors held at most
+    (``peak_allocated``) and what the allocator held from the driver (``peak_reserved``,
+    its cached and fragmented blocks included).  Empty on the CPU."""
     if device.type != "cuda":
-        return None
-    return int(torch.cuda.max_memory_allocated(device))
+        return {}
+    return {"peak_allocated": int(torch.cuda.max_memory_allocated(device)),
+            "peak_reserved": int(torch.cuda.max_memory_reserved(device))}

@@ -66,7 +66,7 @@ from .launch import (
 from .model import PRESETS, build_model, count_params, global_batch, rank_shard
 from .options import BadInput, make_parser, validate
 from .precision import PRECISIONS
-from .record import Recorder, peak_cuda_bytes
+from .record import Recorder, cuda_memory_peaks
 from .strategies import STRATEGIES, AdamW
 
 
@@ -204,9 +204,7 @@ def train(args) -> dict | None:
 
     memory = dict(rec.peaks)
     memory.update(strategy.model_state_bytes())  # what is held between steps
-    peak = peak_cuda_bytes(device)
-    if peak is not None:
-        memory["peak_allocated"] = peak
+    memory.update(cuda_memory_peaks(device))
     write_json_atomic(out / f"rank{rank}.json", {
         "rank": rank, "world_size": world, "strategy": args.strategy, "device": str(device),
         "ops": rec.op_records(), "memory_timeline": rec.memory, "memory": memory,

@@ -2,6 +2,7 @@
 
     zero-sim calibrate --nproc 2 --shape uniform --bandwidth-gbps 1 --out cal.json
     zero-sim calibrate --nccl-tests all_reduce_perf.txt --nvidia-smi-topo topo.txt --out box.json
+    zero-sim calibrate --device cuda --nproc 8 --model gpt2-350m --out gpu.json
     zero-sim validate --quick --report out/validation
     zero-sim validate --sample 30 --seed 7 --report out/validation   # 30 cases drawn at random
     zero-sim validate --published            # predict published GPU runs; no run is started
@@ -24,6 +25,7 @@ from real_runs.cluster import SHAPES, ClusterUnavailable, Stopped, stopping_on_s
 from real_runs.launch import RunFailed
 from sim2real import measure
 from sim2real import validate as v
+from sim2real.gpu_grid import gpu_grid
 from sim2real.sampling import sample_cases
 from sim2real.validate_report import headline
 from zero_sim import cli
@@ -41,6 +43,10 @@ def _calibrate_args(cal) -> None:
     cal.add_argument("--model", default="small", help="real_runs model preset whose layers are timed")
     cal.add_argument("--micro-batch", type=int, default=4, help="sequences per rank when timing layers")
     cal.add_argument("--max-bytes", default="32M", help="largest collective in the sweep")
+    cal.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                     help="measure gloo ranks on this CPU, or one rank per GPU over NCCL")
+    cal.add_argument("--precision", choices=("fp32", "bf16"), default=None,
+                     help="precision the layers are timed in (default: fp32 on cpu, bf16 on cuda)")
     cal.add_argument("--nccl-tests", type=Path, action="append", default=[],
                      help="import an nccl-tests output file instead of measuring "
                           "(repeatable: one per collective)")
@@ -74,8 +80,17 @@ def _measured(args) -> Calibration:
                              "cluster, or neither for plain loopback")
     if args.bandwidth_gbps is not None and args.bandwidth_gbps <= 0:
         raise cli.UsageError(f"--bandwidth-gbps must be positive, got {args.bandwidth_gbps}")
+    if args.device == "cuda":
+        if args.shape is not None:
+            raise cli.UsageError("--shape emulates a cluster of CPU ranks; a GPU calibration measures the "
+                                 "GPUs' own links, so leave --shape out with --device cuda")
+        have = v.cuda_devices()
+        if have < args.nproc:
+            raise cli.UsageError(f"--device cuda --nproc {args.nproc} needs {args.nproc} CUDA device(s); "
+                                 f"this machine has {have}")
+    precision = args.precision or ("bf16" if args.device == "cuda" else "fp32")
     return measure.measure(args.nproc, args.model, args.micro_batch, None, args.shape, args.bandwidth_gbps,
-                           args.max_bytes, on_line=print)
+                           args.max_bytes, on_line=print, device=args.device, precision=precision)
 
 
 def _calibrate(args) -> int:
@@ -110,6 +125,9 @@ def _validate_args(val) -> None:
     val.add_argument("--shape", choices=SHAPES, default="uniform")
     val.add_argument("--keep", action="store_true",
                      help="keep the runs' files (removed at the end otherwise) and say where they are")
+    val.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                     help="cuda: run the GPU grid on this box's GPUs over NCCL in bf16 (every strategy, "
+                          "N = 1, 2, 4 ... G, buckets 25 and 4 MB, gpt2-124m and gpt2-350m)")
 
 
 def _validate_published(args) -> int:
@@ -122,8 +140,12 @@ def _validate(args) -> int:
     if args.published:
         return _validate_published(args)
     say = (lambda line: print(line, file=sys.stderr)) if args.json else print
-    cases, sample = _chosen_cases(args, say)
-    opts = v.Options(model=args.model, shape=args.shape,
+    if args.device == "cuda":
+        cases, sample = _gpu_cases(args)
+    else:
+        cases, sample = _chosen_cases(args, say)
+    opts = v.Options(model=args.model, shape=args.shape, device=args.device,
+                     precision="bf16" if args.device == "cuda" else "fp32",
                      **({} if args.steps is None else {"steps": args.steps}))
     result = v.run_validation(cases, opts, report_dir=args.report, keep=args.keep, on_line=say, sample=sample)
     if args.json:
@@ -135,6 +157,17 @@ def _validate(args) -> int:
         if result["files"]:
             print(f"kept the runs' files in {result['files']}")
     return 0
+
+
+def _gpu_cases(args) -> tuple[tuple, None]:
+    """The GPU grid for every GPU of this box (sim2real.gpu_grid); the CPU grids' options do not apply."""
+    if args.quick or args.sample is not None or args.seed is not None:
+        raise v.ValidationError("--quick, --sample and --seed draw from the emulated CPU cluster's space; "
+                                "--device cuda runs the GPU grid, so leave them out")
+    have = v.cuda_devices()
+    if have < 1:
+        raise v.ValidationError("--device cuda was asked for but this machine has no CUDA device")
+    return gpu_grid(have), None
 
 
 def _chosen_cases(args, say) -> tuple[tuple, dict | None]:

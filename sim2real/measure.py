@@ -1,5 +1,8 @@
 """Measuring calibration on this machine: launch ``real_runs.microbench`` on gloo ranks
-(plain loopback, or an emulated cluster) and fit what it reports.
+(plain loopback, or an emulated cluster), or on this machine's GPUs over NCCL
+(``device="cuda"``: one GPU per rank, layers timed in the given precision), and fit what
+it reports.  A GPU calibration carries the GPU's stamp (name, driver, NCCL, link matrix)
+and no CPU figures: what gloo's threads take from compute is a CPU question.
 
 ``measure()`` is what ``zero-sim calibrate --nproc N`` runs; :mod:`sim2real.validate`
 calls :func:`measure_compute` and :func:`measure_network` per case.
@@ -36,7 +39,8 @@ def machine_facts(**extra) -> dict:
 
 def measure_compute(nproc: int, model: str, micro_batch: int, seq_len: int | None, workdir: Path,
                     timeout_s: float = 300.0, on_line=None, label: str = "",
-                    alone: ComputeCalibration | None = None) -> ComputeCalibration:
+                    alone: ComputeCalibration | None = None, device: str = "cpu",
+                    precision: str = "fp32") -> ComputeCalibration:
     """Per-layer times of the real model with ``nproc`` ranks computing at once, and one alone
     (files kept in ``workdir``, named by ``label``).  Given ``alone`` (an earlier measurement of
     one rank alone), only the ``nproc`` ranks are measured and the sharing factor is read against it."""
@@ -47,8 +51,8 @@ def measure_compute(nproc: int, model: str, micro_batch: int, seq_len: int | Non
         path = Path(workdir) / f"layers_{model}_mb{micro_batch}_r{ranks}{label and '_' + label}.json"
         # Ten iterations, each rank's median, then the mean over ranks: ranks that share cores
         # get them unevenly over any one pass, and a step waits on all of them.
-        argv = ["layers", "--model", model, "--micro-batch", str(micro_batch), "--iters", "10",
-                "--out", str(path)]
+        argv = ["--device", device, "layers", "--model", model, "--micro-batch", str(micro_batch),
+                "--iters", "10", "--precision", precision, "--out", str(path)]
         if seq_len:
             argv += ["--seq-len", str(seq_len)]
         run_module("real_runs.microbench", argv, ranks, on_line=on_line, timeout_s=timeout_s)
@@ -57,19 +61,22 @@ def measure_compute(nproc: int, model: str, micro_batch: int, seq_len: int | Non
 
 
 def measure_network(runner, nproc: int, workdir: Path, max_bytes: str = "32M", budget_s: float = 0.15,
-                    timeout_s: float = 300.0, on_line=None, label: str = ""
-                    ) -> tuple[dict[str, CollectiveFit], CpuCalibration, dict]:
+                    timeout_s: float = 300.0, on_line=None, label: str = "", device: str = "cpu"
+                    ) -> tuple[dict[str, CollectiveFit], CpuCalibration | None, dict]:
     """Sweep collectives on ``runner`` (an EmulatedCluster, or anything with its ``run_module``);
     returns the fits, what the calls' CPU time says communication costs compute, and the raw
     sweep (kept in ``workdir``, named by ``label``).  From 1 KB, so that the sizes up to
     32 KB give the latency (their trimmed mean, see :func:`zero_sim.calibration.fit_sweep`)."""
     path = Path(workdir) / f"sweep_n{nproc}{label and '_' + label}_{os.getpid()}.json"
-    runner.run_module("real_runs.microbench", ["collectives", "--min-bytes", "1K", "--max-bytes", max_bytes,
-                                               "--budget-s", str(budget_s), "--out", str(path)],
+    runner.run_module("real_runs.microbench", ["--device", device, "collectives", "--min-bytes", "1K",
+                                               "--max-bytes", max_bytes, "--budget-s", str(budget_s),
+                                               "--out", str(path)],
                       on_line=on_line, timeout_s=timeout_s)
     sweep = json.loads(path.read_text())
     cores = sweep.get("cores") or os.cpu_count() or 1
     fits = fit_sweep(sweep["rows"], nproc)
+    if device != "cpu":
+        return fits, None, sweep
     return fits, cpu_from_sweep(sweep["rows"], nproc, cores, sweep.get("under_compute"), fits), sweep
 
 
@@ -106,7 +113,8 @@ def lines_above(bar, say: Callable[[str], None]) -> Callable[[str], None]:
 
 def measure(nproc: int, model: str = "small", micro_batch: int = 4, seq_len: int | None = None,
             shape: str | None = None, bandwidth_gbps: float | None = None, max_bytes: str = "32M",
-            workdir: Path | None = None, on_line=None) -> Calibration:
+            workdir: Path | None = None, on_line=None, device: str = "cpu",
+            precision: str = "fp32") -> Calibration:
     """Calibrate this machine: compute with ``nproc`` ranks, and the network they use (an
     emulated cluster of ``shape`` at ``bandwidth_gbps`` when given, else plain loopback).
     The runs write into ``workdir``, or into a temporary folder removed when measuring ends."""
@@ -118,7 +126,8 @@ def measure(nproc: int, model: str = "small", micro_batch: int = 4, seq_len: int
         bar = cleanup.enter_context(tqdm(total=2, desc="calibrating", unit="phase", file=sys.stderr,
                                          disable=None))
         on_line = lines_above(bar, on_line) if on_line is not None else None
-        compute = measure_compute(nproc, model, micro_batch, seq_len, workdir, on_line=on_line)
+        compute = measure_compute(nproc, model, micro_batch, seq_len, workdir, on_line=on_line,
+                                  device=device, precision=precision)
         bar.update(1)
         if shape is not None:
             runner = EmulatedCluster(nproc, ClusterShape(shape, float(bandwidth_gbps)))
@@ -126,8 +135,13 @@ def measure(nproc: int, model: str = "small", micro_batch: int = 4, seq_len: int
             runner = Loopback(nproc)
         with runner as r:
             where = r.describe()
-            fits, cpu, _ = (measure_network(r, nproc, workdir, max_bytes, on_line=on_line) if nproc > 1
-                            else ({}, None, {}))
+            fits, cpu, sweep = (measure_network(r, nproc, workdir, max_bytes, on_line=on_line, device=device)
+                                if nproc > 1 else ({}, None, {}))
         bar.update(1)
-    return Calibration(fits, compute, "gloo", machine_facts(ranks=nproc, network=where, model=model,
-                                                          micro_batch=micro_batch), cpu=cpu)
+    facts = machine_facts(ranks=nproc, network=where, model=model, micro_batch=micro_batch,
+                          device=device, precision=precision)
+    if device == "cuda":
+        from real_runs.gpu_stamp import gpu_stamp
+
+        facts["gpu"] = sweep.get("gpu") or gpu_stamp()
+    return Calibration(fits, compute, "nccl" if device == "cuda" else "gloo", facts, cpu=cpu)

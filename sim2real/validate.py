@@ -37,6 +37,13 @@ its files behind.  ``--keep`` keeps them, and the output and the report say wher
 
 Where emulation is not possible (no root, no tc), the cases run on plain loopback and
 the output says so (``emulated: false``); the bandwidth column is then empty.
+
+On GPUs (``Options.device == "cuda"``, ``zero-sim validate --device cuda``) the same steps
+run on this box's GPUs, one per rank, over NCCL, in bf16 (:mod:`sim2real.gpu_grid`): the
+network is calibrated once per N by an NCCL sweep, compute by layer timings on the GPUs,
+each prediction is written down, then the case trains with ``--device cuda``.  Nothing is
+emulated, and the planned ``run.json`` carries this box's GPU stamp, so the prediction
+runs on the GPU preset it names.
 """
 
 from __future__ import annotations
@@ -57,6 +64,7 @@ from tqdm import tqdm
 
 from real_runs import cluster as emu
 from real_runs.cluster.shapes import check_shape
+from real_runs.gpu_stamp import gpu_stamp
 from real_runs.options import train_argv
 from real_runs.presets import PRESETS
 from sim2real.measure import Loopback, lines_above, machine_facts, measure_compute, measure_network
@@ -101,6 +109,8 @@ class Options:
     sweep_max_bytes: str = "32M"
     sweep_budget_s: float = 0.15
     timeout_s: float = 300.0
+    device: str = "cpu"  # or "cuda": one GPU per rank, NCCL (module docstring)
+    precision: str = "fp32"
 
 
 def resolved(case: Case, opts: Options) -> Case:
@@ -114,10 +124,13 @@ def planned_run(case: Case, opts: Options, cluster: dict | None) -> dict:
     case = resolved(case, opts)
     cfg = PRESETS[case.model]
     run = {"strategy": case.strategy, "world_size": case.gpus, "global_batch": case.global_batch,
-           "seq_len": cfg.max_seq, "model": case.model, "model_config": cfg.to_dict(), "device": "cpu",
+           "seq_len": cfg.max_seq, "model": case.model, "model_config": cfg.to_dict(), "device": opts.device,
+           "precision": opts.precision,
            "bucket_mb": case.bucket_mb if case.bucket_mb is not None else DEFAULT_BUCKET_MB}
     if cluster is not None:
         run["cluster"] = cluster
+    if opts.device == "cuda":
+        run["gpu"] = gpu_stamp()  # the GPUs the case will run on, known before it runs
     return run
 
 
@@ -125,7 +138,8 @@ def _train_argv(case: Case, opts: Options, out: Path) -> list[str]:
     case = resolved(case, opts)
     return train_argv(case.strategy, case.gpus, out, {
         "model": case.model, "global_batch": case.global_batch, "steps": opts.steps,
-        "timeout_s": min(opts.timeout_s, 120.0), "bucket_mb": case.bucket_mb})
+        "timeout_s": min(opts.timeout_s, 120.0), "bucket_mb": case.bucket_mb,
+        "device": opts.device, "precision": opts.precision})
 
 
 def run_timeout_s(predicted_step_s: float, opts: Options) -> float:
@@ -159,6 +173,11 @@ def check_grid(cases, opts: Options) -> None:
     if opts.steps < 5:
         raise ValidationError("--steps must be at least 5: the first step is warm-up, and the noise band "
                               "compares two halves of the rest")
+    if opts.device == "cuda":
+        have = cuda_devices()
+        most = max((c.gpus for c in cases), default=0)
+        if have < most:
+            raise ValidationError(f"--device cuda needs {most} GPU(s) for this grid; this machine has {have}")
     for c in cases:
         c = resolved(c, opts)
         if c.model not in PRESETS:
@@ -174,6 +193,13 @@ def check_grid(cases, opts: Options) -> None:
                 check_shape(c.gpus, emu.ClusterShape(c.shape, c.bandwidth_gbps, c.latency_ms))
             except ValueError as exc:
                 raise ValidationError(str(exc).rstrip(".")) from None
+
+
+def cuda_devices() -> int:
+    """GPUs torch sees on this machine (0 without CUDA)."""
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def run_validation(cases, opts: Options = Options(), workdir: str | os.PathLike | None = None,
@@ -225,11 +251,13 @@ def run_files(workdir: str | os.PathLike | None, keep: bool, say: Callable[[str]
 
 def _run_grid(cases: list[Case], opts: Options, workdir: Path, report_dir: str | os.PathLike | None,
               say: Callable[[str], None]) -> dict:
-    reason = emu.unavailable_reason()
+    reason = (emu.unavailable_reason() if opts.device == "cpu"
+              else "GPUs are not emulated: their own links run")
     emulated = reason is None
     cases = [resolved(c, opts) for c in cases]
-    if not emulated:
+    if not emulated and opts.device == "cpu":
         say(f"emulated cluster unavailable ({reason}); running every case on plain loopback")
+    if not emulated:
         cases = list(dict.fromkeys(replace(c, bandwidth_gbps=None, shape=None, latency_ms=0.0)
                                    for c in cases))
 
@@ -254,10 +282,12 @@ def _run_grid(cases: list[Case], opts: Options, workdir: Path, report_dir: str |
         with ctx as cluster:
             where = cluster.describe()
             say(f"calibrating the network: {where}")
-            fits, cpu, _ = measure_network(cluster, n, workdir, opts.sweep_max_bytes, opts.sweep_budget_s,
-                                           opts.timeout_s, label=key)
-            network = Calibration(fits, None, "gloo",
-                                  machine_facts(ranks=n, network=where, emulated=emulated),
+            fits, cpu, _ = (measure_network(cluster, n, workdir, opts.sweep_max_bytes, opts.sweep_budget_s,
+                                            opts.timeout_s, label=key, device=opts.device)
+                            if n > 1 or opts.device == "cpu" else ({}, None, {}))
+            network = Calibration(fits, None, "nccl" if opts.device == "cuda" else "gloo",
+                                  machine_facts(ranks=n, network=where, emulated=emulated,
+                                                device=opts.device),
                                   cpu=cpu)
             calibrations[key] = network.to_dict() | {"summary": network.describe()}
             record = cluster.cluster_record() if shape is not None else None
@@ -299,12 +329,13 @@ def _run_case(c: Case, opts: Options, cluster, network: Calibration, record: dic
         tag += f"_lat{c.latency_ms}"
     if (c.model, micro) not in alone:
         alone[c.model, micro] = measure_compute(1, c.model, micro, seq_len, workdir, opts.timeout_s,
-                                                label=f"{tag}_alone")
+                                                label=f"{tag}_alone", device=opts.device,
+                                                precision=opts.precision)
     # Compute is measured again just before every case: on a shared machine how fast N ranks
     # compute together drifts within minutes, and a measurement taken just before a case
     # matches it better than one taken at the start of its group.
     compute = measure_compute(n, c.model, micro, seq_len, workdir, opts.timeout_s, label=tag,
-                              alone=alone[c.model, micro])
+                              alone=alone[c.model, micro], device=opts.device, precision=opts.precision)
     cal = replace(network, compute=compute)
     cal.save(workdir / f"calibration_{tag}.json")
     sim = predict_run(planned_run(c, opts, record), cal)

@@ -98,7 +98,7 @@ def test_a_run_that_outlives_its_timeout_is_stopped(tmp_path):
 def test_one_rank_on_cuda_records_events_and_peak_memory(tmp_path):
     run = launch("fsdp", nproc=1, out=tmp_path, device="cuda", **RUN)
     assert run["backend"] == "nccl"
-    assert run["memory"]["0"]["peak_allocated"] > 0
+    assert 0 < run["memory"]["0"]["peak_allocated"] <= run["memory"]["0"]["peak_reserved"]
     assert run["gpu"]["name"] and run["gpu"]["total_memory_bytes"] > 0  # the stamp replay reads
 
 

@@ -11,6 +11,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+import torch
 
 from real_runs.cluster import Stopped
 from real_runs.launch import RunFailed, run_module
@@ -75,6 +76,18 @@ def test_layer_timings_cover_every_layer_kind_of_the_real_model(tmp_path):
     assert layers["world_size"] == 2 and layers["tokens"] == 2 * 64
     # The slowest rank's pass over the mean rank's: at least 1, as a maximum over a mean is.
     assert 1.0 <= layers["slowest_rank_factor"] < 3
+    assert (layers["device"], layers["precision"]) == ("cpu", "fp32")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (layers timed on the GPU)")
+def test_layer_timings_on_a_gpu_in_bf16_carry_the_gpus_stamp(tmp_path):
+    out = tmp_path / "layers.json"
+    run_module("real_runs.microbench", ["--device", "cuda", "layers", "--model", "tiny", "--micro-batch", "2",
+                                        "--iters", "3", "--precision", "bf16", "--out", str(out)], 1,
+               timeout_s=300)
+    layers = json.loads(out.read_text())
+    assert (layers["device"], layers["precision"]) == ("cuda", "bf16") and layers["gpu"]["name"]
+    assert all(layers["by_kind"][k]["fwd"] > 0 for k in layers["by_kind"])
 
 
 @pytest.mark.slow
@@ -82,6 +95,8 @@ def test_layer_timings_cover_every_layer_kind_of_the_real_model(tmp_path):
     (["collectives", "--max-bytes", "lots"], "Cannot read 'lots' as a size"),
     (["collectives", "--collectives", "all_to_all"], "Unknown collective all_to_all"),
     (["layers", "--model", "huge"], "Unknown model preset 'huge'"),
+    *([(["--device", "cuda", "layers"], "--device cuda was asked for but this machine has no CUDA device")]
+      if not torch.cuda.is_available() else []),
 ])
 def test_microbenchmark_bad_input_is_one_sentence_and_status_2(argv, fragment, capsys):
     assert microbench_main(argv) == 2
@@ -98,6 +113,13 @@ def test_microbenchmark_bad_input_is_one_sentence_and_status_2(argv, fragment, c
     (["validate", "--model", "huge"], "unknown model 'huge'"),
     (["calibrate", "--out", "x.json", "--shape", "uniform"], "--shape and --bandwidth-gbps go together"),
     (["calibrate", "--out", "x.json", "--nccl-tests", "missing.txt"], "does not exist"),
+    (["calibrate", "--out", "x.json", "--device", "cuda", "--shape", "uniform", "--bandwidth-gbps", "1"],
+     "leave --shape out with --device cuda"),
+    (["calibrate", "--out", "x.json", "--device", "cuda", "--nproc", "64"],
+     "--device cuda --nproc 64 needs 64"),
+    (["validate", "--device", "cuda", "--sample", "3"], "--device cuda runs the GPU grid, so leave them out"),
+    *([(["validate", "--device", "cuda"], "--device cuda was asked for but this machine has no CUDA device")]
+      if not torch.cuda.is_available() else []),
 ])
 def test_validate_and_calibrate_bad_input_is_one_sentence_and_status_2(argv, fragment):
     proc = zero_sim_command(*argv, timeout=120)

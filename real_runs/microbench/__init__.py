@@ -13,9 +13,13 @@ measured::
     # per-layer forward/backward and optimizer times of the real model
     python -m real_runs.microbench --nproc 2 layers --model small --micro-batch 4 --out out/layers.json
 
+    # the same on 8 GPUs over NCCL, layers in bf16
+    python -m real_runs.microbench --nproc 8 --device cuda layers --model gpt2-350m --precision bf16
+
 - :mod:`.collectives`: the sweep, how one size is timed, and the nccl-tests table;
 - :mod:`.under_compute`: collectives while the ranks compute, and compute while they run;
 - :mod:`.calls`: asynchronous collective calls on buffers of their own;
+- :mod:`.device`: where a benchmark runs (CPU and gloo, or a rank's GPU and NCCL) and its clock;
 - :mod:`.layers`: per-layer forward/backward and optimizer times of the real model;
 - :mod:`.cli`: the command line (``__main__`` runs it).
 """

@@ -16,10 +16,13 @@ import torch.distributed as dist
 
 from zero_sim.vocabulary.files import write_json_atomic
 
+from ..gpu_stamp import gpu_stamp
 from ..launch import RunFailed, run_module
 from ..options import ArgParser, BadInput, check_preset
+from ..precision import DEFAULT_PRECISION, PRECISIONS
 from ..presets import PRESETS
 from .collectives import SWEEP_COLLECTIVES, collective_sweep, format_table, parse_bytes
+from .device import DEVICES, bench_on
 from .layers import layer_timings
 from .under_compute import queue_under_compute
 
@@ -30,6 +33,8 @@ def make_parser() -> argparse.ArgumentParser:
     p = ArgParser(prog="python -m real_runs.microbench", description=DESCRIPTION)
     p.add_argument("--nproc", type=int, default=1, help="ranks to start when not already under torchrun")
     p.add_argument("--timeout-s", type=float, default=600.0)
+    p.add_argument("--device", choices=DEVICES, default="cpu",
+                   help="cpu (gloo), or cuda: each rank on its own GPU, over NCCL")
     sub = p.add_subparsers(dest="what", required=True, parser_class=ArgParser)
     c = sub.add_parser("collectives", help="nccl-tests-style sweep of all_reduce, reduce_scatter, all_gather")
     c.add_argument("--min-bytes", default="1K")
@@ -45,6 +50,8 @@ def make_parser() -> argparse.ArgumentParser:
     la.add_argument("--micro-batch", type=int, default=4, help="sequences per rank")
     la.add_argument("--seq-len", type=int, default=None)
     la.add_argument("--iters", type=int, default=5)
+    la.add_argument("--precision", choices=tuple(PRECISIONS), default=DEFAULT_PRECISION,
+                    help="the weights' precision; bf16 also times the fp32-master update bf16 runs make")
     la.add_argument("--out", default=None)
     return p
 
@@ -64,6 +71,11 @@ def validate(args) -> None:
         args.seq_len = check_preset(args.model, args.seq_len)
         if args.micro_batch < 1 or args.iters < 1:
             raise BadInput("--micro-batch and --iters must be positive.")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise BadInput("--device cuda was asked for but this machine has no CUDA device.")
+    if args.device == "cuda" and getattr(args, "under_load", False):
+        raise BadInput("--under-load measures gloo's threads against compute on CPU cores; "
+                       "it has no CUDA form.")
 
 
 def run(args) -> dict:
@@ -72,22 +84,27 @@ def run(args) -> dict:
     ``cores`` and ``threads_per_rank`` are recorded with the figures, because on a CPU they
     decide how much each rank gets."""
     torch.set_num_threads(1)  # as the training ranks do: one thread per rank
+    bench = bench_on(args.device)
     if "RANK" in os.environ:
-        dist.init_process_group("gloo")
+        dist.init_process_group(bench.backend)
     else:
-        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        dist.init_process_group(bench.backend, store=dist.HashStore(), rank=0, world_size=1)
     try:
         if args.what == "collectives":
             result = collective_sweep(args.collectives, args.min_bytes, args.max_bytes, args.budget_s,
-                                      args.under_load)
-            if not args.under_load:
+                                      args.under_load, bench)
+            # What gloo's threads and compute take from each other's cores: a CPU question.
+            if not args.under_load and bench.device.type == "cpu":
                 result["under_compute"] = queue_under_compute(args.collectives)
             text = format_table(result)
         else:
-            result = layer_timings(args.model, args.micro_batch, args.seq_len, args.iters)
+            result = layer_timings(args.model, args.micro_batch, args.seq_len, args.iters, bench,
+                                   args.precision)
             text = json.dumps(result["by_kind"])
         result["cores"] = os.cpu_count()
         result["threads_per_rank"] = torch.get_num_threads()
+        if bench.device.type == "cuda":
+            result["gpu"] = gpu_stamp()
         if dist.get_rank() == 0:
             print(text, flush=True)
             if args.out:

@@ -38,6 +38,7 @@ from zero_sim.vocabulary.collectives import SMALL_CALL_MAX_BYTES, bus_factor
 
 from ..options import BadInput
 from .calls import launcher
+from .device import CPU, Bench
 from .under_compute import ComputeLoad
 
 SWEEP_COLLECTIVES = (ALL_REDUCE, REDUCE_SCATTER, ALL_GATHER)
@@ -67,36 +68,40 @@ def sizes(lo: int, hi: int, world: int) -> list[int]:
 
 
 def _time_collective(kind: str, nbytes: int, world: int, iters: int, queue: int = 1,
-                     in_turn: int = 1) -> tuple[float, float]:
+                     in_turn: int = 1, bench: Bench = CPU) -> tuple[float, float]:
     """Seconds per call, wall and CPU: ``queue`` calls launched back to back and then waited
     for, as a training step issues them (and as nccl-tests times them), ``in_turn`` such
     rounds one after the other per timing; the median of ``iters`` timings of the mean per
     call.  Wall time is the slowest rank's (every rank waits for it); CPU time is what this
     process's threads used per call (gloo's workers, the kernel's TCP path on their behalf,
-    the launching thread), averaged over the ranks."""
-    call = launcher(kind, nbytes, world, queue)
+    the launching thread), averaged over the ranks.  On a GPU the clock is read once the
+    device has finished (:class:`.device.Bench`)."""
+    call = launcher(kind, nbytes, world, queue, bench.device)
     call().wait()  # warm-up: connection setup, first-touch allocation
+    bench.sync()
     dist.barrier()
     walls, cpus = [], []
     for _ in range(iters):
-        c0, t0 = time.process_time(), time.perf_counter()
+        c0, t0 = time.process_time(), bench.now()
         for _ in range(in_turn):
             works = [call() for _ in range(queue)]
             for w in works:
                 w.wait()
-        walls.append((time.perf_counter() - t0) / (queue * in_turn))
+        walls.append((bench.now() - t0) / (queue * in_turn))
         cpus.append((time.process_time() - c0) / (queue * in_turn))
     # The median shrugs off a queue that lost the CPU to something else on a shared machine.
-    slowest = torch.tensor([statistics.median(walls)], dtype=torch.float64)
+    slowest = torch.tensor([statistics.median(walls)], dtype=torch.float64, device=bench.device)
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-    cpu = torch.tensor([statistics.median(cpus)], dtype=torch.float64)
+    cpu = torch.tensor([statistics.median(cpus)], dtype=torch.float64, device=bench.device)
     dist.all_reduce(cpu, op=dist.ReduceOp.SUM)
     return float(slowest), float(cpu) / world
 
 
-def collective_sweep(kinds, lo: int, hi: int, budget_s: float, load: bool = False) -> dict:
+def collective_sweep(kinds, lo: int, hi: int, budget_s: float, load: bool = False,
+                     bench: Bench = CPU) -> dict:
     """One row per (collective, size).  With ``load`` every rank computes in the background
-    throughout, and each row also says how much slower that compute ran (``compute_slowdown``)."""
+    throughout, and each row also says how much slower that compute ran (``compute_slowdown``).
+    ``bench`` says where the buffers live and how the clock is read (CPU, or this rank's GPU)."""
     world = dist.get_world_size()
     rows = []
     with ComputeLoad() if load else contextlib.nullcontext() as busy:
@@ -105,7 +110,7 @@ def collective_sweep(kinds, lo: int, hi: int, budget_s: float, load: bool = Fals
             alone = busy.rate(0.5)
         for kind in kinds:
             for s in sizes(lo, hi, world):
-                probe, _ = _time_collective(kind, s, world, 1)
+                probe, _ = _time_collective(kind, s, world, 1, bench=bench)
                 if s <= SMALL_CALL_MAX_BYTES:
                     # Small calls one at a time, thirty in a row, and their mean (module docstring).
                     queue, in_turn = 1, SMALL_CALLS_IN_TURN
@@ -118,7 +123,7 @@ def collective_sweep(kinds, lo: int, hi: int, budget_s: float, load: bool = Fals
                 per_timing = queue * in_turn * max(probe, 1e-6)
                 iters = fewest if busy is None else int(max(fewest, min(50, 0.1 / per_timing)))
                 before, t0 = (busy.done if busy else 0), time.perf_counter()
-                t, cpu = _time_collective(kind, s, world, iters, queue, in_turn)
+                t, cpu = _time_collective(kind, s, world, iters, queue, in_turn, bench)
                 row = {"collective": kind, "size_bytes": s, "count": s // 4, "type": "float",
                        "time_us": t * 1e6, "algbw_gbps": s / t / 1e9,
                        "busbw_gbps": s / t * bus_factor(kind, world) / 1e9, "iters": iters, "queue": queue,
@@ -126,7 +131,7 @@ def collective_sweep(kinds, lo: int, hi: int, budget_s: float, load: bool = Fals
                 if busy is None:
                     row["cpu_us"] = cpu * 1e6  # under load the process's time includes the load itself
                     if in_turn > 1:  # the same small calls queued at once (module docstring)
-                        queued, _ = _time_collective(kind, s, world, fewest, queue=in_turn)
+                        queued, _ = _time_collective(kind, s, world, fewest, queue=in_turn, bench=bench)
                         row["queued_time_us"] = queued * 1e6
                 else:
                     during = (busy.done - before) / (time.perf_counter() - t0)

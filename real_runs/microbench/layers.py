@@ -7,28 +7,36 @@ iterations, averaged over the ranks.  Then whole passes are timed from a barrier
 steps start together, and ``slowest_rank_factor`` says how much later than the mean rank
 the slowest one ends a pass (the step waits on it).  The AdamW step is timed on the whole
 model and reported per parameter.
+
+On a GPU (``bench`` on CUDA) the model lives there, in the run's precision (bf16 weights
+for ``--precision bf16``, as the real runs train), and each timing ends once the device has
+finished (:class:`.device.Bench`).
 """
 
 from __future__ import annotations
 
 import statistics
-import time
 
 import torch
 import torch.distributed as dist
 
 from ..model import PRESETS, build_model, global_batch, rank_shard
 from ..strategies import AdamW
+from ..strategies.base import AdamState
+from .device import CPU, Bench
 
 LAYER_KINDS = ("embedding", "block", "head")
 
 
-def layer_timings(model_name: str, micro_batch: int, seq_len: int, iters: int) -> dict:
+def layer_timings(model_name: str, micro_batch: int, seq_len: int, iters: int, bench: Bench = CPU,
+                  precision: str = "fp32") -> dict:
     cfg = PRESETS[model_name]
-    model = build_model(cfg, seed=0)
+    model = build_model(cfg, seed=0, device=bench.device)
+    if precision == "bf16":
+        model.to(torch.bfloat16)
     rank, world = dist.get_rank(), dist.get_world_size()
     x, y = global_batch(cfg, 0, 0, micro_batch * world, seq_len)
-    x, y = rank_shard(x, rank, world), rank_shard(y, rank, world)
+    x, y = rank_shard(x, rank, world).to(bench.device), rank_shard(y, rank, world).to(bench.device)
     layers = list(model.layers)
     times: dict[int, dict[str, list[float]]] = {i: {"fwd": [], "bwd": []} for i in range(len(layers))}
 
@@ -38,17 +46,17 @@ def layer_timings(model_name: str, micro_batch: int, seq_len: int, iters: int) -
         for i, layer in enumerate(layers):
             h = h.detach().requires_grad_(h.is_floating_point())
             inputs.append(h)
-            t0 = time.perf_counter()
+            t0 = bench.now()
             h = layer(h, y) if i == len(layers) - 1 else layer(h)
             if record:
-                times[i]["fwd"].append(time.perf_counter() - t0)
+                times[i]["fwd"].append(bench.now() - t0)
             outputs.append(h)
         grad = None
         for i in reversed(range(len(layers))):
-            t0 = time.perf_counter()
+            t0 = bench.now()
             outputs[i].backward(grad)
             if record:
-                times[i]["bwd"].append(time.perf_counter() - t0)
+                times[i]["bwd"].append(bench.now() - t0)
             grad = inputs[i].grad
 
     # One barrier, then back-to-back passes: every rank stays busy, as in a training step,
@@ -64,28 +72,35 @@ def layer_timings(model_name: str, micro_batch: int, seq_len: int, iters: int) -
     passes = []
     for _ in range(iters):
         dist.barrier()
-        t0 = time.perf_counter()
+        t0 = bench.now()
         one_pass(record=False)
-        passes.append(time.perf_counter() - t0)
-    gathered = [torch.zeros(iters, dtype=torch.float64) for _ in range(world)]
-    dist.all_gather(gathered, torch.tensor(passes, dtype=torch.float64))
+        passes.append(bench.now() - t0)
+    gathered = [torch.zeros(iters, dtype=torch.float64, device=bench.device) for _ in range(world)]
+    dist.all_gather(gathered, torch.tensor(passes, dtype=torch.float64, device=bench.device))
     by_pass = torch.stack(gathered)  # ranks x passes
     slowest_rank_factor = float((by_pass.max(0).values / by_pass.mean(0)).median())
     params = [p for p in model.parameters()]
-    opt = AdamW().torch_optimizer(params)
-    opt.step()  # creates the moments
+    if precision == "bf16":
+        # The update bf16 runs make: fp32 masters and moments of one flat buffer (AdamState).
+        flat = torch.cat([p.detach().flatten() for p in params])
+        state, grad = AdamState(flat, AdamW()), torch.full_like(flat, 1e-3)
+        update = lambda: state.update(flat, grad)  # noqa: E731
+    else:
+        opt = AdamW().torch_optimizer(params)
+        update = opt.step
+    update()  # creates the moments
     opt_times = []
     for _ in range(iters):
         dist.barrier()
-        t0 = time.perf_counter()
-        opt.step()
-        opt_times.append(time.perf_counter() - t0)
+        t0 = bench.now()
+        update()
+        opt_times.append(bench.now() - t0)
     n_params = sum(p.numel() for p in params)
     kinds = ["embedding", *["block"] * cfg.n_layer, "head"]
     # Each rank's median, averaged over the ranks: ranks that share cores do not share them
     # evenly over one short measurement, and a step waits on all of them, not on rank 0.
     mine = torch.tensor([statistics.median(t[d]) for t in times.values() for d in ("fwd", "bwd")]
-                        + [statistics.median(opt_times)], dtype=torch.float64)
+                        + [statistics.median(opt_times)], dtype=torch.float64, device=bench.device)
     dist.all_reduce(mine)
     mean = (mine / world).tolist()
     per_layer = [{"layer": i, "kind": kinds[i], "fwd_s": mean[2 * i], "bwd_s": mean[2 * i + 1]}
@@ -96,5 +111,6 @@ def layer_timings(model_name: str, micro_batch: int, seq_len: int, iters: int) -
         by_kind[kind] = {d: statistics.median(r[f"{d}_s"] for r in rows) for d in ("fwd", "bwd")}
     return {"model": model_name, "model_config": cfg.to_dict(), "micro_batch": micro_batch,
             "seq_len": seq_len, "tokens": micro_batch * seq_len, "world_size": world, "layers": per_layer,
+            "device": bench.device.type, "precision": precision,
             "by_kind": by_kind, "optimizer_s_per_param": mean[-1] / n_params, "params": n_params,
             "slowest_rank_factor": slowest_rank_factor}
