@@ -128,6 +128,8 @@ def _validate_args(val) -> None:
     val.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                      help="cuda: run the GPU grid on this box's GPUs over NCCL in bf16 (every strategy, "
                           "N = 1, 2, 4 ... G, buckets 25 and 4 MB, gpt2-124m and gpt2-350m)")
+    val.add_argument("--precision", choices=("fp32", "bf16"), default=None,
+                     help="the runs' precision (default: fp32 on cpu, bf16 on cuda)")
 
 
 def _validate_published(args) -> int:
@@ -145,7 +147,7 @@ def _validate(args) -> int:
     else:
         cases, sample = _chosen_cases(args, say)
     opts = v.Options(model=args.model, shape=args.shape, device=args.device,
-                     precision="bf16" if args.device == "cuda" else "fp32",
+                     precision=args.precision or ("bf16" if args.device == "cuda" else "fp32"),
                      **({} if args.steps is None else {"steps": args.steps}))
     result = v.run_validation(cases, opts, report_dir=args.report, keep=args.keep, on_line=say, sample=sample)
     if args.json:

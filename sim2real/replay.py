@@ -142,9 +142,13 @@ def gpu_machine(run: dict, world: int) -> dict:
         raise ReplayError(f"no GPU preset models a {name!r}; add its figures to zero_sim/system/hardware.py "
                           f"and a rule to zero_sim/system/device_names.py")
     topology = node_topology(preset, stamp.get("topology"))
+    if topology is None and stamp.get("topology") is None:
+        raise ReplayError(f"the run does not say how its {world} x {preset} are linked and no NVSwitch "
+                          f"preset has {preset}s; record it with nvidia-smi on the path so its links are "
+                          f"stamped")
     if topology is None:
-        raise ReplayError(f"no single-node topology preset is known for {world} x {preset}; "
-                          f"record the run with nvidia-smi on the path so its links are stamped")
+        raise ReplayError(f"no topology preset has {preset}s linked by NVLink; simulate the run with "
+                          f"zero-sim simulate --topology and a calibration measured on the box")
     return dict(gpu=preset, backend="nccl", topology=topology, gpus_per_node=world)
 
 

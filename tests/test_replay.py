@@ -177,7 +177,9 @@ def test_a_cuda_run_replays_on_the_gpu_its_stamp_names_over_its_recorded_links(n
 @pytest.mark.parametrize("run,fragment", [
     (cuda_run("NVIDIA H100 80GB HBM3") | {"gpu": None}, "does not say which GPU"),
     (cuda_run("NVIDIA H100 NVL"), "no GPU preset models a 'NVIDIA H100 NVL'"),
-    (cuda_run("Tesla V100-SXM2-32GB"), "no single-node topology preset is known for 8 x V100"),
+    (cuda_run("Tesla V100-SXM2-32GB"), "does not say how its 8 x V100 are linked"),
+    (cuda_run("Tesla V100-SXM2-32GB", topology=NVLINK_MATRIX),
+     "no topology preset has V100s linked by NVLink"),
 ])
 def test_a_cuda_run_that_cannot_be_placed_on_a_preset_says_why(run, fragment):
     with pytest.raises(ReplayError) as err:

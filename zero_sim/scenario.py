@@ -323,7 +323,7 @@ def simulate(workload: Workload | None = None, **kwargs) -> SimResult:
     run = engine.run()
 
     context = context_gb(gpu.name, s["cuda_context_gb"])
-    reserve = allocator_reserve(s["recompute"], s["allocator_reserve"])
+    reserve = allocator_reserve(workload.recompute, s["allocator_reserve"])
     scenario = dict(s) | knobs | {
         "cuda_context_gb": context, "allocator_reserve": reserve, "attention": workload.attention,
         "calibration": calibration.describe() if calibration is not None else None,

@@ -55,8 +55,8 @@ class DDPTorch(Strategy):
         return self.ddp(x, y)
 
     def zero_grad(self) -> None:
-        # Zeroed in place, to keep the gradients inside DDP's buckets; they are the model's
-        # gradients, not the masters' that the optimizer holds in bf16.
+        # Zeroed in place, to keep the gradients inside DDP's buckets.  Not through the
+        # optimizer: in bf16 it holds the fp32 masters, whose gradients are not these.
         for p in self.model.parameters():
             if p.grad is not None:
                 p.grad.zero_()
