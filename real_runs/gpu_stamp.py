@@ -10,6 +10,7 @@ by the topology matrix.  Anything ``nvidia-smi`` cannot tell (it is missing, or 
 
 from __future__ import annotations
 
+import functools
 import subprocess
 
 SMI_TIMEOUT_S = 20
@@ -23,8 +24,10 @@ def _smi(*args: str) -> str | None:
     return done.stdout.strip() or None if done.returncode == 0 else None
 
 
+@functools.cache
 def gpu_stamp() -> dict | None:
-    """The stamp of this process's CUDA device, or None without one."""
+    """The stamp of this process's CUDA device, or None without one.  Read once per process:
+    a validation plans every case with it, and each reading runs nvidia-smi twice."""
     import torch
 
     if not torch.cuda.is_available():

@@ -35,6 +35,11 @@ PRECISIONS: dict[str, Precision] = {
 DEFAULT_PRECISION = "fp32"
 
 
+def default_precision(device: str) -> str:
+    """What a run trains in unless told: bf16 on GPUs, as GPU users train; fp32 on the CPU."""
+    return "bf16" if device == "cuda" else DEFAULT_PRECISION
+
+
 def precision_of_run(run: dict) -> Precision:
     """The precision a ``run.json`` was trained in (runs written before the field are fp32)."""
     by_dtype = {p.dtype: p for p in PRECISIONS.values()}

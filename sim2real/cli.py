@@ -23,6 +23,7 @@ from pathlib import Path
 
 from real_runs.cluster import SHAPES, ClusterUnavailable, Stopped, stopping_on_signals, unavailable_reason
 from real_runs.launch import RunFailed
+from real_runs.precision import PRECISIONS, default_precision
 from sim2real import measure
 from sim2real import validate as v
 from sim2real.gpu_grid import gpu_grid
@@ -45,7 +46,7 @@ def _calibrate_args(cal) -> None:
     cal.add_argument("--max-bytes", default="32M", help="largest collective in the sweep")
     cal.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                      help="measure gloo ranks on this CPU, or one rank per GPU over NCCL")
-    cal.add_argument("--precision", choices=("fp32", "bf16"), default=None,
+    cal.add_argument("--precision", choices=tuple(PRECISIONS), default=None,
                      help="precision the layers are timed in (default: fp32 on cpu, bf16 on cuda)")
     cal.add_argument("--nccl-tests", type=Path, action="append", default=[],
                      help="import an nccl-tests output file instead of measuring "
@@ -88,7 +89,7 @@ def _measured(args) -> Calibration:
         if have < args.nproc:
             raise cli.UsageError(f"--device cuda --nproc {args.nproc} needs {args.nproc} CUDA device(s); "
                                  f"this machine has {have}")
-    precision = args.precision or ("bf16" if args.device == "cuda" else "fp32")
+    precision = args.precision or default_precision(args.device)
     return measure.measure(args.nproc, args.model, args.micro_batch, None, args.shape, args.bandwidth_gbps,
                            args.max_bytes, on_line=print, device=args.device, precision=precision)
 
@@ -128,7 +129,7 @@ def _validate_args(val) -> None:
     val.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                      help="cuda: run the GPU grid on this box's GPUs over NCCL in bf16 (every strategy, "
                           "N = 1, 2, 4 ... G, buckets 25 and 4 MB, gpt2-124m and gpt2-350m)")
-    val.add_argument("--precision", choices=("fp32", "bf16"), default=None,
+    val.add_argument("--precision", choices=tuple(PRECISIONS), default=None,
                      help="the runs' precision (default: fp32 on cpu, bf16 on cuda)")
 
 
@@ -147,7 +148,7 @@ def _validate(args) -> int:
     else:
         cases, sample = _chosen_cases(args, say)
     opts = v.Options(model=args.model, shape=args.shape, device=args.device,
-                     precision=args.precision or ("bf16" if args.device == "cuda" else "fp32"),
+                     precision=args.precision or default_precision(args.device),
                      **({} if args.steps is None else {"steps": args.steps}))
     result = v.run_validation(cases, opts, report_dir=args.report, keep=args.keep, on_line=say, sample=sample)
     if args.json:
