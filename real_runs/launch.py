@@ -285,10 +285,15 @@ def _failure_sentence(rc: int, errors: list[str], output: list[str]) -> str:
     return f"The run failed with torchrun exit status {rc} and no rank said why."
 
 
+# Rank 0's progress line (train.py).  Ranks share one pipe, and faulthandler writes its
+# message in pieces, so a progress line can land inside it; it is cut out before reading.
+_PROGRESS = re.compile(r"step \d+/\d+ loss \S+ time [\d.]+s\n?")
+
+
 def _native_abort(output: list[str]) -> str | None:
     """What a native abort printed before its signal: the C++ exception it threw, or
     where faulthandler found the aborting thread (``File ..., line N in f``)."""
-    text = "\n".join(output)
+    text = _PROGRESS.sub("", "\n".join(output))
     if m := re.search(r"terminate called after throwing an instance of '([^']+)'", text):
         what = re.search(r"what\(\):\s*(.+)", text)
         return f"{m[1]}: {what[1].strip()}" if what else m[1]

@@ -58,6 +58,20 @@ def test_a_rank_error_is_found_even_after_another_process_left_its_line_unfinish
     assert str(failure.value) == "The run failed: rank 1 raised RuntimeError: injected fault at step 1."
 
 
+def test_a_progress_line_inside_a_crash_message_is_not_read_as_part_of_it():
+    # faulthandler writes "Fatal Python error: Aborted" in pieces, and rank 0's progress
+    # line can land between them on the shared pipe.
+    script = ("import os, sys; w = lambda b: os.write(2, b); "
+              "w(b'Fatal Python error: '); w(b'step 1/3 loss 5.5794 time 0.013s'); w(b'Aborted\\n\\n'); "
+              "w(b'step 2/3 loss 5.1 time 0.012s\\n'); "
+              "w(b'Current thread 0x1 (most recent call first):\\n  File \"train.py\", line 97 in f\\n'); "
+              "w(b'  rank      : 1 (local_rank: 1)\\n  exitcode  : -6 (pid: 7) (SIGABRT)\\n'); sys.exit(1)")
+    with pytest.raises(RunFailed) as failure:
+        supervise([start([sys.executable, "-c", script], dict(os.environ))], timeout_s=30, grace_s=0.1)
+    assert str(failure.value) == ('The run failed: rank 1 died (SIGABRT: Fatal Python error: Aborted, '
+                                  'File "train.py", line 97 in f) and the other ranks were stopped.')
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("mode, says", [("raise", "rank 1 raised RuntimeError: injected fault at step 1"),
                                         ("kill", "rank 1 died (SIGKILL)"),
