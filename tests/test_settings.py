@@ -171,7 +171,7 @@ def scenarios(draw):
 # Settings the result reports as resolved values (a preset's name, the topology's GPU) rather
 # than as given; every other accepted setting must be reported exactly as it was read.
 REWRITTEN = {"model", "params", "topology", "gpu", "gpus_per_node", "cuda_context_gb", "overlap_slowdown",
-             "allocator_reserve", "calibration", "attention", "deepspeed_config", "fsdp_config",
+             "gpu_spread", "allocator_reserve", "calibration", "attention", "deepspeed_config", "fsdp_config",
              "torchtitan_config"}
 
 

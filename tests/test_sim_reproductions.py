@@ -77,8 +77,14 @@ def test_nvswitch_scales_the_same_model_near_linearly_to_8(figures):
     runs = {n: simulate(model="gpt2-124m", gpus=n, topology="dgx-a100", micro_batch=64 // n,
                         precision="fp32").metrics for n in (1, 2, 4, 8)}
     speedup = {n: runs[1]["step_time_s"] / m["step_time_s"] for n, m in runs.items()}
-    figures(*[f"dgx-a100, {n} GPU(s): speed-up {s:.2f}x" for n, s in speedup.items()])
-    assert speedup[8] > 0.85 * 8
+    exposed = {n: m["exposed_comm_s"] / m["step_time_s"] for n, m in runs.items()}
+    figures(*[f"dgx-a100, {n} GPU(s): speed-up {s:.2f}x, exposed comm {exposed[n]:.1%} of the step"
+              for n, s in speedup.items()])
+    # The post shows the speed-up as a chart, without figures, and names its cause: the
+    # all-reduces are almost all overlapped.  What 8 GPUs lose is smaller per-GPU GEMMs and
+    # waiting for the slowest GPU, not communication.
+    assert speedup[8] > 0.8 * 8
+    assert exposed[8] < 0.05
 
 
 def test_zero3_optimizations_on_efa_gain_at_least_1_5x(figures):

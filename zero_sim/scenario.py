@@ -23,6 +23,7 @@ from zero_sim.settings import ScenarioError, Setting, check_settings
 from zero_sim.strategies import PRECISIONS, Context, all_knobs, get_strategy
 from zero_sim.strategies.base import StrategyError
 from zero_sim.system.collectives import ALGORITHMS, BACKENDS, CollectiveModel
+from zero_sim.system.gpu_spread import GPU_SPEED_SIGMA, slowest_gpu_factor
 from zero_sim.system.hardware import GPUS, ComputeModel, default_overlap_slowdown
 from zero_sim.system.model_presets import PRESETS, human_params, parse_count, preset, synthesize_shape
 from zero_sim.system.topology import PRESETS as TOPOLOGIES
@@ -100,6 +101,9 @@ COMMON: tuple[Setting, ...] = (
     Setting("overlap_slowdown", None, "compute slows by this fraction while a collective runs (default: 0.35 "
             "on GPUs, for the overlapped part of each op; on CPU ranks the calibration's figure, else 0)",
             float, ge=0, le=100),
+    Setting("gpu_spread", None, "relative standard deviation of GPU speed; each step runs at the expected "
+            "slowest of the N GPUs (default: 0.0175 under the per-op GPU model; 0 with --efficiency, a "
+            "calibration table or CPU ranks)", float, ge=0, le=0.2),
     Setting("straggler_prob", 0.0, "chance that a rank stalls before a collective", float, ge=0, le=1),
     Setting("straggler_ms", 0.0, "length of such a stall, milliseconds", float, ge=0, le=1e6),
     Setting("seed", 0, "seed for straggler draws", int, ge=0, le=2**63 - 1),
@@ -262,7 +266,18 @@ def prepare(workload: Workload | None = None, **kwargs) -> Prepared:
         topo = topo.with_bandwidth(s["bandwidth_gbps"])
     gpu = GPUS[s["gpu"] or topo.spec.gpu]
     # efficiency None is the GPU's per-op model; a float, the flat roofline at that fraction of peak.
-    compute = ComputeModel(gpu, efficiency=s["efficiency"])
+    # The per-op model is one benchmarked GPU's; a step runs at the slowest of N (gpu_spread.py).
+    measured = calibration is not None and calibration.compute is not None
+    spread = s["gpu_spread"]
+    if spread and measured:
+        raise ScenarioError("--gpu-spread applies to modelled compute, but the calibration's layer table "
+                            "measured its own slowest rank; drop --gpu-spread or the calibration")
+    if spread is None:
+        modelled = gpu.profile is not None and s["efficiency"] is None and not measured
+        spread = GPU_SPEED_SIGMA if modelled else 0.0
+    s["gpu_spread"] = spread
+    compute = ComputeModel(gpu, efficiency=s["efficiency"],
+                           slowest_rank_factor=slowest_gpu_factor(s["gpus"], spread))
     if calibration is not None:
         if calibration.backend and calibration.backend != s["backend"]:
             raise ScenarioError(f"the calibration was measured with {calibration.backend} but --backend is "
@@ -329,6 +344,7 @@ def simulate(workload: Workload | None = None, **kwargs) -> SimResult:
         "calibration": calibration.describe() if calibration is not None else None,
         "config_file": reading.source if reading is not None else None,
         "overlap_slowdown": overlap_slowdown, "collective_cpu_us": collective_cpu_s * 1e6,
+        "slowest_rank_factor": p.compute.slowest_rank_factor,
         "comm_rate_while_computing": comm_rate, "comm_bytes_rate_while_computing": bytes_rate,
         "strategy": strategy.name, "model": workload.name, "params": workload.params,
         "topology": topo.name, "gpu": gpu.name, "gpus_per_node": topo.ranks_per_node,

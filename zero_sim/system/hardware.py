@@ -176,12 +176,14 @@ GPUS: dict[str, GPU] = {
         "NVIDIA H100 SXM data sheet: 1,979 TFLOP/s bf16 with sparsity = 989 dense, 3.35 TB/s; torch "
         "_CudaDeviceProperties(name='NVIDIA H100 80GB HBM3', total_memory=81089MB) (81082-81090 seen)",
         _H100_SXM),
-    # The 96 GB SXM part some clusters run (torchtitan's H100 benchmarks): H100's compute, and the
-    # capacity torch reports there (95.0396 GiB, stated in pytorch/torchtitan pull request #165).
+    # The 96 GB HBM2e SXM part of Meta's Grand Teton hosts (torchtitan's H100 benchmarks): H100's
+    # compute, the bandwidth its benchmark page states and the capacity torch reports there.
+    # Those hosts ran at a 500 W power limit, which no entry models: compute is the 700 W part's.
     "H100-96GB": GPU(
-        "H100-96GB", 989.0, int(95.0396 * 2**30), 3350.0,
-        "H100 SXM with 96 GB of HBM3: compute and bandwidth as the 80 GB H100 (the source gives only the "
-        "capacity); total_memory 95.0396 GiB as pytorch/torchtitan#165 reports",
+        "H100-96GB", 989.0, int(95.0396 * 2**30), 2400.0,
+        "H100 SXM with 96 GB of HBM2e at 2.4 TB/s (pytorch/torchtitan benchmarks/"
+        "llama3_h100_202412_torchtitan.md, Grand Teton); compute as the 700 W H100 SXM (the 500 W limit "
+        "those hosts ran is not modelled); total_memory 95.0396 GiB as pytorch/torchtitan#165 reports",
         _H100_SXM),
     "H100-PCIe": GPU(
         "H100-PCIe", 756.0, 81008 * MiB, 2000.0,
@@ -257,8 +259,9 @@ class ComputeModel:
     layer_seconds: dict[str, dict[str, float]] = field(default_factory=dict)
     calibrated_tokens: int = 0
     optimizer_seconds_per_param: float | None = None
-    # Ranks are simulated alike, and a step waits on its slowest: a measured table (a rank's
-    # mean pace) is stretched by how much later the slowest rank ends a pass.
+    # Ranks are simulated alike, and a step waits on its slowest: every modelled time, and a
+    # measured table (a rank's mean pace), is stretched by how much slower the slowest rank is
+    # (measured by calibration, or ``gpu_spread.slowest_gpu_factor`` for the per-op model).
     slowest_rank_factor: float = 1.0
 
     # --- what applies ---------------------------------------------------------------------
@@ -302,8 +305,8 @@ class ComputeModel:
         if measured is not None:
             return measured * tokens / self.calibrated_tokens * self.slowest_rank_factor
         if not self.per_op(kind, direction, work):
-            return flops / (self.gpu.peak_flops * self.default_efficiency)
-        return sum(self.op_seconds(kind, direction, work).values())
+            return flops / (self.gpu.peak_flops * self.default_efficiency) * self.slowest_rank_factor
+        return sum(self.op_seconds(kind, direction, work).values()) * self.slowest_rank_factor
 
     def recompute_time(self, kind: str, mode: str, fwd_flops: float, flops: float, tokens: int,
                        work: Any = None) -> float:
@@ -322,12 +325,13 @@ class ComputeModel:
             return full * flops / max(fwd_flops, 1.0)
         if mode == "op":
             parts = self.op_seconds(kind, "fwd", work)
-            return parts["gemm"] * flops / max(work.matmul_flops, 1.0) + parts["memory"]
+            return (parts["gemm"] * flops / max(work.matmul_flops, 1.0) + parts["memory"]) \
+                * self.slowest_rank_factor
         seconds = self.attention_seconds("fwd", work)
         if work.attention == "eager":  # and the softmax over the scores
             softmax = EAGER_SOFTMAX_SCORE_BYTES_FWD * _score_elements(work)
             seconds += self._memory_seconds(min(work.memory_bytes, softmax))
-        return seconds
+        return seconds * self.slowest_rank_factor
 
     def op_seconds(self, kind: str, direction: str, work: Any) -> dict[str, float]:
         """The per-op model's seconds for ``gemm``, ``attention`` and ``memory`` kernels."""
@@ -404,7 +408,7 @@ class ComputeModel:
     def optimizer_time(self, params: int) -> float:
         if self.optimizer_seconds_per_param is not None:
             return params * self.optimizer_seconds_per_param
-        return self._memory_seconds(params * ADAM_BYTES_PER_PARAM)
+        return self._memory_seconds(params * ADAM_BYTES_PER_PARAM) * self.slowest_rank_factor
 
     @property
     def calibrated(self) -> bool:
