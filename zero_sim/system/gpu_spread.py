@@ -13,7 +13,9 @@ the typical, so every compute op of a simulated rank takes
     slowest_gpu_factor(n) = 1 / (1 - sigma x E_max(n))
 
 times the per-op model's time, where ``E_max(n) = integral of x n phi(x) Phi(x)^(n-1) dx``
-(1.42 for 8 GPUs, 2.59 for 128).  One GPU (n = 1) is the typical one: factor 1.
+(1.42 for 8 GPUs, 2.59 for 128).  One GPU (n = 1) is the typical one: factor 1.  Every
+simulated rank runs at that pace, so the time a faster GPU would spend waiting in its
+collectives for the slowest shows as compute instead; the step time is the same.
 
 ``sigma`` = 1.75% for every GPU generation, from two independent measurements of GPUs of one
 SKU:
