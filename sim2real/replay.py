@@ -139,7 +139,7 @@ def gpu_machine(run: dict, world: int) -> dict:
                           "record it again with this version of real_runs.train")
     preset = preset_for_device(name)
     if preset is None:
-        raise ReplayError(f"no GPU preset models a {name!r}; add its figures to zero_sim/system/hardware.py "
+        raise ReplayError(f"no GPU preset models a {name!r}; add its figures to zero_sim/system/gpus.py "
                           f"and a rule to zero_sim/system/device_names.py")
     topology = node_topology(preset, stamp.get("topology"))
     if topology is None and stamp.get("topology") is None:

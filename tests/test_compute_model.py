@@ -1,7 +1,7 @@
 """How long compute takes on each GPU, per kind of kernel: GEMMs, attention, memory-bound ops.
 
 The figures each test compares with are the published measurements the model's constants were
-fitted to (their sources are in zero_sim/system/hardware.py); a test that fails says which
+fitted to (their sources are in zero_sim/system/gpus.py and hardware.py); a test that fails says which
 measurement the model no longer reproduces."""
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ from types import SimpleNamespace
 import pytest
 
 from zero_sim.strategies.base import PRECISIONS, Context
+from zero_sim.system.gpus import GPUS
 from zero_sim.system.hardware import (
     ADAM_BYTES_PER_PARAM,
     FLASH_BWD_FLOPS,
     FLASH_BWD_OVER_FWD,
-    GPUS,
     ComputeModel,
 )
 from zero_sim.system.model_presets import preset

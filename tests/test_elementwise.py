@@ -14,7 +14,8 @@ from zero_sim.cli import main
 from zero_sim.published import load_points
 from zero_sim.scenario import ScenarioError, resolve
 from zero_sim.system.elementwise import ELEMENTWISE_BYTES
-from zero_sim.system.hardware import GPUS, MEMORY_BWD_BYTES, ComputeModel
+from zero_sim.system.gpus import GPUS
+from zero_sim.system.hardware import MEMORY_BWD_BYTES, ComputeModel
 from zero_sim.system.model_presets import PRESETS, preset
 from zero_sim.system.workload import WorkloadError, gpt_workload
 

@@ -351,7 +351,8 @@ def test_encoders_attend_to_every_token_so_flash_attention_skips_nothing():
     """BERT, RoBERTa and T5's encoder are not causal: a flash kernel does twice a decoder's work
     on the same block (the decoder skips the masked half), at the somewhat higher rate kernels
     without a mask reach on short sequences, so it takes between 1.3 and 2 times as long."""
-    from zero_sim.system.hardware import GPUS, ComputeModel
+    from zero_sim.system.gpus import GPUS
+    from zero_sim.system.hardware import ComputeModel
 
     t5 = preset("t5-11b").layers
     assert [layer.work.causal for layer in t5 if layer.kind == "block"] == [False] * 24 + [True] * 24

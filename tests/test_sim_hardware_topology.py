@@ -2,7 +2,8 @@
 
 import pytest
 
-from zero_sim.system.hardware import GPUS, ComputeModel
+from zero_sim.system.gpus import GPUS
+from zero_sim.system.hardware import ComputeModel
 from zero_sim.system.topology import TopologyError, build_topology, parse_nvidia_smi_topo
 
 SEED_002_TOPO = """

@@ -31,7 +31,7 @@ from pathlib import Path
 from zero_sim.scenario import COMMON, ScenarioError, simulate
 from zero_sim.strategies import STRATEGIES, all_knobs
 from zero_sim.system.collectives import CollectiveError
-from zero_sim.system.hardware import GPUS
+from zero_sim.system.gpus import GPUS
 from zero_sim.system.model_presets import PRESET_SOURCES, preset
 from zero_sim.system.model_presets import PRESETS as MODELS
 from zero_sim.system.nccl_tests import fit_nccl_tests, parse_nccl_tests

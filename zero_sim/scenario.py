@@ -24,7 +24,8 @@ from zero_sim.strategies import PRECISIONS, Context, all_knobs, get_strategy
 from zero_sim.strategies.base import StrategyError
 from zero_sim.system.collectives import ALGORITHMS, BACKENDS, CollectiveModel
 from zero_sim.system.gpu_spread import GPU_SPEED_SIGMA, slowest_gpu_factor
-from zero_sim.system.hardware import GPUS, ComputeModel, default_overlap_slowdown
+from zero_sim.system.gpus import GPUS
+from zero_sim.system.hardware import ComputeModel, default_overlap_slowdown
 from zero_sim.system.model_presets import PRESETS, human_params, parse_count, preset, synthesize_shape
 from zero_sim.system.topology import PRESETS as TOPOLOGIES
 from zero_sim.system.topology import build_topology

@@ -19,7 +19,7 @@ from typing import Any
 import pandas as pd
 
 from zero_sim.scenario import ScenarioError, simulate
-from zero_sim.system.hardware import GB
+from zero_sim.system.gpus import GB
 
 # How a sweep reports each finished scenario: None or False, silently; True, on a tqdm bar of its
 # own; a callable, by calling it with (done, total); anything else is a bar whose update(1) it calls.

@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from zero_sim.system.collectives import BACKENDS
-from zero_sim.system.hardware import GPUS
+from zero_sim.system.gpus import GPUS
 from zero_sim.system.specs import FABRIC_KINDS, NETWORK_KINDS
 from zero_sim.system.topology import Fabric, Network, TopologySpec
 from zero_sim.vocabulary import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER

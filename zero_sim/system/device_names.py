@@ -2,7 +2,7 @@
 
 ``torch.cuda.get_device_name()`` (and ``nvidia-smi``) report names such as
 ``NVIDIA H100 80GB HBM3`` or ``NVIDIA A100-SXM4-40GB``.  A recorded GPU run carries that
-name; replaying it needs the preset of :data:`zero_sim.system.hardware.GPUS` with the same
+name; replaying it needs the preset of :data:`zero_sim.system.gpus.GPUS` with the same
 peak, memory and bandwidth.  The rules are read in order and the first whose words all
 are words of the name wins, so the more specific names (PCIe, 40GB) come before the general.
 A part no preset models (H100 NVL, GH200, a new part) gets none rather than a near miss.

@@ -13,7 +13,7 @@ import html
 from collections.abc import Mapping
 from typing import Any
 
-from zero_sim.system.hardware import GB
+from zero_sim.system.gpus import GB
 
 
 def format_ms(seconds: float) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import ipywidgets as W
 
-from zero_sim.system.hardware import GB, GPUS
+from zero_sim.system.gpus import GB, GPUS
 from zero_sim.ui.controls import STYLE, format_gb, wide_layout, with_stop
 from zero_sim.ui.figure import FIGURE_WIDTH, Figure
 from zero_sim.ui.panel import Panel
