@@ -51,16 +51,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from functools import lru_cache
 
-from zero_sim.system.topology import (
-    Topology,
-    by_node,
-    channel_loads,
-    channel_rings,
-    ring_loads,
-    ring_step_latency,
-)
+from zero_sim.system.collective_paths import gloo_ring_loads, merge_loads, nvls_loads, ring_hops, tree_loads
+from zero_sim.system.topology import Topology, by_node, channel_loads, ring_step_latency
 from zero_sim.vocabulary import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER
 from zero_sim.vocabulary.collectives import bus_factor
 
@@ -162,106 +155,6 @@ class CollectivePlan:
         return bus_factor(self.kind, self.n) * self.nbytes / t if t > 0 else math.inf
 
 
-def _merged_loads(topo: Topology, instances: tuple[tuple[int, ...], ...]) -> tuple[tuple[str, int], ...]:
-    merged: dict[str, int] = {}
-    for members in instances:
-        for name, load in ring_loads(topo, members).items():
-            merged[name] = merged.get(name, 0) + load
-    return tuple(sorted(merged.items()))
-
-
-def _merge(parts) -> tuple[tuple[str, float], ...]:
-    merged: dict[str, float] = {}
-    for loads in parts:
-        for name, load in loads.items():
-            merged[name] = merged.get(name, 0) + load
-    return tuple(sorted(merged.items()))
-
-
-def _add_path(loads: dict, topo: Topology, src: int, dst: int, weight: float) -> None:
-    for name in topo.path(src, dst):
-        loads[name] = loads.get(name, 0.0) + weight
-
-
-def _uniform_nodes(topo: Topology, members: tuple[int, ...]) -> list[list[int]] | None:
-    nodes = by_node(topo, members)
-    return nodes if nodes and all(len(g) == len(nodes[0]) for g in nodes) else None
-
-
-def _inter_tree(loads: dict, topo: Topology, nodes: list[list[int]], weight: float) -> None:
-    """NCCL's double binary tree across nodes, once per rail: for each member index ``j`` two
-    trees over the nodes' ``j``-th members (a heap in node order, and the same in reverse
-    order, so a node interior in one is a leaf in the other), each edge both ways."""
-    g, r = len(nodes), len(nodes[0])
-    for j in range(r):
-        for order in (range(g), range(g - 1, -1, -1)):
-            order = list(order)
-            for i in range(1, g):
-                child, parent = nodes[order[i]][j], nodes[order[(i - 1) // 2]][j]
-                _add_path(loads, topo, child, parent, weight)
-                _add_path(loads, topo, parent, child, weight)
-
-
-@lru_cache(maxsize=1024)
-def tree_loads(topo: Topology, members: tuple[int, ...]) -> dict[str, float] | None:
-    """Bytes per link per buffer byte of NCCL's tree all_reduce: for every head index ``j`` and
-    each of the two trees (half the data each), a chain through each node from its ``j``-th
-    member, reduce one way and broadcast the other, and the double binary tree across nodes."""
-    nodes = _uniform_nodes(topo, members)
-    if nodes is None:
-        return None
-    r = len(nodes[0])
-    weight = 1.0 / (2 * r)
-    loads: dict[str, float] = {}
-    for j in range(r):
-        for ranks in nodes:
-            chain = ranks[j:] + ranks[:j]
-            for a, b in zip(chain, chain[1:], strict=False):
-                _add_path(loads, topo, a, b, 2 * weight)  # both trees' chains
-                _add_path(loads, topo, b, a, 2 * weight)
-    if len(nodes) > 1:
-        _inter_tree(loads, topo, nodes, weight)
-    return loads
-
-
-@lru_cache(maxsize=1024)
-def nvls_loads(topo: Topology, members: tuple[int, ...]) -> dict[str, float] | None:
-    """NVLink SHARP: every member's port carries ``(r+1)/r`` of the buffer each way (its data
-    to the switch and its reduced shard back, then its shard up and everyone's down) at the
-    switch's efficiency; across nodes each member sends its shard over its own rail in a
-    double binary tree."""
-    fab = topo.spec.fabric
-    nodes = _uniform_nodes(topo, members)
-    if fab.kind != "nvswitch" or fab.nvls_efficiency <= 0 or nodes is None or len(nodes[0]) < 2:
-        return None
-    r = len(nodes[0])
-    per_port = (r + 1) / r / fab.nvls_efficiency
-    loads: dict[str, float] = {}
-    for rank in members:
-        for direction in ("up", "down"):
-            name = f"nvlink{rank}.{direction}"
-            loads[name] = loads.get(name, 0.0) + per_port
-    if len(nodes) > 1:
-        _inter_tree(loads, topo, nodes, 1.0 / (2 * r))
-    return loads
-
-
-@lru_cache(maxsize=4096)
-def _hops(topo: Topology, members: tuple[int, ...]) -> tuple[float, float, int]:
-    """Simple-protocol latency of the slowest step inside a node and across nodes, and the node count."""
-    ring = channel_rings(topo, members)[0]
-    intra = inter = 0.0
-    n = len(ring)
-    for i, src in enumerate(ring):
-        dst = ring[(i + 1) % n]
-        lat = topo.path_latency(src, dst)
-        if topo.node_of(src) == topo.node_of(dst):
-            intra = max(intra, lat)
-        else:
-            inter = max(inter, lat)
-    return intra, inter, len(by_node(topo, members))
-
-
 @dataclass
 class CollectiveModel:
     """Plans collectives on a topology for one backend and algorithm choice."""
@@ -316,8 +209,8 @@ class CollectiveModel:
             streaming = fit.alone_time(nbytes) - fit.latency_s
             cap = (edge_bytes / streaming if streaming > 0
                    else fit.busbw * bus_factor(wire_kind, n) / bus_factor(kind, n))
-            loads = (_merged_loads(self.topology, instances) if self.backend == "gloo"
-                     else _merge(channel_loads(self.topology, m) for m in instances))
+            loads = (gloo_ring_loads(self.topology, instances) if self.backend == "gloo"
+                     else merge_loads(channel_loads(self.topology, m) for m in instances))
             stage = Stage(fit.latency_s, edge_bytes, loads, cap, fit.queued_latency_s)
             return CollectivePlan(kind, nbytes, n, "calibrated", self.backend, (stage,), sent)
         wanted = backend.algorithms if self.algorithm == "auto" else (self.algorithm,)
@@ -342,7 +235,7 @@ class CollectiveModel:
         edge_bytes, loads, steps_fn = shape
         topo, fab = self.topology, self.topology.spec.fabric
         members = instances[0]
-        intra_hop, inter_hop, nodes = _hops(topo, members)
+        intra_hop, inter_hop, nodes = ring_hops(topo, members)
         intra_class = "nvlink" if fab.kind == "nvswitch" else "pci"
         network = topo.spec.network
         ll_ok = nodes <= 1 or network is None or network.ll_protocols
@@ -374,7 +267,7 @@ class CollectiveModel:
         topo = self.topology
         fab = topo.spec.fabric
         if algo == "ring":
-            loads = _merge(channel_loads(topo, m) for m in instances)
+            loads = merge_loads(channel_loads(topo, m) for m in instances)
             per = 2 if kind == ALL_REDUCE else 1
 
             def ring(n, g):
@@ -390,7 +283,7 @@ class CollectiveModel:
 
             def tree(n, g):
                 return 2 * (n // g - 1), 2 * int(math.log2(g)) if g > 1 else 0
-            return nbytes / TREE_EFFICIENCY, _merge(parts), tree
+            return nbytes / TREE_EFFICIENCY, merge_loads(parts), tree
         if algo in ("nvls", "nvls_tree"):
             if fab.nvls_efficiency <= 0:
                 return None
@@ -403,7 +296,7 @@ class CollectiveModel:
 
             def nvls(n, g):
                 return 0, 2 * int(math.log2(g)) if g > 1 else 0
-            return nbytes, _merge(parts), nvls
+            return nbytes, merge_loads(parts), nvls
         return None
 
     def _plain_stages(self, algo: str, kind: str, nbytes: float, instances) -> tuple[Stage, ...] | None:
@@ -413,12 +306,12 @@ class CollectiveModel:
         n = len(members)
         if algo == "ring":
             lat = launch + ring_steps(kind, n) * ring_step_latency(topo, members)
-            return (Stage(lat, bus_factor(kind, n) * nbytes, _merged_loads(topo, instances)),)
+            return (Stage(lat, bus_factor(kind, n) * nbytes, gloo_ring_loads(topo, instances)),)
         if algo == "tree":
             if kind != ALL_REDUCE:
                 return None
             lat = launch + 2 * math.ceil(math.log2(n)) * ring_step_latency(topo, members)
-            return (Stage(lat, bus_factor(kind, n) * nbytes, _merged_loads(topo, instances)),)
+            return (Stage(lat, bus_factor(kind, n) * nbytes, gloo_ring_loads(topo, instances)),)
         if algo == "hierarchical":
             if kind != ALL_REDUCE:
                 return None
@@ -437,11 +330,11 @@ class CollectiveModel:
             intra_lat = ring_step_latency(topo, intra[0])
             cross_lat = ring_step_latency(topo, cross[0])
             rs = Stage(launch + (per_node - 1) * intra_lat, bus_factor(REDUCE_SCATTER, per_node) * nbytes,
-                       _merged_loads(topo, intra))
+                       gloo_ring_loads(topo, intra))
             ar = Stage(launch + 2 * (g - 1) * cross_lat, bus_factor(ALL_REDUCE, g) * nbytes / per_node,
-                       _merged_loads(topo, cross))
+                       gloo_ring_loads(topo, cross))
             ag = Stage(launch + (per_node - 1) * intra_lat, bus_factor(ALL_GATHER, per_node) * nbytes,
-                       _merged_loads(topo, intra))
+                       gloo_ring_loads(topo, intra))
             return (rs, ar, ag)
         if algo in ("nvls", "nvls_tree"):
             return None
