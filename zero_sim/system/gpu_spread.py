@@ -23,11 +23,12 @@ SKU:
 * stas00/ml-engineering, compute/accelerator ("Not all accelerators are created equal"):
   MAMF differs by "5% and higher" between the GPUs of one 8-GPU node.  Taken as the range
   of 8 draws, whose expectation is 2.85 sigma: sigma = 1.75%.
-* Sinha et al., *Not All GPUs Are Created Equal*, SC22 (arXiv 2208.11035): over 90% of the
+* Sinha et al., *Not All GPUs Are Created Equal* (arXiv 2208.11035 v3): over 90% of the
   GPUs of five clusters (V100 and MI60, a range of applications and cooling), an average
   performance variation of 8% between GPUs of a cluster, with outliers up to 1.5x slower
   than the median.  If that 8% spans the bulk of a few thousand GPUs (about 5 sigma), sigma
-  is about 1.6%: the two agree.
+  is about 1.6%: the two agree.  The paper's SC22 abstract, from an earlier analysis of four
+  of the clusters, gives 32% (max 72%); the later figure is the one taken.
 
 What the model leaves out: the outliers (a single GPU 1.5x slower would dominate a job; the
 factor assumes none was left in), how one GPU's speed drifts with its temperature during a
