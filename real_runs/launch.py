@@ -285,8 +285,13 @@ def _failure_sentence(rc: int, errors: list[str], output: list[str]) -> str:
     return f"The run failed with torchrun exit status {rc} and no rank said why."
 
 
-# Rank 0's progress line (train.py).  Ranks share one pipe, and faulthandler writes its
-# message in pieces, so a progress line can land inside it; it is cut out before reading.
+def progress_line(step: int, steps: int, loss: float, seconds: float) -> str:
+    """Rank 0's line after each step (train.py prints it; the launcher streams it to callers)."""
+    return f"step {step}/{steps} loss {loss:.4f} time {seconds:.3f}s"
+
+
+# Ranks share one pipe, and faulthandler writes its message in pieces, so a progress line can
+# land inside it; it is cut out before reading.
 _PROGRESS = re.compile(r"step \d+/\d+ loss \S+ time [\d.]+s\n?")
 
 

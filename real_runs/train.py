@@ -62,6 +62,7 @@ from .launch import (
     clear_outputs,
     launch_argv,
     mark_failed,
+    progress_line,
 )
 from .model import PRESETS, build_model, count_params, global_batch, rank_shard
 from .options import BadInput, make_parser, validate
@@ -184,8 +185,7 @@ def train(args) -> dict | None:
         rec.end_step()
         losses.append(loss.item())
         if rank == 0:
-            print(f"step {step + 1}/{args.steps} loss {losses[-1]:.4f} time {step_times[-1]:.3f}s",
-                  flush=True)
+            print(progress_line(step + 1, args.steps, losses[-1], step_times[-1]), flush=True)
         if profiler is not None:
             profiler.step()  # ends ProfilerStep#<step>; after the last step the trace is written
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 from real_runs_helpers import RUN, Descendants
 
-from real_runs.launch import FAILED_FILE, RunFailed, launch, supervise
+from real_runs.launch import FAILED_FILE, RunFailed, launch, progress_line, supervise
 from real_runs.processes import start
 
 
@@ -62,8 +62,8 @@ def test_a_progress_line_inside_a_crash_message_is_not_read_as_part_of_it():
     # faulthandler writes "Fatal Python error: Aborted" in pieces, and rank 0's progress
     # line can land between them on the shared pipe.
     script = ("import os, sys; w = lambda b: os.write(2, b); "
-              "w(b'Fatal Python error: '); w(b'step 1/3 loss 5.5794 time 0.013s'); w(b'Aborted\\n\\n'); "
-              "w(b'step 2/3 loss 5.1 time 0.012s\\n'); "
+              f"w(b'Fatal Python error: '); w(b'{progress_line(1, 3, 5.5794, 0.013)}'); w(b'Aborted\\n\\n'); "
+              f"w(b'{progress_line(2, 3, 5.1, 0.012)}\\n'); "
               "w(b'Current thread 0x1 (most recent call first):\\n  File \"train.py\", line 97 in f\\n'); "
               "w(b'  rank      : 1 (local_rank: 1)\\n  exitcode  : -6 (pid: 7) (SIGABRT)\\n'); sys.exit(1)")
     with pytest.raises(RunFailed) as failure:
