@@ -171,10 +171,12 @@ class ComputeModel:
         :class:`~zero_sim.system.workload.Work`, when known."""
         measured = self._table(kind, direction)
         if measured is not None:
-            return measured * tokens / self.calibrated_tokens * self.slowest_rank_factor
-        if not self.per_op(kind, direction, work):
-            return flops / (self.gpu.peak_flops * self.default_efficiency) * self.slowest_rank_factor
-        return sum(self.op_seconds(kind, direction, work).values()) * self.slowest_rank_factor
+            seconds = measured * tokens / self.calibrated_tokens
+        elif not self.per_op(kind, direction, work):
+            seconds = flops / (self.gpu.peak_flops * self.default_efficiency)
+        else:
+            seconds = sum(self.op_seconds(kind, direction, work).values())
+        return seconds * self.slowest_rank_factor
 
     def recompute_time(self, kind: str, mode: str, fwd_flops: float, flops: float, tokens: int,
                        work: Any = None) -> float:
