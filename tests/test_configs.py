@@ -156,6 +156,7 @@ def test_an_fsdp2_mesh_with_replicas_is_hsdp_sharded_within_each_node():
     s = r.scenario
     assert (s["strategy"], s["gpus"], s["gpus_per_node"], s["hybrid"]) == ("fsdp", 16, 8, True)
     assert (s["param_dtype"], s["reduce_dtype"], s["precision"]) == ("bf16", "fp32", "mixed")
+    assert s["copies"] == "fsdp2"  # fully_shard copies each gather out and each gradient in
     assert any(n.startswith("ignored: mp_policy.output_dtype: ") for n in r.notes)
 
 
@@ -210,6 +211,7 @@ def test_a_torchtitan_job_file_is_llama3_8b_with_fsdp_over_every_rank(tmp_path):
     s = r.scenario
     assert (s["strategy"], s["micro_batch"], s["seq_len"], s["recompute"]) == ("fsdp", 1, 8192, "op")
     assert s["params"] > 7e9 and s["gpus"] == 8 and s["reshard_after_forward"] is True
+    assert s["copies"] == "fsdp2"  # torchtitan shards with fully_shard: per-parameter copies
     assert "ignored: [job]: changes no step's time or memory" in r.notes
     assert r.metrics["memory"]["fits"]
 

@@ -68,6 +68,50 @@ def test_fsdp_updates_after_every_reduction_or_unit_by_unit_as_each_lands():
     assert len(updates) == len(after) - len(reductions)
 
 
+def _fsdp_copy_ops(copies, **kw):
+    r = simulate(model="llama2-7b", gpus=8, topology="dgx-h100", micro_batch=1, strategy="fsdp",
+                 reduce_dtype="fp32", copies=copies, **kw)
+    return r, r.step_ops()
+
+
+def test_fsdp2_copies_each_gather_out_on_the_compute_stream_before_the_unit_computes():
+    """fully_shard splits the all-gather buffer into the parameters on the current stream after
+    waiting on the gather, so a unit's compute follows its copy-out, which follows its gather."""
+    _, ops = _fsdp_copy_ops("fsdp2")
+    by_name = {op["name"]: op for op in ops if op["phase"] == "forward"}
+    gathers = [op for op in ops if op["name"].startswith("all_gather")]
+    copies = [op for op in ops if op["name"].startswith("copy_out")]
+    assert len(copies) == len(gathers)  # one per gather, forward and backward
+    assert all(op["stream"] == "compute" for op in copies)
+    for layer in (1, 16, 32):
+        copy = by_name[f"copy_out L{layer}"]
+        assert copy["start_s"] >= by_name[f"all_gather L{layer}"]["end_s"] - 1e-12
+        assert by_name[f"fwd L{layer}"]["start_s"] >= copy["end_s"] - 1e-12
+
+
+def test_fsdp2_casts_gradients_into_the_reduce_scatter_input_where_fsdp1_only_concatenates_them():
+    """FSDP1's copy is autograd's concatenation of the views' bf16 gradients (2 bytes read, 2
+    written); FSDP2's chunk_cat reads bf16 and writes fp32 for an fp32 reduction (2 + 4)."""
+    copy_in = {}
+    for copies in ("fsdp1", "fsdp2"):
+        _, ops = _fsdp_copy_ops(copies)
+        by_name = {op["name"]: op for op in ops}
+        copy_in[copies] = by_name["copy_in L5"]["end_s"] - by_name["copy_in L5"]["start_s"]
+        assert by_name["reduce_scatter L5"]["start_s"] >= by_name["copy_in L5"]["end_s"] - 1e-12
+        assert by_name["copy_in L5"]["start_s"] >= by_name["bwd L5"]["end_s"] - 1e-12
+    assert copy_in["fsdp2"] / copy_in["fsdp1"] == pytest.approx(6 / 4)
+
+
+def test_fsdp_copies_cost_memory_bandwidth_time_and_none_costs_nothing(figures):
+    steps = {c: _fsdp_copy_ops(c)[0].metrics["step_time_s"] for c in ("none", "fsdp1", "fsdp2")}
+    _, ops = _fsdp_copy_ops("none")
+    assert not [op for op in ops if op["name"].startswith(("copy_in", "copy_out"))]
+    figures("llama2-7b, 8 x H100, fsdp, fp32 reduce: step " + ", ".join(
+        f"{c} {s:.3f} s" for c, s in steps.items()))
+    assert steps["none"] < steps["fsdp1"] < steps["fsdp2"]
+    assert steps["fsdp2"] / steps["none"] < 1.1  # copies are memory-bound, a few percent of a step
+
+
 @pytest.mark.parametrize("phase", ["forward", "backward"])
 def test_fsdp_prefetches_one_unit_ahead_from_the_root_on_even_where_gloo_could_run_two(phase):
     # Forward prefetch from the root's forward fetches the first block; 'pre' from the head's

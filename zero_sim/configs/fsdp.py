@@ -93,6 +93,7 @@ def read_fsdp(config) -> ConfigReading:
     fs = validated(_FullyShard, data, source)
     reading = ConfigReading(source)
     reading.set("strategy", "fsdp", "fully_shard")
+    reading.set("copies", "fsdp2", "fully_shard (per-parameter sharding copies gathers and gradients)")
     if fs.mesh is not None:
         _mesh(fs.mesh, reading)
     shard = fs.mesh.shard if fs.mesh is not None else None

@@ -60,6 +60,7 @@ def read_torchtitan(config) -> ConfigReading:
     data, source = load_toml(config)
     reading = ConfigReading(source)
     reading.set("strategy", "fsdp", "torchtitan (FSDP2)")
+    reading.set("copies", "fsdp2", "torchtitan (FSDP2's per-parameter copies)")
     sections = {name: _section(data, name, source) for name in data}
     _model(sections.get("model", {}), source, reading)
     _training(sections.get("training", {}), source, reading)

@@ -37,6 +37,29 @@ process group, sharing links with the first).  Memory is sharded over ``G`` GPUs
 Mixed precision: ``param_dtype`` sets the bytes gathered per element, ``reduce_dtype``
 the bytes reduced (default: the precision's).
 
+``copies``: the memory-bound copies torch's FSDP makes on the compute stream, beside the
+collectives.  ``fsdp1`` (the default, ``FullyShardedDataParallel``): gathers land in the
+flat parameter's storage and the layers use views of it, so the only copy is autograd's: the
+backward of those views concatenates the unit's gradients into the flat gradient
+(``copy_in L<i>``, every gradient byte read and written; ``flat_param.split`` in
+``_flat_param.py`` ``_get_unflat_views_unaligned``, whose backward is a ``cat``).  Its cast
+to ``reduce_dtype`` and its pre-/post-divide run on the post-backward stream
+(``_runtime_utils.py`` ``_post_backward_hook``, ``_reduce_grad``) and are not modelled.
+``fsdp2`` (``fully_shard``, per-parameter sharding):
+
+* ``copy_out L<i>`` after each all-gather, before the unit computes: the gathered buffer is
+  split into the parameters, reading and writing every gathered byte
+  (``_fully_shard/_fsdp_param_group.py`` ``wait_for_unshard`` -> ``foreach_all_gather_copy_out``,
+  which first makes the current stream wait on the gather);
+* ``copy_in L<i>`` after the unit's backward, before its reduce-scatter: the gradients
+  (param dtype) are concatenated and cast into the reduce-scatter input (reduce dtype) by
+  ``chunk_cat`` on the current stream (``_fsdp_collectives.py`` ``foreach_reduce``, the
+  copy-in before ``reduce_scatter_stream.wait_stream(current_stream)``).
+
+``none`` makes no copy (hand-written flat buffers, as ``real_runs``' fsdp).  While a copy
+runs both its source and its destination exist, so each holds its destination's bytes as
+a transient buffer.
+
 What each collective waits for (torch 2.13.0, ``torch/distributed/fsdp/_runtime_utils.py``):
 
 * **all-gathers** run on FSDP's unshard stream (``_unshard``, lines 277-307), which waits on
@@ -69,6 +92,8 @@ from zero_sim.vocabulary import (
     BUFFERS,
     FORWARD,
     REDUCE_SCATTER,
+    copy_in,
+    copy_out,
     layer_collective,
     wait,
 )
@@ -131,6 +156,7 @@ class FSDPStep(Step):
         self.gather_bytes = DTYPE_BYTES[param_dtype] if param_dtype else p.param_bytes
         self.reduce_bytes = DTYPE_BYTES[reduce_dtype] if reduce_dtype else self.gather_bytes
         self.reshard = ctx.knob("reshard_after_forward")
+        self.copies = ctx.knob("copies")
         self.units = wrap_units(ctx, ctx.knob("wrap"))
         self.unit_of = {li: u for u in self.units for li in u.layers}
         self.blocks = [u for u in self.units if not u.is_root]  # forward order
@@ -143,6 +169,7 @@ class FSDPStep(Step):
     def micro_step(self) -> None:
         """Gathers and frees are per micro-step; the optimizer waits for the last one's reductions."""
         self.gathers: dict[tuple[str, int], int] = {}  # (pass, unit) -> all-gather op
+        self.copied: dict[tuple[str, int], int] = {}  # (pass, unit) -> its copy-out (copies fsdp2)
         self.freed_by: dict[tuple[str, int], int] = {}  # (pass, unit) -> op that frees its gathered copy
         self.reduces: list[int] = []
         self.reduced: list[tuple[Unit, int]] = []  # (unit, the op its update waits for), in launch order
@@ -159,7 +186,8 @@ class FSDPStep(Step):
             nxt = self.next_unit(u, self.blocks)
             if self.ctx.knob("forward_prefetch") and nxt is not None:
                 self.gather(nxt, FORWARD, deps=self.landed(FORWARD, u))
-        return self.landed(FORWARD, u)
+            self.copy_out(u, FORWARD)
+        return self.ready(FORWARD, u)
 
     def resharded_by(self, layer: Layer) -> bool:
         """With ``reshard_after_forward`` a block's gathered copy goes once its last layer has run;
@@ -190,7 +218,8 @@ class FSDPStep(Step):
             nxt = self.next_unit(u, self.bwd_blocks)
             if nxt is not None and self.ctx.knob("backward_prefetch") == "pre" and self.regathered(nxt):
                 self.gather(nxt, BACKWARD, deps=self.landed(BACKWARD, u))
-        return self.landed(BACKWARD, u) or self.landed(FORWARD, u)
+            self.copy_out(u, BACKWARD)
+        return self.ready(BACKWARD, u) or self.ready(FORWARD, u)
 
     def backward_allocs(self, layer: Layer) -> Alloc:
         """The unit's unsharded gradients, from its first backward layer until its reduce-scatter."""
@@ -222,6 +251,11 @@ class FSDPStep(Step):
         on the compute stream); with ``hybrid`` the shard is then all-reduced across nodes on a
         second stream that waits on the reduce-scatter only."""
         grad = u.numel * self.reduce_bytes
+        if self.copies != "none":  # read the param-dtype gradients, write the flat or reduce-dtype buffer
+            held = u.numel * self.gather_bytes
+            written = grad if self.copies == "fsdp2" else held
+            op = self.b.compute(copy_in(u.label), BACKWARD, self.ctx.compute.copy_time(held + written),
+                                layer=u.label, deps=(op,), alloc=((BUFFERS, held),), free=((BUFFERS, held),))
         rs = self.b.collective(REDUCE_SCATTER, layer_collective(REDUCE_SCATTER, u.label), grad, BACKWARD,
                                group=self.group, layer=u.label, deps=(op,), free=((BUFFERS, grad),))
         self.reduces.append(rs)
@@ -278,6 +312,22 @@ class FSDPStep(Step):
             self.b.sync(wait("free " + layer_collective(ALL_GATHER, order[k - 2].label)), phase,
                         (self.freed_by[older],))
 
+    def copy_out(self, u: Unit, phase: str) -> None:
+        """Under ``fsdp2``, split the unit's gather of this pass into its parameters on the compute
+        stream, once, right before the unit computes: every gathered byte read and written."""
+        key = (phase, u.index)
+        if self.copies != "fsdp2" or key not in self.gathers or key in self.copied:
+            return
+        n = self.nbytes(u)
+        self.copied[key] = self.b.compute(copy_out(u.label), phase, self.ctx.compute.copy_time(2 * n),
+                                          layer=u.label, deps=(self.gathers[key],),
+                                          alloc=((BUFFERS, n),), free=((BUFFERS, n),))
+
+    def ready(self, phase: str, u: Unit) -> tuple[int, ...]:
+        """What the unit's compute waits for in this pass: its copy-out, else its gather."""
+        own = self.copied.get((phase, u.index))
+        return (own,) if own is not None else self.landed(phase, u)
+
     def landed(self, phase: str, u: Unit) -> tuple[int, ...]:
         """The unit's own gather in this pass, if any.  A prefetch starts once the unit about to
         compute has its own weights: on one NCCL stream that is the FIFO order anyway; gloo, with two
@@ -289,7 +339,7 @@ class FSDPStep(Step):
     def note(self) -> str:
         roots = [u for u in self.units if u.is_root]
         return (f"{len(self.units)} FSDP units ({len(roots)} root); reshard_after_forward={self.reshard}; "
-                f"backward_prefetch={self.ctx.knob('backward_prefetch')}; "
+                f"backward_prefetch={self.ctx.knob('backward_prefetch')}; copies={self.copies}; "
                 f"{'hybrid: shard in node, all-reduce across nodes' if self.hybrid else 'full shard'}")
 
 
@@ -309,6 +359,9 @@ class FSDP(Strategy):
              tuple(DTYPE_BYTES)),
         Knob("reduce_dtype", None, "dtype of reduced gradients (default: param_dtype)", str,
              tuple(DTYPE_BYTES)),
+        Knob("copies", "fsdp1", "copies on the compute stream: fsdp1 (gradients into the flat gradient), "
+             "fsdp2 (each gather out into the parameters, gradients into the reduce-scatter input) or none",
+             str, ("fsdp1", "fsdp2", "none")),
         Knob("update", "after_backward", "when shards are updated: after every reduction "
              "(torch's FSDP) or per unit as its reduction lands", str, ("after_backward", "per_unit")),
     )

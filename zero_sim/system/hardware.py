@@ -38,6 +38,9 @@ The per-op model sums three kinds of kernels, run one after another on the compu
 
 Recompute re-runs the forward ("full") or, under "selective", the attention core alone.
 
+Copies (FSDP2's copy-out of gathered parameters and copy-in of gradients) are memory-bound
+kernels: the bytes they read and write at the achievable HBM fraction.
+
 The optimizer step of mixed-precision Adam reads the bf16 gradient and the fp32 master
 weights, momentum and variance, and writes the last three plus the bf16 parameters:
 ``2 + 12 + 12 + 2 = 28`` bytes of HBM traffic per parameter it owns, at the GPU's achievable
@@ -279,6 +282,10 @@ class ComputeModel:
         if self.optimizer_seconds_per_param is not None:
             return params * self.optimizer_seconds_per_param
         return self._memory_seconds(params * ADAM_BYTES_PER_PARAM) * self.slowest_rank_factor
+
+    def copy_time(self, nbytes: float) -> float:
+        """A memory-bound copy kernel that moves ``nbytes`` (reads plus writes) through HBM."""
+        return self._memory_seconds(nbytes) * self.slowest_rank_factor
 
     @property
     def calibrated(self) -> bool:

@@ -95,6 +95,16 @@ def fetch(layer: int) -> str:
     return f"fetch L{layer}"
 
 
+def copy_out(layer: int) -> str:
+    """FSDP2's copy of a gathered unit out of the all-gather buffer into its parameters."""
+    return f"copy_out L{layer}"
+
+
+def copy_in(layer: int) -> str:
+    """FSDP2's copy (and cast) of a unit's gradients into the reduce-scatter's input buffer."""
+    return f"copy_in L{layer}"
+
+
 def _check_kind(kind: str) -> None:
     if kind not in COLLECTIVES:
         raise ValueError(f"unknown collective {kind!r}; expected one of {', '.join(COLLECTIVES)}")
@@ -102,7 +112,8 @@ def _check_kind(kind: str) -> None:
 
 @dataclass(frozen=True)
 class OpName:
-    """An op name taken apart: ``kind`` is fwd/bwd/recompute/opt/wait or a collective."""
+    """An op name taken apart: ``kind`` is fwd/bwd/recompute/opt/wait/fetch, an FSDP2
+    copy (copy_out/copy_in) or a collective."""
 
     kind: str
     layer: int | None = None
@@ -112,7 +123,7 @@ class OpName:
 
 
 _OP_RE = re.compile(
-    r"^(?P<kind>fwd|bwd|recompute|opt|wait|fetch|all_reduce|reduce_scatter|all_gather|broadcast)"
+    r"^(?P<kind>fwd|bwd|recompute|opt|wait|fetch|copy_out|copy_in|all_reduce|reduce_scatter|all_gather|broadcast)"
     r"(?: (?P<rest>.+))?$"
 )
 
