@@ -6,6 +6,7 @@
     zero-sim validate --quick --report out/validation
     zero-sim validate --sample 30 --seed 7 --report out/validation   # 30 cases drawn at random
     zero-sim validate --published            # predict published GPU runs; no run is started
+    zero-sim validate --published --points my_points.toml   # your own measurements, same format
 
 A real run or an emulated cluster that fails ends with its one sentence and exit status 1;
 bad input, as everywhere, with one sentence and exit status 2.  Ctrl-C, SIGTERM and SIGHUP stop
@@ -32,7 +33,7 @@ from sim2real.validate_report import headline
 from zero_sim import cli
 from zero_sim.calibration import Calibration, fit_nccl_tests_text, topology_from_imports
 from zero_sim.calibration.format import FITTED_COLLECTIVES
-from zero_sim.published import format_table, judge
+from zero_sim.published import format_table, judge, load_points
 
 
 def _calibrate_args(cal) -> None:
@@ -116,6 +117,9 @@ def _validate_args(val) -> None:
     val.add_argument("--published", action="store_true",
                      help="predict published GPU measurements instead of running anything "
                           "(see docs/published.md)")
+    val.add_argument("--points", type=Path, default=None, metavar="FILE",
+                     help="with --published: a TOML file of points in the same format as "
+                          "zero_sim/published/points.toml (default: that file)")
     val.add_argument("--report", type=Path, default=None,
                      help="write report.md, validation.json and figures here")
     val.add_argument("--json", action="store_true", help="print the result as one JSON object")
@@ -134,7 +138,7 @@ def _validate_args(val) -> None:
 
 
 def _validate_published(args) -> int:
-    verdict = judge()
+    verdict = judge(load_points(args.points) if args.points is not None else None)
     print(json.dumps(verdict.to_dict(), default=str) if args.json else format_table(verdict))
     return 0
 
@@ -142,6 +146,8 @@ def _validate_published(args) -> int:
 def _validate(args) -> int:
     if args.published:
         return _validate_published(args)
+    if args.points is not None:
+        raise v.ValidationError("--points names published measurements to predict; give --published too")
     say = (lambda line: print(line, file=sys.stderr)) if args.json else print
     if args.device == "cuda":
         cases, sample = _gpu_cases(args)

@@ -90,3 +90,25 @@ def test_the_command_prints_the_verdict_as_json():
     verdict = json.loads(done.stdout)
     assert set(verdict["summary"]) == {"time", "memory"}
     assert len(verdict["points"]) == len(load_points(POINTS_FILE))
+
+
+def test_the_command_judges_a_points_file_of_ones_own(tmp_path):
+    """--points takes measurements in the repository's format, so a team can hold the simulator
+    against its own runs with the same judge."""
+    path = write(tmp_path, AR_1G)
+    done = subprocess.run([sys.executable, "-m", "sim2real.cli", "validate", "--published", "--json",
+                           "--points", str(path)], capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    (point,) = json.loads(done.stdout)["points"]
+    assert point["id"] == "ar-1g" and point["error"] is not None
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--published", "--points", "no/such/points.toml"], "cannot read published points"),
+    (["--points", "points.toml"], "give --published too"),
+])
+def test_a_points_file_that_cannot_be_used_is_one_sentence_and_status_2(args, fragment):
+    done = subprocess.run([sys.executable, "-m", "sim2real.cli", "validate", *args],
+                          capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert done.returncode == 2
+    assert fragment in done.stderr and "Traceback" not in done.stderr
