@@ -87,8 +87,9 @@ COMMON: tuple[Setting, ...] = (
     Setting("recompute", "none", "activation checkpointing: none, selective (Korthikanti et al.: attention's "
             "core recomputed), full (only each block's input kept) or op (torchtitan's op-level policy: "
             "every other matmul output and the attention output kept)", str, RECOMPUTE_MODES),
-    Setting("attention", DEFAULT_ATTENTION, "attention kernel: flash (FlashAttention / SDPA: no s x s "
-            "scores kept) or eager (softmax over materialized scores)", str, ATTENTION_IMPLS),
+    Setting("attention", DEFAULT_ATTENTION, "attention kernel: flash (FlashAttention-2 / SDPA: no s x s "
+            "scores kept), flash1 (FlashAttention v1 or its Triton port: as flash, slower) or eager "
+            "(softmax over materialized scores)", str, ATTENTION_IMPLS),
     Setting("elementwise", DEFAULT_ELEMENTWISE, "norms and rotary embeddings: fused (one HBM round trip "
             "each, as fused or compiled kernels), eager (the chain of ATen kernels eager PyTorch runs) or "
             "eager-fms (eager with foundation-model-stack's real-rotation rotary)", str, ELEMENTWISE_IMPLS),

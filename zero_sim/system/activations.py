@@ -23,7 +23,8 @@ dropout, 0 without:
   (FlashAttention, Dao et al. 2022; the kernel torch's scaled_dot_product_attention picks
   for bf16 on Ampere and newer) saves no s×s tensor: the output (already counted as the
   projection's input), and the softmax's log-sum-exp, fp32 per head per token: ``4*T*a``;
-  its dropout mask is regenerated from the RNG state;
+  its dropout mask is regenerated from the RNG state (``flash1``, FlashAttention v1 and its
+  Triton port, saves the same);
 * MLP: its input ``2*T*h``; GeLU its input and output ``4*T*f``; ReLU its output only (its
   backward and the down projection share it) ``2*T*f``; SwiGLU the gate and up outputs, the
   SiLU output and their product ``8*T*f`` (unfused, as written in PyTorch; a fused SwiGLU
@@ -62,12 +63,12 @@ def block_activation_bytes(s: int, b: int, h: int, a: int, recompute: str, *, kv
     if recompute == "op":
         outputs = projection_outputs(q, k, h, f, mlp, cross)
         kept = sum(outputs[0::2])  # every other matmul output, from the first
-        attention_out = (q + (4 * a // 2 if attention == "flash" else 0)) * (2 if cross else 1)
+        attention_out = (q + (4 * a // 2 if attention != "eager" else 0)) * (2 if cross else 1)
         return 2 * t * h + 2 * t * kept + 2 * t * attention_out
     drop = 1 if dropout else 0
     sk = min(s, keys) if keys is not None else s
-    kv_saved = k if attention == "flash" else q  # eager saves K and V repeated out to every query head
-    core = (4 * t * a) if attention == "flash" else b * a * s * sk * (2 + 3 * drop)
+    kv_saved = k if attention != "eager" else q  # eager saves K and V repeated out to every query head
+    core = (4 * t * a) if attention != "eager" else b * a * s * sk * (2 + 3 * drop)
     if recompute == "selective":
         core = 0
     attn = 2 * t * h + 2 * t * q + 4 * t * kv_saved + 2 * t * q + drop * t * h

@@ -27,7 +27,9 @@ The per-op model sums three kinds of kernels, run one after another on the compu
 * Attention: with FlashAttention, ``attention_flops`` (halved under a causal mask, as the
   kernel skips the masked half) at the implementation's efficiency, which rises with the
   sequence length as ``s / (s + s0)``; backward does 2.5x the forward FLOPs
-  (FlashAttention-2's count) at 0.86 of the forward's efficiency.  Eager attention runs the
+  (FlashAttention-2's count) at 0.86 of the forward's efficiency.  ``flash`` is FlashAttention-2
+  and later (torch SDPA's flash backend from torch 2.2); ``flash1`` is FlashAttention v1 or its
+  Triton port, which reach about 0.41 of FA2's rate on the same figures.  Eager attention runs the
   full ``attention_flops`` as two batched GEMMs (four in backward) that write and read the
   ``s x s`` scores through HBM; the softmax between them is in ``memory_bytes``.
 * Memory-bound kernels (norms, activations, residuals, rotary, softmax over eager scores,
@@ -84,6 +86,17 @@ FLASH_S0_CAUSAL = 520.0
 FLASH_CAUSAL_FACTOR = 0.95
 # Head dim 64 reaches 0.87 of head dim 128's rate (same figures: A100 0.868, H100 0.874).
 FLASH_HEAD_DIM_64_FACTOR = 0.87
+# FlashAttention v1 (flash-attn 1.x) and its Triton port (flash_attn_triton.py, which llm-foundry
+# ran as attn_impl "triton"), the kernels of 2022-23, fitted the same way to the "FlashAttention"
+# bars of the same two figures (rms error 5% over 48 bars): at long sequences they run at 0.41 of
+# FlashAttention-2's rate on both GPUs (A100 84/205, H100 139/344, head dim 128, no mask), saturate
+# at shorter sequences, and run faster at head dim 64 than at 128.  The A100 figure's Triton bars
+# lie within 15% of FA1's; the H100 figure has none, so the port takes FA1's rate there.
+FLASH1_OVER_FLASH2 = 0.41
+FLASH1_S0_NONCAUSAL = 60.0
+FLASH1_S0_CAUSAL = 270.0
+FLASH1_CAUSAL_FACTOR = 0.946
+FLASH1_HEAD_DIM_64_FACTOR = 1.197
 # Backward of memory-bound kernels moves twice the forward's bytes (assumed: read the saved
 # input and the incoming gradient, write the outgoing gradient).
 MEMORY_BWD_BYTES = 2.0
@@ -241,14 +254,22 @@ class ComputeModel:
         mult = 1.0 if direction == "fwd" else GEMM_BWD_FLOPS
         return mult * flops / (self.gpu.peak_flops * eff)
 
-    def flash_efficiency(self, direction: str, seq_len: int, head_dim: int, causal: bool = True) -> float:
-        """Fraction of peak FlashAttention reaches in ``direction`` at this shape."""
+    def flash_efficiency(self, direction: str, seq_len: int, head_dim: int, causal: bool = True,
+                         impl: str = "flash") -> float:
+        """Fraction of peak FlashAttention (``flash``: FA2 and later; ``flash1``: FA1 or its Triton
+        port) reaches in ``direction`` at this shape."""
         profile = self.gpu.profile
         if profile is None:
             return self.default_efficiency
-        s0 = FLASH_S0_CAUSAL if causal else FLASH_S0_NONCAUSAL
         s = max(seq_len, 1)
-        both = profile.flash_max * (FLASH_CAUSAL_FACTOR if causal else 1.0) * _head_dim_factor(head_dim)
+        if impl == "flash1":
+            s0 = FLASH1_S0_CAUSAL if causal else FLASH1_S0_NONCAUSAL
+            both = profile.flash_max * FLASH1_OVER_FLASH2 * (FLASH1_CAUSAL_FACTOR if causal else 1.0)
+            both *= _head_dim_factor(head_dim, FLASH1_HEAD_DIM_64_FACTOR)
+        else:
+            s0 = FLASH_S0_CAUSAL if causal else FLASH_S0_NONCAUSAL
+            both = profile.flash_max * (FLASH_CAUSAL_FACTOR if causal else 1.0)
+            both *= _head_dim_factor(head_dim, FLASH_HEAD_DIM_64_FACTOR)
         both *= s / (s + s0)
         # fwd + 2.5 x bwd FLOPs at efficiencies e and 0.86 e take as long as 3.5 at ``both``.
         fwd = both * (1.0 + FLASH_BWD_FLOPS / FLASH_BWD_OVER_FWD) / (1.0 + FLASH_BWD_FLOPS)
@@ -267,7 +288,7 @@ class ComputeModel:
             return mult * (flops / (self.gpu.peak_flops * eff) + self._memory_seconds(scores))
         causal = work.causal
         done = flops * (0.5 if causal else 1.0)  # the kernel skips the masked half
-        eff = self.flash_efficiency(direction, work.seq_len, work.head_dim, causal)
+        eff = self.flash_efficiency(direction, work.seq_len, work.head_dim, causal, work.attention)
         mult = 1.0 if direction == "fwd" else FLASH_BWD_FLOPS
         return mult * done / (self.gpu.peak_flops * eff)
 
@@ -292,11 +313,11 @@ class ComputeModel:
         return bool(self.layer_seconds)
 
 
-def _head_dim_factor(head_dim: int) -> float:
-    """FlashAttention's rate relative to head dim 128: 0.87 at 64, linear in log2 between."""
+def _head_dim_factor(head_dim: int, at_64: float) -> float:
+    """FlashAttention's rate relative to head dim 128: ``at_64`` at 64, linear in log2 between."""
     if head_dim <= 0 or head_dim >= 128:
         return 1.0
-    return max(0.5, 1.0 - (1.0 - FLASH_HEAD_DIM_64_FACTOR) * math.log2(128 / head_dim))
+    return max(0.5, 1.0 + (at_64 - 1.0) * math.log2(128 / head_dim))
 
 
 def _score_elements(work: Any) -> float:
