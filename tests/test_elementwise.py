@@ -73,6 +73,9 @@ def test_a_llama_block_charges_the_chains_of_its_two_norms_and_its_rotary():
     assert eager.memory_bytes == 2 * (36 + 6) * t * h + 10 * t * f + 20 * t * qk
     assert fms.memory_bytes == eager.memory_bytes + (36 - 20) * t * qk
     assert (eager.matmul_flops, eager.attention_flops) == (fused.matmul_flops, fused.attention_flops)
+    # torchtitan's Triton fused_rmsnorm without compile: the norms fused, the rotary still its chain.
+    norm_only = block("llama2-7b", "fused-norm").work
+    assert norm_only.memory_bytes == fused.memory_bytes + (20 - 4) * t * qk
 
 
 def test_the_head_charges_its_final_norm_and_the_embedding_is_unchanged():
@@ -153,7 +156,7 @@ def test_elementwise_is_a_setting_and_fused_is_the_default():
 
 
 def test_a_bad_value_gets_one_sentence():
-    sentence = "--elementwise must be one of fused, eager, eager-fms, got 'compiled'"
+    sentence = "--elementwise must be one of fused, fused-norm, eager, eager-fms, got 'compiled'"
     with pytest.raises(ScenarioError, match=sentence):
         simulate(elementwise="compiled")
     with pytest.raises(WorkloadError, match="unknown elementwise 'compiled'"):
@@ -163,7 +166,7 @@ def test_a_bad_value_gets_one_sentence():
 def test_a_bad_value_on_the_command_line_exits_with_status_2(capsys):
     assert main(["simulate", "--elementwise", "compiled"]) == 2
     err = capsys.readouterr().err.strip()
-    assert "invalid choice: 'compiled' (choose from 'fused', 'eager', 'eager-fms')" in err, err
+    assert "invalid choice: 'compiled' (choose from 'fused', 'fused-norm', 'eager', 'eager-fms')" in err, err
     assert "Traceback" not in err and len(err.splitlines()) == 1
 
 
@@ -177,5 +180,7 @@ def test_the_published_points_name_the_chains_their_code_ran():
             assert value == "eager", pid  # no compile, torchtitan's eager RMSNorm
         elif pid.startswith("ibm-fms"):
             assert value == "eager-fms", pid  # fms-fsdp's table before compile was turned on
+        elif pid.startswith("torchtitan-a100"):
+            assert value == "fused-norm", pid  # the config's Triton fused_rmsnorm, uncompiled rotary
         elif pid.startswith("llmfoundry"):
             assert value == "fused", pid  # one layer_norm kernel, no rotary

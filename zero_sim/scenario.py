@@ -91,8 +91,9 @@ COMMON: tuple[Setting, ...] = (
             "scores kept), flash1 (FlashAttention v1 or its Triton port: as flash, slower) or eager "
             "(softmax over materialized scores)", str, ATTENTION_IMPLS),
     Setting("elementwise", DEFAULT_ELEMENTWISE, "norms and rotary embeddings: fused (one HBM round trip "
-            "each, as fused or compiled kernels), eager (the chain of ATen kernels eager PyTorch runs) or "
-            "eager-fms (eager with foundation-model-stack's real-rotation rotary)", str, ELEMENTWISE_IMPLS),
+            "each, as fused or compiled kernels), fused-norm (fused norms, eager rotary), eager (the "
+            "chain of ATen kernels eager PyTorch runs) or eager-fms (eager with foundation-model-stack's "
+            "real-rotation rotary)", str, ELEMENTWISE_IMPLS),
     Setting("efficiency", None, "a flat fraction of peak FLOP/s for all compute (default: the GPU's per-op "
             "model)", float, gt=0, le=1),
     Setting("cuda_context_gb", None, "GB per GPU outside the tensors: CUDA context, cuBLAS and NCCL buffers "

@@ -17,6 +17,9 @@ resolution):
   the complex product with ``freqs_cis`` (4 + 4), ``type_as`` (4 + 2): ``20*T*(a*d + kv*d)``.
   Hugging Face's ``rotate_half`` chain (negate half 2, concatenate 4, two products 4 + 4 and
   a sum 6, all bf16) also moves 20;
+* ``"fused-norm"``: norms fused, rotary eager: torchtitan runs that ask for its Triton
+  ``fused_rmsnorm`` without compiling, so the complex-multiply rotary still runs as its three
+  kernels (20 bytes an element);
 * ``"eager-fms"``: as ``"eager"``, with rotary as foundation-model-stack's real 2 x 2
   rotation: ``q.float()`` (2 + 4), a product with the rotation matrices that writes fp32
   twice q's size (reads 4, writes 8), ``sum`` over the pair (8 + 4), ``type_as`` (4 + 2):
@@ -37,9 +40,10 @@ in every setting (:mod:`zero_sim.system.hardware`).
 from __future__ import annotations
 
 # fused: one HBM round trip per norm and rotary embedding (fused or compiled kernels), the default;
+# fused-norm: fused norms beside the eager rotary chain (torchtitan's fused_rmsnorm, uncompiled);
 # eager: the chains of ATen kernels eager PyTorch code runs (see the module docstring); eager-fms:
 # the same, with foundation-model-stack's real-rotation rotary in place of the complex multiply.
-ELEMENTWISE_IMPLS = ("fused", "eager", "eager-fms")
+ELEMENTWISE_IMPLS = ("fused", "fused-norm", "eager", "eager-fms")
 DEFAULT_ELEMENTWISE = "fused"
 # Forward HBM bytes per element of each memory-bound op of a block, head or embedding, bf16
 # activations.  The rule: every kernel reads each input once and writes its output once, so a
@@ -71,3 +75,4 @@ ELEMENTWISE_BYTES = {
 # q.float() 2+4; freqs.mul(q_) reads fp32 q (4) and writes a 2 x 2 product per pair, fp32 twice
 # q's size (8); sum(5) reads that (8), writes 4; type_as 4+2: fms's RotaryEmbedding.adjusted_qk.
 ELEMENTWISE_BYTES["eager-fms"] = ELEMENTWISE_BYTES["eager"] | {"rotary": 36}
+ELEMENTWISE_BYTES["fused-norm"] = _FUSED_BYTES | {"rotary": ELEMENTWISE_BYTES["eager"]["rotary"]}
