@@ -7,6 +7,7 @@ measurement the model no longer reproduces."""
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import replace
 from types import SimpleNamespace
 
@@ -18,6 +19,7 @@ from zero_sim.system.hardware import (
     ADAM_BYTES_PER_PARAM,
     FLASH_BWD_FLOPS,
     FLASH_BWD_OVER_FWD,
+    MEMORY_BWD_OVER_FWD,
     ComputeModel,
 )
 from zero_sim.system.model_presets import preset
@@ -221,12 +223,53 @@ def test_eager_attention_lands_near_the_published_eager_bars(name):
         seconds = sum(model.op_seconds("block", "fwd", work).values()) + sum(
             model.op_seconds("block", "bwd", work).values())
         predicted = 3.5 * work.attention_flops / seconds / 1e12
-        # 22 bytes a score move in the benchmark against the model's 24, but its kernels are
-        # slower than the GEMM curve at these shapes: the model runs a little fast.
-        assert measured <= predicted < 1.3 * measured, (s, predicted, measured)
+        # The softmax runs at the element-wise fraction measured on 16M-67M-element tensors; these
+        # score tensors hold 0.5G elements, which stream nearer the copy rate: the model runs a
+        # little slow (-18% to +3%).
+        assert 0.8 * measured < predicted < 1.1 * measured, (s, predicted, measured)
 
 
 # --- memory-bound kernels, the optimizer ----------------------------------------------------
+
+# Liger-Kernel's PyTorch baselines (benchmark/data/all_benchmark_data.csv, median times, ms):
+# (kernel, rows x columns, HBM bytes per element forward as counted from the code, forward, backward).
+LIGER_BASELINES = {
+    "A100-80GB": [
+        ("native LayerNorm, fp32: read 4, write 4", 4096 * 4096, 8, 0.121824, None),
+        ("native LayerNorm, fp32", 4096 * 8192, 8, 0.257552, None),
+        ("native LayerNorm, fp32", 4096 * 16384, 8, 0.506688, None),
+        ("Llama RMSNorm chain, bf16 in (elementwise.py eager)", 2048 * 8192, 36, 0.519040, 1.351552),
+        ("Llama RMSNorm chain", 2048 * 16384, 36, 0.985632, 2.569632),
+        ("Llama RMSNorm chain", 2048 * 32768, 36, 1.919072, 5.014720),
+    ],
+    "H100": [
+        ("native LayerNorm, fp32", 4096 * 4096, 8, 0.066176, 0.178816),
+        ("native LayerNorm, fp32", 4096 * 8192, 8, 0.152672, 0.333696),
+        ("native LayerNorm, fp32", 4096 * 16384, 8, 0.306784, 0.642400),
+        ("relu then square, bf16: two kernels of 2 + 2", 4096 * 4096, 8, 0.053248, 0.126336),
+        ("relu then square", 4096 * 8192, 8, 0.097920, 0.235488),
+        ("relu then square", 4096 * 16384, 8, 0.185536, 0.452672),
+        ("residual add + RMSNorm chain, fp32: 12 + 8 + 4 + 8 + 8", 2048 * 8192, 40, 0.271136, 0.720736),
+        ("residual add + RMSNorm chain", 2048 * 16384, 40, 0.509184, 1.366848),
+        ("residual add + RMSNorm chain", 2048 * 32768, 40, 0.982848, 2.654272),
+    ],
+}
+
+
+def test_the_elementwise_fraction_is_the_median_of_what_pytorchs_kernels_reach():
+    """At training sizes (16M-67M elements) eager PyTorch's norms and element-wise kernels stream
+    well below a plain copy on the A100 (0.87) and somewhat below on the H100."""
+    for name, rows in LIGER_BASELINES.items():
+        gpu = GPUS[name]
+        reached = [bpe * n / (fwd * 1e-3) / (gpu.hbm_gbps * 1e9) for _, n, bpe, fwd, _ in rows]
+        assert ComputeModel(gpu).elementwise_efficiency == pytest.approx(statistics.median(reached), abs=0.01)
+        assert ComputeModel(gpu).elementwise_efficiency < gpu.profile.hbm_efficiency
+
+
+def test_a_memory_bound_backward_takes_the_median_ratio_of_the_same_kernels():
+    ratios = [bwd / fwd for rows in LIGER_BASELINES.values() for _, _, _, fwd, bwd in rows if bwd]
+    assert MEMORY_BWD_OVER_FWD == pytest.approx(statistics.median(ratios), abs=0.01)
+
 
 def test_memory_bound_parts_follow_hbm_bandwidth():
     work = Work(memory_bytes=1e9, tokens=4096, width=4096, seq_len=4096)
@@ -234,8 +277,8 @@ def test_memory_bound_parts_follow_hbm_bandwidth():
     fwd100 = h100.layer_time("block", "fwd", 0.0, 4096, work)
     fwd200 = h200.layer_time("block", "fwd", 0.0, 4096, work)
     assert fwd100 / fwd200 == pytest.approx(4800 / 3350)
-    assert fwd100 == pytest.approx(1e9 / (3350e9 * 0.87))
-    assert h100.layer_time("block", "bwd", 0.0, 4096, work) == pytest.approx(2 * fwd100)
+    assert fwd100 == pytest.approx(1e9 / (3350e9 * 0.75))
+    assert h100.layer_time("block", "bwd", 0.0, 4096, work) == pytest.approx(MEMORY_BWD_OVER_FWD * fwd100)
 
 
 def test_the_optimizer_streams_28_bytes_per_parameter_at_the_achievable_bandwidth():

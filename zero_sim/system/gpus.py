@@ -23,6 +23,8 @@ class ComputeProfile:
     flash_max: float  # FlashAttention fwd+bwd at long sequences, head dim >= 128, no mask / peak
     hbm_efficiency: float  # achievable fraction of HBM bandwidth (stream copy)
     source: str = ""
+    # What eager PyTorch's element-wise and normalization kernels reach (None: the stream copy's).
+    elementwise_efficiency: float | None = None
 
 
 @dataclass(frozen=True)
@@ -58,11 +60,23 @@ class GPU:
 # PTsolvers/gpu-workshop-JuliaCon23 issue #7), used for every NVIDIA part; MI300X 0.80 is an
 # assumption (AMD: the 5.3 TB/s "is the theoretical peak, not achievable with real-world tests",
 # ROCm/rocm_bandwidth_test issue #121; no measured figure found).
+# elementwise_efficiency: the median achieved fraction of HBM bandwidth of Liger-Kernel's PyTorch
+# baselines at 16M-67M elements (linkedin/Liger-Kernel benchmark/data/all_benchmark_data.csv;
+# bytes counted per kernel; docs/compute.md): A100-SXM4-80GB 0.555 (native LayerNorm fp32
+# 0.51-0.54, Llama RMSNorm chain 0.57-0.62), H100 80GB HBM3 0.75 (LayerNorm 0.52-0.61, ReLU^2
+# 0.75-0.86, add + RMSNorm chain 0.74-0.82).  Parts with no such benchmark take the ratio to the
+# stream copy of their generation's measured part: A100's (0.64) before Hopper, H100's (0.86) after.
+_A100_ELEMENTWISE = 0.555
+_H100_ELEMENTWISE = 0.75
+_PRE_HOPPER_ELEMENTWISE_PER_COPY = _A100_ELEMENTWISE / 0.87
+_HOPPER_ELEMENTWISE_PER_COPY = _H100_ELEMENTWISE / 0.87
 # One profile per chip: the A100's two memory sizes, and the H100 SXM's two, share their kernels.
 _A100_SXM = ComputeProfile(0.869, 14.0, 0.657, 0.87,
-                           "e_max: MAMF 271.2 of 312 (A100 SXM); fill fitted 14.3 us; FA2 A100 figures")
+                           "e_max: MAMF 271.2 of 312 (A100 SXM); fill fitted 14.3 us; FA2 A100 figures",
+                           _A100_ELEMENTWISE)
 _H100_SXM = ComputeProfile(0.803, 13.0, 0.348, 0.87,
-                           "e_max: MAMF 794.5 of 989 (H100 SXM); fill fitted 12.8 us; FA2 H100 figures")
+                           "e_max: MAMF 794.5 of 989 (H100 SXM); fill fitted 12.8 us; FA2 H100 figures",
+                           _H100_ELEMENTWISE)
 
 _A100_ATTN_PER_GEMM = _A100_SXM.flash_max / _A100_SXM.gemm_max
 _HOPPER_ATTN_PER_GEMM = _H100_SXM.flash_max / _H100_SXM.gemm_max
@@ -74,7 +88,8 @@ GPUS: dict[str, GPU] = {
         "deviceQuery on a Tesla V100-SXM2-32GB: 32510 MBytes (34089730048 bytes)",
         ComputeProfile(0.77, 14.0, 0.77 * _A100_ATTN_PER_GEMM, 0.87,
                        "e_max: fp16 squares peak at 94.8-97.4 TFLOP/s (torch-performance-test-data "
-                       "database.md and issue #140); fill fitted 14.3 us")),
+                       "database.md and issue #140); fill fitted 14.3 us",
+                       0.87 * _PRE_HOPPER_ELEMENTWISE_PER_COPY)),
     "A100-40GB": GPU(
         "A100-40GB", 312.0, 42298834944, 1555.0,
         "NVIDIA A100 data sheet: 312 TFLOP/s bf16 dense, 40GB HBM2 1,555 GB/s; deviceQuery on an "
@@ -105,35 +120,37 @@ GPUS: dict[str, GPU] = {
         "_CudaDeviceProperties(name='NVIDIA H100 PCIe', total_memory=81008MB)",
         ComputeProfile(0.656, 13.0, 0.656 * _HOPPER_ATTN_PER_GEMM, 0.87,
                        "e_max: bf16 squares peak at 495.9 of 756 (torch-performance-test-data database.md)"
-                       "; fill and attention as H100")),
+                       "; fill and attention as H100", _H100_ELEMENTWISE)),
     "H200": GPU(
         "H200", 989.0, 143156 * MiB, 4800.0,
         "NVIDIA H200 data sheet: 989 TFLOP/s bf16 dense, 141 GB HBM3e at 4.8 TB/s; torch "
         "_CudaDeviceProperties(name='NVIDIA H200', total_memory=143156MB)",
         ComputeProfile(0.803, 13.0, 0.348, 0.87,
                        "e_max: MAMF table says H200 is the same as H100 SXM (bf16 squares 790.3 of 989 "
-                       "in torch-performance-test-data); fill and attention as H100")),
+                       "in torch-performance-test-data); fill and attention as H100", _H100_ELEMENTWISE)),
     "B200": GPU(
         "B200", 2250.0, 182631 * MiB, 8000.0,
         "NVIDIA DGX B200 data sheet: 2.25 PFLOP/s bf16 dense per GPU, 180 GB HBM3e at 8 TB/s; torch "
         "_CudaDeviceProperties(name='NVIDIA B200', total_memory=182631MB) (182642 seen)",
         ComputeProfile(0.776, 5.0, 0.640, 0.87,
                        "e_max: MAMF 1745 of 2250 (B200 SXM); fill fitted 4.8 us (pytorch/ao PR #2427); "
-                       "attention: FlashAttention-4 (flash-attention PR #2280)")),
+                       "attention: FlashAttention-4 (flash-attention PR #2280)",
+                       0.87 * _HOPPER_ELEMENTWISE_PER_COPY)),
     "L40S": GPU(
         "L40S", 362.05, 45589 * MiB, 864.0,
         "NVIDIA L40S data sheet: 362.05 TFLOP/s bf16 dense (733 with sparsity), 48 GB GDDR6 at 864 GB/s; "
         "torch _CudaDeviceProperties(name='NVIDIA L40S', total_memory=45589MB)",
         ComputeProfile(0.744, 14.0, 0.744 * _A100_ATTN_PER_GEMM, 0.87,
                        "e_max: bf16 squares peak at 269.2 of 362 (torch-performance-test-data "
-                       "database.md); fill and attention ratio assumed as A100's")),
+                       "database.md); fill and attention ratio assumed as A100's",
+                       0.87 * _PRE_HOPPER_ELEMENTWISE_PER_COPY)),
     "MI300X": GPU(
         "MI300X", 1307.4, 196592 * MiB, 5300.0,
         "AMD Instinct MI300X specifications: 1307.4 TFLOP/s bf16 dense, 192 GB HBM3 at 5.3 TB/s; torch "
         "_CudaDeviceProperties(name='AMD Instinct MI300X', total_memory=196592MB) (ROCm/ROCm issue #4203)",
         ComputeProfile(0.511, 14.0, 0.511 * _A100_ATTN_PER_GEMM, 0.80,
                        "e_max: MAMF 668.4 TFLOP/s (torch 2.5.1, ROCm 6.3, TunableOp); fill and attention "
-                       "ratio assumed as A100's; HBM fraction assumed")),
+                       "ratio assumed as A100's; HBM fraction assumed", 0.80 * _HOPPER_ELEMENTWISE_PER_COPY)),
     # One CPU process for gloo runs: an order-of-magnitude stand-in until calibrated.
     "CPU": GPU("CPU", 0.05, 24 * GiB, 10.0,
                "one CPU process for gloo runs: an order-of-magnitude stand-in until calibrated"),

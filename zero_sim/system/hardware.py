@@ -33,10 +33,11 @@ The per-op model sums three kinds of kernels, run one after another on the compu
   full ``attention_flops`` as two batched GEMMs (four in backward) that write and read the
   ``s x s`` scores through HBM; the softmax between them is in ``memory_bytes``.
 * Memory-bound kernels (norms, activations, residuals, rotary, softmax over eager scores,
-  loss): ``memory_bytes / (HBM bandwidth * achievable fraction)``; backward moves twice the
-  forward's bytes (it reads the saved input and the incoming gradient and writes a gradient).
-  Eager element-wise chains (the workload's ``elementwise`` setting) are in ``memory_bytes``
-  and take the same ratio.
+  loss): ``memory_bytes / (HBM bandwidth * elementwise fraction)``, the fraction eager PyTorch's
+  element-wise and normalization kernels reach (measured per GPU, below a stream copy's);
+  backward takes 2.6x the forward (the median of the same measurements).  Eager element-wise
+  chains (the workload's ``elementwise`` setting) are in ``memory_bytes`` and take the same
+  ratio.
 
 Recompute re-runs the forward ("full") or, under "selective", the attention core alone.
 
@@ -45,8 +46,8 @@ kernels: the bytes they read and write at the achievable HBM fraction.
 
 The optimizer step of mixed-precision Adam reads the bf16 gradient and the fp32 master
 weights, momentum and variance, and writes the last three plus the bf16 parameters:
-``2 + 12 + 12 + 2 = 28`` bytes of HBM traffic per parameter it owns, at the GPU's achievable
-fraction of HBM bandwidth.
+``2 + 12 + 12 + 2 = 28`` bytes of HBM traffic per parameter it owns, at the stream-copy
+fraction of HBM bandwidth (its multi-tensor kernels stream large buffers; not measured).
 
 The GPUs' figures, with their sources, are in :mod:`zero_sim.system.gpus` and docs/compute.md.
 """
@@ -97,9 +98,12 @@ FLASH1_S0_NONCAUSAL = 60.0
 FLASH1_S0_CAUSAL = 270.0
 FLASH1_CAUSAL_FACTOR = 0.946
 FLASH1_HEAD_DIM_64_FACTOR = 1.197
-# Backward of memory-bound kernels moves twice the forward's bytes (assumed: read the saved
-# input and the incoming gradient, write the outgoing gradient).
-MEMORY_BWD_BYTES = 2.0
+# Backward of a memory-bound op takes this many times its forward: the median backward/forward
+# time ratio of Liger-Kernel's PyTorch baselines at 16M-67M elements (benchmark/data/
+# all_benchmark_data.csv; A100 Llama RMSNorm chain 2.60-2.61; H100 ReLU^2 2.37-2.44, add + RMSNorm
+# chain 2.66-2.70, LayerNorm 2.09-2.70; docs/compute.md): autograd saves fp32 intermediates and
+# launches more kernels backward than forward.
+MEMORY_BWD_OVER_FWD = 2.6
 # Eager attention's batched GEMMs move the s x s matrix through HBM: QK^T writes the bf16
 # scores and scores.V reads the probabilities, 4 bytes per score element in forward (8 in
 # backward).  The softmax between them (4 more bytes) is part of ``memory_bytes``.  With both,
@@ -156,6 +160,17 @@ class ComputeModel:
             return self.memory_efficiency
         profile = self.gpu.profile
         return profile.hbm_efficiency if profile else FLAT_DEFAULT_MEMORY_EFFICIENCY
+
+    @property
+    def elementwise_efficiency(self) -> float:
+        """Fraction of HBM bandwidth a layer's memory-bound kernels (norms, activations, adds, softmax,
+        loss) reach; copies and the optimizer's multi-tensor kernels reach ``hbm_efficiency``."""
+        if self.memory_efficiency is not None:
+            return self.memory_efficiency
+        profile = self.gpu.profile
+        if profile is None:
+            return FLAT_DEFAULT_MEMORY_EFFICIENCY
+        return profile.elementwise_efficiency or profile.hbm_efficiency
 
     @property
     def default_efficiency(self) -> float:
@@ -216,15 +231,15 @@ class ComputeModel:
         seconds = self.attention_seconds("fwd", work)
         if work.attention == "eager":  # and the softmax over the scores
             softmax = EAGER_SOFTMAX_SCORE_BYTES_FWD * _score_elements(work)
-            seconds += self._memory_seconds(min(work.memory_bytes, softmax))
+            seconds += self._elementwise_seconds(min(work.memory_bytes, softmax))
         return seconds * self.slowest_rank_factor
 
     def op_seconds(self, kind: str, direction: str, work: Any) -> dict[str, float]:
         """The per-op model's seconds for ``gemm``, ``attention`` and ``memory`` kernels."""
-        mult = 1.0 if direction == "fwd" else MEMORY_BWD_BYTES
+        mult = 1.0 if direction == "fwd" else MEMORY_BWD_OVER_FWD
         return {"gemm": self.gemm_seconds(kind, direction, work),
                 "attention": self.attention_seconds(direction, work),
-                "memory": self._memory_seconds(work.memory_bytes * mult)}
+                "memory": self._elementwise_seconds(work.memory_bytes) * mult}
 
     # --- kernels ----------------------------------------------------------------------------
 
@@ -293,9 +308,16 @@ class ComputeModel:
         return mult * done / (self.gpu.peak_flops * eff)
 
     def _memory_seconds(self, nbytes: float) -> float:
+        """A copy or multi-tensor kernel moving ``nbytes``: the stream-copy fraction of HBM bandwidth."""
         if not nbytes:
             return 0.0
         return nbytes / (self.gpu.hbm_gbps * 1e9 * self.hbm_efficiency)
+
+    def _elementwise_seconds(self, nbytes: float) -> float:
+        """A layer's eager element-wise or normalization kernels moving ``nbytes``."""
+        if not nbytes:
+            return 0.0
+        return nbytes / (self.gpu.hbm_gbps * 1e9 * self.elementwise_efficiency)
 
     # --- the rest ---------------------------------------------------------------------------
 
