@@ -192,8 +192,11 @@ def test_a_failing_rank_stops_every_node_names_the_rank_and_leaves_nothing(tmp_p
 
 
 HOLDER = """
-import subprocess, sys, time
+import faulthandler, signal, subprocess, sys, time
 from real_runs.cluster import ClusterShape, EmulatedCluster
+# Ctrl-C as in a terminal: a test run started in the background inherits SIGINT ignored.
+signal.signal(signal.SIGINT, signal.default_int_handler)
+faulthandler.register(signal.SIGUSR1)  # the test asks where it is stuck, should it hang
 with EmulatedCluster(2, ClusterShape("uniform", 1.0)) as cluster:
     # A process inside a namespace, as a rank would be, that the holder's death does not end.
     subprocess.Popen(["ip", "netns", "exec", cluster.nodes[0].ns, "sleep", "300"], start_new_session=True)
@@ -202,8 +205,9 @@ with EmulatedCluster(2, ClusterShape("uniform", 1.0)) as cluster:
 """
 
 
-def hold_a_cluster() -> tuple[subprocess.Popen, list[str]]:
-    holder = subprocess.Popen([sys.executable, "-c", HOLDER], stdout=subprocess.PIPE, text=True)
+def hold_a_cluster(stderr=None) -> tuple[subprocess.Popen, list[str]]:
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER], stdout=subprocess.PIPE, stderr=stderr,
+                              text=True)
     names = holder.stdout.readline().split()
     assert names and set(names) <= set(our_namespaces(f"zsim-{holder.pid}-"))
     return holder, names
@@ -218,14 +222,19 @@ def sleepers_in(names: list[str]) -> list[int]:
 @needs_cluster
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP],
                          ids=["ctrl-c", "sigterm", "sighup"])
-def test_an_interrupted_holder_tears_down_on_its_way_out(sig):
-    holder, names = hold_a_cluster()
+def test_an_interrupted_holder_tears_down_on_its_way_out(sig, tmp_path):
+    log = (tmp_path / "holder.err").open("w+")
+    holder, names = hold_a_cluster(stderr=log)
     sleepers = sleepers_in(names)
     assert sleepers
     holder.send_signal(sig)
     try:
-        # Generous: on a loaded 2-core box the kernel can take many seconds to tear namespaces down.
-        holder.wait(timeout=90)
+        holder.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        holder.send_signal(signal.SIGUSR1)  # faulthandler writes every thread's stack
+        time.sleep(1)
+        log.seek(0)
+        pytest.fail(f"the holder did not end within 30 s of {sig.name}; its stderr:\n{log.read()[-4000:]}")
     finally:
         if holder.poll() is None:  # never leave the holder sleeping after a failure
             holder.kill()
