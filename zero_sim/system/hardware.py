@@ -41,8 +41,9 @@ The per-op model sums three kinds of kernels, run one after another on the compu
 
 Recompute re-runs the forward ("full") or, under "selective", the attention core alone.
 
-Copies (FSDP2's copy-out of gathered parameters and copy-in of gradients) are memory-bound
-kernels: the bytes they read and write at the achievable HBM fraction.
+Copies (FSDP's gradient copy-in, FSDP2's copy-out of gathered parameters) are memory-bound
+kernels: the bytes they read and write at the stream-copy fraction of HBM bandwidth, as are
+the scores eager attention's batched GEMMs write and read.
 
 The optimizer step of mixed-precision Adam reads the bf16 gradient and the fp32 master
 weights, momentum and variance, and writes the last three plus the bf16 parameters:
@@ -308,7 +309,8 @@ class ComputeModel:
         return mult * done / (self.gpu.peak_flops * eff)
 
     def _memory_seconds(self, nbytes: float) -> float:
-        """A copy or multi-tensor kernel moving ``nbytes``: the stream-copy fraction of HBM bandwidth."""
+        """A copy, a multi-tensor kernel or a GEMM's operand traffic moving ``nbytes``: the stream-copy
+        fraction of HBM bandwidth."""
         if not nbytes:
             return 0.0
         return nbytes / (self.gpu.hbm_gbps * 1e9 * self.hbm_efficiency)
