@@ -105,15 +105,20 @@ GPUS: dict[str, GPU] = {
         "NVIDIA H100 SXM data sheet: 1,979 TFLOP/s bf16 with sparsity = 989 dense, 3.35 TB/s; torch "
         "_CudaDeviceProperties(name='NVIDIA H100 80GB HBM3', total_memory=81089MB) (81082-81090 seen)",
         _H100_SXM),
-    # The 96 GB HBM2e SXM part of Meta's Grand Teton hosts (torchtitan's H100 benchmarks): H100's
-    # compute, the bandwidth its benchmark page states and the capacity torch reports there.
-    # Those hosts ran at a 500 W power limit, which no entry models: compute is the 700 W part's.
+    # The 96 GB HBM2e SXM part of Meta's Grand Teton hosts (torchtitan's H100 benchmarks), run at
+    # a 500 W limit: the bandwidth its benchmark page states, the capacity torch reports there, and
+    # what PyTorch's own roofline measured on "Meta's H100 variant" (pytorch/ao PR #668,
+    # torchao/testing/training/roofline_utils.py): large GEMMs at 0.78 of 989 ("experimental
+    # observation with sample large inputs"), pointwise Triton kernels at 0.92 of 2.4 TB/s.
+    # FlashAttention and the eager element-wise kernels take the 700 W H100's (no measurement).
     "H100-96GB": GPU(
         "H100-96GB", 989.0, int(95.0396 * 2**30), 2400.0,
-        "H100 SXM with 96 GB of HBM2e at 2.4 TB/s (pytorch/torchtitan benchmarks/"
-        "llama3_h100_202412_torchtitan.md, Grand Teton); compute as the 700 W H100 SXM (the 500 W limit "
-        "those hosts ran is not modelled); total_memory 95.0396 GiB as pytorch/torchtitan#165 reports",
-        _H100_SXM),
+        "H100 SXM with 96 GB of HBM2e at 2.4 TB/s, 500 W (pytorch/torchtitan benchmarks/"
+        "llama3_h100_202412_torchtitan.md, Grand Teton); total_memory 95.0396 GiB as "
+        "pytorch/torchtitan#165 reports; GEMM and copy fractions measured by pytorch/ao PR #668",
+        ComputeProfile(0.78, 13.0, 0.348, 0.92,
+                       "e_max 0.78 and copies 0.92 on Meta's H100 variant (pytorch/ao roofline_utils); "
+                       "fill, attention and element-wise kernels as H100", _H100_ELEMENTWISE)),
     "H100-PCIe": GPU(
         "H100-PCIe", 756.0, 81008 * MiB, 2000.0,
         "NVIDIA H100 PCIe data sheet: 1,513 TFLOP/s bf16 with sparsity = 756 dense, 2 TB/s HBM2e; torch "
