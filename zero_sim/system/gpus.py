@@ -51,7 +51,7 @@ class GPU:
 # (torch-performance-test-data issue #79), B200 bf16 squares 1024..8192 (pytorch/ao PR #2427).
 # Fitted fills: V100 14.3 us, A100 14.3 us, H100 12.8 us, B200 4.8 us; GPUs with no sweep take
 # their generation's (Hopper 13) or 14 us.
-# flash_max: FA2 figures (hardware.py, FLASH_S0_*): A100 205/312 = 0.657, H100 344/989 = 0.348.  B200:
+# flash_max: FA2 figures (hardware.py, FLASH_CURVES): A100 205/312 = 0.657, H100 344/989 = 0.348.  B200:
 # FlashAttention-4 (CuTe DSL) fwd 1535 and bwd 1360 TFLOP/s at seqlen 8k, head dim 128
 # (flash-attention PR #2280) -> 1406 fwd+bwd -> 0.640 at long sequences.  GPUs with no
 # attention benchmark here take A100's ratio to its GEMMs (0.657 / 0.869 = 0.756) times their
@@ -64,12 +64,11 @@ class GPU:
 # baselines at 16M-67M elements (linkedin/Liger-Kernel benchmark/data/all_benchmark_data.csv;
 # bytes counted per kernel; docs/compute.md): A100-SXM4-80GB 0.555 (native LayerNorm fp32
 # 0.51-0.54, Llama RMSNorm chain 0.57-0.62), H100 80GB HBM3 0.75 (LayerNorm 0.52-0.61, ReLU^2
-# 0.75-0.86, add + RMSNorm chain 0.74-0.82).  Parts with no such benchmark take the ratio to the
-# stream copy of their generation's measured part: A100's (0.64) before Hopper, H100's (0.86) after.
+# 0.75-0.86, add + RMSNorm chain 0.74-0.82).  Parts with no such benchmark take their
+# generation's measured part's ratio to the stream copy: A100's (0.555 / 0.87 = 0.64) before
+# Hopper, H100's (0.75 / 0.87 = 0.86) after; with the same copy fraction (0.87), its value.
 _A100_ELEMENTWISE = 0.555
 _H100_ELEMENTWISE = 0.75
-_PRE_HOPPER_ELEMENTWISE_PER_COPY = _A100_ELEMENTWISE / 0.87
-_HOPPER_ELEMENTWISE_PER_COPY = _H100_ELEMENTWISE / 0.87
 # One profile per chip: the A100's two memory sizes, and the H100 SXM's two, share their kernels.
 _A100_SXM = ComputeProfile(0.869, 14.0, 0.657, 0.87,
                            "e_max: MAMF 271.2 of 312 (A100 SXM); fill fitted 14.3 us; FA2 A100 figures",
@@ -88,8 +87,7 @@ GPUS: dict[str, GPU] = {
         "deviceQuery on a Tesla V100-SXM2-32GB: 32510 MBytes (34089730048 bytes)",
         ComputeProfile(0.77, 14.0, 0.77 * _A100_ATTN_PER_GEMM, 0.87,
                        "e_max: fp16 squares peak at 94.8-97.4 TFLOP/s (torch-performance-test-data "
-                       "database.md and issue #140); fill fitted 14.3 us",
-                       0.87 * _PRE_HOPPER_ELEMENTWISE_PER_COPY)),
+                       "database.md and issue #140); fill fitted 14.3 us", _A100_ELEMENTWISE)),
     "A100-40GB": GPU(
         "A100-40GB", 312.0, 42298834944, 1555.0,
         "NVIDIA A100 data sheet: 312 TFLOP/s bf16 dense, 40GB HBM2 1,555 GB/s; deviceQuery on an "
@@ -139,23 +137,22 @@ GPUS: dict[str, GPU] = {
         "_CudaDeviceProperties(name='NVIDIA B200', total_memory=182631MB) (182642 seen)",
         ComputeProfile(0.776, 5.0, 0.640, 0.87,
                        "e_max: MAMF 1745 of 2250 (B200 SXM); fill fitted 4.8 us (pytorch/ao PR #2427); "
-                       "attention: FlashAttention-4 (flash-attention PR #2280)",
-                       0.87 * _HOPPER_ELEMENTWISE_PER_COPY)),
+                       "attention: FlashAttention-4 (flash-attention PR #2280)", _H100_ELEMENTWISE)),
     "L40S": GPU(
         "L40S", 362.05, 45589 * MiB, 864.0,
         "NVIDIA L40S data sheet: 362.05 TFLOP/s bf16 dense (733 with sparsity), 48 GB GDDR6 at 864 GB/s; "
         "torch _CudaDeviceProperties(name='NVIDIA L40S', total_memory=45589MB)",
         ComputeProfile(0.744, 14.0, 0.744 * _A100_ATTN_PER_GEMM, 0.87,
                        "e_max: bf16 squares peak at 269.2 of 362 (torch-performance-test-data "
-                       "database.md); fill and attention ratio assumed as A100's",
-                       0.87 * _PRE_HOPPER_ELEMENTWISE_PER_COPY)),
+                       "database.md); fill and attention ratio assumed as A100's", _A100_ELEMENTWISE)),
     "MI300X": GPU(
         "MI300X", 1307.4, 196592 * MiB, 5300.0,
         "AMD Instinct MI300X specifications: 1307.4 TFLOP/s bf16 dense, 192 GB HBM3 at 5.3 TB/s; torch "
         "_CudaDeviceProperties(name='AMD Instinct MI300X', total_memory=196592MB) (ROCm/ROCm issue #4203)",
         ComputeProfile(0.511, 14.0, 0.511 * _A100_ATTN_PER_GEMM, 0.80,
                        "e_max: MAMF 668.4 TFLOP/s (torch 2.5.1, ROCm 6.3, TunableOp); fill and attention "
-                       "ratio assumed as A100's; HBM fraction assumed", 0.80 * _HOPPER_ELEMENTWISE_PER_COPY)),
+                       "ratio assumed as A100's; HBM fraction assumed",
+                       0.80 * _H100_ELEMENTWISE / _H100_SXM.hbm_efficiency)),
     # One CPU process for gloo runs: an order-of-magnitude stand-in until calibrated.
     "CPU": GPU("CPU", 0.05, 24 * GiB, 10.0,
                "one CPU process for gloo runs: an order-of-magnitude stand-in until calibrated"),

@@ -78,27 +78,35 @@ FLASH_BWD_FLOPS = 2.5
 # (FlashAttention-2 paper, abstract and Sec. 4.1); 264 vs 308 TFLOP/s on an H100 at seqlen 2k,
 # head dim 64 (Dao-AILab/flash-attention PR #2688's benchmark_flash_attention.py output).
 FLASH_BWD_OVER_FWD = 0.86
-# Sequence length at which FlashAttention-2 runs at half its long-sequence rate: e = E * s/(s+s0).
-# Fitted to the FA2 forward+backward figures (A100 80GB SXM4 and H100 SXM5, head dim 64 and 128,
-# seqlen 512..16k; flash-attention README, assets/flash2_{a100,h100}_fwd_bwd_benchmark.png):
-# rms error 0.8% without and 1.1% with a causal mask.
-FLASH_S0_NONCAUSAL = 190.0
-FLASH_S0_CAUSAL = 520.0
-# Causal kernels reach 0.94-0.97 of the non-causal rate at long sequences (same figures).
-FLASH_CAUSAL_FACTOR = 0.95
-# Head dim 64 reaches 0.87 of head dim 128's rate (same figures: A100 0.868, H100 0.874).
-FLASH_HEAD_DIM_64_FACTOR = 0.87
-# FlashAttention v1 (flash-attn 1.x) and its Triton port (flash_attn_triton.py, which llm-foundry
-# ran as attn_impl "triton"), the kernels of 2022-23, fitted the same way to the "FlashAttention"
-# bars of the same two figures (rms error 5% over 48 bars): at long sequences they run at 0.41 of
-# FlashAttention-2's rate on both GPUs (A100 84/205, H100 139/344, head dim 128, no mask), saturate
-# at shorter sequences, and run faster at head dim 64 than at 128.  The A100 figure's Triton bars
-# lie within 15% of FA1's; the H100 figure has none, so the port takes FA1's rate there.
-FLASH1_OVER_FLASH2 = 0.41
-FLASH1_S0_NONCAUSAL = 60.0
-FLASH1_S0_CAUSAL = 270.0
-FLASH1_CAUSAL_FACTOR = 0.946
-FLASH1_HEAD_DIM_64_FACTOR = 1.197
+@dataclass(frozen=True)
+class FlashCurve:
+    """One FlashAttention implementation's forward+backward rate: ``over_fa2`` x the GPU's
+    ``flash_max`` at long sequences, times ``causal_factor`` under a causal mask and the head-dim
+    factor (``head_dim_64`` at 64, linear in log2 up to 1 at 128), times ``s / (s + s0)``."""
+
+    over_fa2: float
+    s0_noncausal: float
+    s0_causal: float
+    causal_factor: float
+    head_dim_64: float
+
+
+FLASH_CURVES = {
+    # FlashAttention-2, fitted to its forward+backward figures (A100 80GB SXM4 and H100 SXM5, head
+    # dim 64 and 128, seqlen 512..16k; flash-attention README, assets/flash2_{a100,h100}_fwd_bwd_
+    # benchmark.png): s0 with rms error 0.8% without and 1.1% with a causal mask; causal kernels
+    # reach 0.94-0.97 of the non-causal rate at long sequences; head dim 64 reaches 0.87 of head dim
+    # 128's rate (A100 0.868, H100 0.874).
+    "flash": FlashCurve(1.0, 190.0, 520.0, 0.95, 0.87),
+    # FlashAttention v1 (flash-attn 1.x) and its Triton port (flash_attn_triton.py, which
+    # llm-foundry ran as attn_impl "triton"), the kernels of 2022-23, fitted the same way to the
+    # "FlashAttention" bars of the same two figures (rms error 5% over 48 bars): at long sequences
+    # 0.41 of FlashAttention-2's rate on both GPUs (A100 84/205, H100 139/344, head dim 128, no
+    # mask), saturating at shorter sequences and faster at head dim 64 than at 128.  The A100
+    # figure's Triton bars lie within 15% of FA1's; the H100 figure has none, so the port takes
+    # FA1's rate there.
+    "flash1": FlashCurve(0.41, 60.0, 270.0, 0.946, 1.197),
+}
 # Backward of a memory-bound op takes this many times its forward: the median backward/forward
 # time ratio of Liger-Kernel's PyTorch baselines at 16M-67M elements (benchmark/data/
 # all_benchmark_data.csv; A100 Llama RMSNorm chain 2.60-2.61; H100 ReLU^2 2.37-2.44, add + RMSNorm
@@ -277,16 +285,10 @@ class ComputeModel:
         profile = self.gpu.profile
         if profile is None:
             return self.default_efficiency
-        s = max(seq_len, 1)
-        if impl == "flash1":
-            s0 = FLASH1_S0_CAUSAL if causal else FLASH1_S0_NONCAUSAL
-            both = profile.flash_max * FLASH1_OVER_FLASH2 * (FLASH1_CAUSAL_FACTOR if causal else 1.0)
-            both *= _head_dim_factor(head_dim, FLASH1_HEAD_DIM_64_FACTOR)
-        else:
-            s0 = FLASH_S0_CAUSAL if causal else FLASH_S0_NONCAUSAL
-            both = profile.flash_max * (FLASH_CAUSAL_FACTOR if causal else 1.0)
-            both *= _head_dim_factor(head_dim, FLASH_HEAD_DIM_64_FACTOR)
-        both *= s / (s + s0)
+        curve, s = FLASH_CURVES[impl], max(seq_len, 1)
+        s0 = curve.s0_causal if causal else curve.s0_noncausal
+        both = profile.flash_max * curve.over_fa2 * (curve.causal_factor if causal else 1.0)
+        both *= _head_dim_factor(head_dim, curve.head_dim_64) * s / (s + s0)
         # fwd + 2.5 x bwd FLOPs at efficiencies e and 0.86 e take as long as 3.5 at ``both``.
         fwd = both * (1.0 + FLASH_BWD_FLOPS / FLASH_BWD_OVER_FWD) / (1.0 + FLASH_BWD_FLOPS)
         return fwd if direction == "fwd" else fwd * FLASH_BWD_OVER_FWD

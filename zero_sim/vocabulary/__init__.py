@@ -101,7 +101,8 @@ def copy_out(layer: int) -> str:
 
 
 def copy_in(layer: int) -> str:
-    """FSDP2's copy (and cast) of a unit's gradients into the reduce-scatter's input buffer."""
+    """FSDP's copy of a unit's gradients into the buffer its reduce-scatter reads (FSDP1: the flat
+    gradient; FSDP2: the reduce-scatter input, cast to the reduce dtype)."""
     return f"copy_in L{layer}"
 
 
@@ -112,7 +113,7 @@ def _check_kind(kind: str) -> None:
 
 @dataclass(frozen=True)
 class OpName:
-    """An op name taken apart: ``kind`` is fwd/bwd/recompute/opt/wait/fetch, an FSDP2
+    """An op name taken apart: ``kind`` is fwd/bwd/recompute/opt/wait/fetch, an FSDP
     copy (copy_out/copy_in) or a collective."""
 
     kind: str
