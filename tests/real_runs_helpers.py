@@ -74,14 +74,18 @@ def real_run(strategy: str, nproc: int, **overrides) -> tuple[dict, str]:
     flags = {**RUN, **overrides}
     out = tempfile.mkdtemp(prefix=f"rr-{strategy}-{nproc}-")
     atexit.register(shutil.rmtree, out, ignore_errors=True)
+    run = launch_retrying_native_abort(strategy, nproc, out=out, save_state=True, timeout_s=240, **flags)
+    return run, out
+
+
+def launch_retrying_native_abort(strategy: str, nproc: int, **kwargs) -> dict:
+    """``launch``, with one more try when a rank died of a native abort (SIGABRT now and then in
+    CI on a loaded 2-core machine, before ranks said where), said out loud with the abort's
+    message; a second one, or any Python error, fails the test with the ranks' last lines."""
     for attempt in (1, 2):
         try:
-            return launch(strategy, nproc=nproc, out=out, save_state=True, timeout_s=240, **flags), out
+            return launch(strategy, nproc=nproc, **kwargs)
         except RunFailed as e:
-            # A rank that died of a native abort (SIGABRT once in CI on a loaded 2-core
-            # machine, before ranks said where) gets one more try, said out loud with the
-            # abort's message; a second one, or any Python error, fails the test with the
-            # ranks' last lines.
             native = re.search(r"died \((SIGABRT|SIGSEGV|SIGBUS)", str(e))
             if attempt == 1 and native:
                 warnings.warn(f"{strategy} on {nproc} ranks: {e} Retried once.", stacklevel=2)

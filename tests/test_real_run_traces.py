@@ -19,6 +19,7 @@ import shutil
 from collections import Counter
 
 import pytest
+from real_runs_helpers import launch_retrying_native_abort
 
 from real_runs.launch import clear_outputs, launch
 from real_runs.train import profiler_schedule
@@ -38,7 +39,7 @@ TRACES = ["rank0.pt.trace.json", "rank1.pt.trace.json"]
 @pytest.fixture(scope="module")
 def ddp_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("traced") / "ddp"
-    run = launch("ddp", nproc=2, out=out, trace=True, timeout_s=120, **RUN)
+    run = launch_retrying_native_abort("ddp", 2, out=out, trace=True, timeout_s=120, **RUN)
     return run, out
 
 
@@ -183,7 +184,7 @@ def test_collectives_are_read_from_the_traces_folder_and_from_the_old_name(tmp_p
     steps, which include the step the overlay compares.  A run folder of the older layout,
     ``trace_rank<r>.json`` beside ``run.json``, is read the same way."""
     out = tmp_path / "fsdp-torch"
-    launch("fsdp-torch", nproc=2, out=out, trace=True, timeout_s=120, **{**RUN, "steps": 3})
+    launch_retrying_native_abort("fsdp-torch", 2, out=out, trace=True, timeout_s=120, **{**RUN, "steps": 3})
     run = load_run(out)
     comm = run.ops[run.ops["stream"] == "comm"]
     assert set(comm["source"]) == {"trace"} and set(comm["step"]) == {1, 2}
@@ -217,7 +218,8 @@ def test_a_ranks_trace_is_found_at_its_new_place_first_then_at_the_old_name(tmp_
 @pytest.mark.slow
 def test_profile_memory_adds_allocations_and_shapes_to_the_trace(tmp_path):
     out = tmp_path / "mem"
-    launch("ddp", nproc=1, out=out, trace=True, profile_memory=True, timeout_s=120, **{**RUN, "steps": 2})
+    launch_retrying_native_abort("ddp", 1, out=out, trace=True, profile_memory=True, timeout_s=120,
+                                 **{**RUN, "steps": 2})
     trace = json.loads((out / "traces" / "rank0.pt.trace.json").read_text())
     memory = [e for e in trace["traceEvents"] if e.get("name") == "[memory]"]
     assert memory and all("Bytes" in e["args"] for e in memory)
