@@ -43,10 +43,15 @@ def test_the_collective_sweep_prints_an_nccl_tests_table_and_writes_its_rows(tmp
         factor = 1.0 if r["collective"] == "all_reduce" else 0.5
         assert r["busbw_gbps"] == pytest.approx(r["algbw_gbps"] * factor)
     assert any("# all_reduce_perf  nranks 2" in line for line in lines)
-    # Up to 64 KB calls are timed alone, thirty in a row (their mean, tail included), and each
-    # row says what CPU its calls used.
-    assert all(r["queue"] == 1 and r["in_turn"] == 30 and r["iters"] == 1 and r["cpu_us"] > 0
-               for r in sweep["rows"])
+    # Up to 64 KB calls are timed alone, thirty in a row (their mean, tail included), and
+    # thirty queued at once, in four passes spread over the sweep (one before each
+    # collective's large sizes, one at the end): each row is the mean of its passes and says
+    # what CPU its calls used.
+    assert all(r["queue"] == 1 and r["in_turn"] == 30 and r["passes"] == r["iters"] == 4 and r["cpu_us"] > 0
+               and r["queued_time_us"] > 0 for r in sweep["rows"])
+    swept = (4096, 8192, 16384, 32768, 65536)
+    assert [(r["collective"], r["size_bytes"]) for r in sweep["rows"]] == [
+        (kind, size) for kind in ("all_reduce", "reduce_scatter", "all_gather") for size in swept]
     # Last, a mixed queue of each collective timed idle and while every rank computes.
     assert {r["collective"] for r in sweep["under_compute"]} == kinds
     assert all(r["idle_s"] > 0 and r["loaded_s"] > 0 and r["calls"] % 16 == 0 for r in sweep["under_compute"])

@@ -15,6 +15,12 @@ Training also issues small calls back to back (a per-parameter strategy's calls 
 of backward or in the optimizer step), so an idle sweep times each small size a second way
 too: thirty calls queued at once, their mean per call (``queued_time_us``).
 
+Small calls between ranks that share a few cores go through spells, fast or several times
+slower, that last seconds; a training run of many steps pays their mean.  So an idle sweep
+times its small sizes in passes spread over the whole sweep, one before each collective's
+large sizes and one at the end, and each small row is the mean over its passes
+(``passes``).
+
 Each row also says how much CPU time the rank's threads used per call (``cpu_us``, the mean
 over ranks): on a CPU machine that is what communication takes from compute.  ``size`` is
 the whole buffer S (the gathered output for all_gather, the input for reduce_scatter), so
@@ -104,15 +110,20 @@ def collective_sweep(kinds, lo: int, hi: int, budget_s: float, load: bool = Fals
     ``bench`` says where the buffers live and how the clock is read (CPU, or this rank's GPU)."""
     world = dist.get_world_size()
     rows = []
+    small_passes: dict[tuple[str, int], list[tuple[float, float, float]]] = {}
     with ComputeLoad() if load else contextlib.nullcontext() as busy:
         if busy is not None:
             dist.barrier()
             alone = busy.rate(0.5)
         for kind in kinds:
+            if busy is None:  # idle: small sizes in passes spread over the sweep (module docstring)
+                _small_call_pass(kinds, lo, hi, world, bench, small_passes)
             for s in sizes(lo, hi, world):
+                if busy is None and s <= SMALL_CALL_MAX_BYTES:
+                    continue
                 probe, _ = _time_collective(kind, s, world, 1, bench=bench)
                 if s <= SMALL_CALL_MAX_BYTES:
-                    # Small calls one at a time, thirty in a row, and their mean (module docstring).
+                    # Under load: small calls one at a time, thirty in a row, and their mean.
                     queue, in_turn = 1, SMALL_CALLS_IN_TURN
                 else:
                     # Enough calls to see past timer noise, few enough to keep big sizes short.
@@ -130,14 +141,36 @@ def collective_sweep(kinds, lo: int, hi: int, budget_s: float, load: bool = Fals
                        "in_turn": in_turn}
                 if busy is None:
                     row["cpu_us"] = cpu * 1e6  # under load the process's time includes the load itself
-                    if in_turn > 1:  # the same small calls queued at once (module docstring)
-                        queued, _ = _time_collective(kind, s, world, fewest, queue=in_turn, bench=bench)
-                        row["queued_time_us"] = queued * 1e6
                 else:
                     during = (busy.done - before) / (time.perf_counter() - t0)
                     row["compute_slowdown"] = max(0.0, alone / max(during, 1e-9) - 1.0)
                 rows.append(row)
+        if busy is None:
+            _small_call_pass(kinds, lo, hi, world, bench, small_passes)
+    rows += [_small_row(kind, s, world, timings) for (kind, s), timings in small_passes.items()]
+    rows.sort(key=lambda r: (list(kinds).index(r["collective"]), r["size_bytes"]))
     return {"world_size": world, "backend": dist.get_backend(), "rows": rows, "under_load": load}
+
+
+def _small_call_pass(kinds, lo: int, hi: int, world: int, bench: Bench,
+                     timings: dict[tuple[str, int], list[tuple[float, float, float]]]) -> None:
+    """One pass over every small size of every collective: thirty calls in a row (wall and
+    CPU per call) and thirty queued at once, appended to ``timings[(kind, size)]``."""
+    for kind in kinds:
+        for s in sizes(lo, hi, world):
+            if s <= SMALL_CALL_MAX_BYTES:
+                t, cpu = _time_collective(kind, s, world, 1, in_turn=SMALL_CALLS_IN_TURN, bench=bench)
+                queued, _ = _time_collective(kind, s, world, 1, queue=SMALL_CALLS_IN_TURN, bench=bench)
+                timings.setdefault((kind, s), []).append((t, cpu, queued))
+
+
+def _small_row(kind: str, s: int, world: int, timings: list[tuple[float, float, float]]) -> dict:
+    """A small size's row: the mean over its passes, which is what many steps pay."""
+    t, cpu, queued = (statistics.fmean(x) for x in zip(*timings, strict=True))
+    return {"collective": kind, "size_bytes": s, "count": s // 4, "type": "float", "time_us": t * 1e6,
+            "algbw_gbps": s / t / 1e9, "busbw_gbps": s / t * bus_factor(kind, world) / 1e9,
+            "iters": len(timings), "queue": 1, "in_turn": SMALL_CALLS_IN_TURN, "cpu_us": cpu * 1e6,
+            "queued_time_us": queued * 1e6, "passes": len(timings)}
 
 
 def format_table(sweep: dict) -> str:
