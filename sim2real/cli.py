@@ -7,6 +7,7 @@
     zero-sim validate --sample 30 --seed 7 --report out/validation   # 30 cases drawn at random
     zero-sim validate --published            # predict published GPU runs; no run is started
     zero-sim validate --published --points my_points.toml   # your own measurements, same format
+    zero-sim validate --repredict out.json   # a kept validation's cases, predicted again by this code
 
 A real run or an emulated cluster that fails ends with its one sentence and exit status 1;
 bad input, as everywhere, with one sentence and exit status 2.  Ctrl-C, SIGTERM and SIGHUP stop
@@ -28,6 +29,7 @@ from real_runs.precision import PRECISIONS, default_precision
 from sim2real import measure
 from sim2real import validate as v
 from sim2real.gpu_grid import gpu_grid
+from sim2real.repredict import format_repredicted, repredict
 from sim2real.sampling import sample_cases
 from sim2real.validate_report import headline
 from zero_sim import cli
@@ -120,6 +122,10 @@ def _validate_args(val) -> None:
     val.add_argument("--points", type=Path, default=None, metavar="FILE",
                      help="with --published: a TOML file of points in the same format as "
                           "zero_sim/published/points.toml (default: that file)")
+    val.add_argument("--repredict", type=Path, nargs="+", default=None, metavar="FILE",
+                     help="predict again, with this code, the cases of validations run with --keep "
+                          "(their --json output or a report's validation.json) and print old and new "
+                          "errors side by side; nothing runs")
     val.add_argument("--report", type=Path, default=None,
                      help="write report.md, validation.json and figures here")
     val.add_argument("--json", action="store_true", help="print the result as one JSON object")
@@ -143,7 +149,18 @@ def _validate_published(args) -> int:
     return 0
 
 
+def _validate_repredicted(args) -> int:
+    if args.published or args.quick or args.sample is not None or args.device != "cpu":
+        raise v.ValidationError("--repredict predicts kept cases again and runs nothing; "
+                                "leave out --published, --quick, --sample and --device")
+    result = repredict(args.repredict)
+    print(json.dumps(result, default=str) if args.json else format_repredicted(result))
+    return 0
+
+
 def _validate(args) -> int:
+    if args.repredict is not None:
+        return _validate_repredicted(args)
     if args.published:
         return _validate_published(args)
     if args.points is not None:

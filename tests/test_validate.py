@@ -177,6 +177,15 @@ def test_quick_validation_predicts_every_case_before_running_it_and_reports_the_
             f"median |error| {result['median_abs_error']:.1%}, median noise band "
             f"{result['median_noise_band']:.1%} (emulated: {result['emulated']}), "
             f"{result['wall_s']:.0f} s")
+    # Predicted again by the same code from what the kept runs left (each run.json and the
+    # calibration beside it), the cases get the very predictions written down before they ran.
+    again = zero_sim_command("validate", "--repredict", str(tmp_path / "validation.json"), "--json")
+    assert again.returncode == 0, again.stderr[-2000:]
+    repredicted = json.loads(again.stdout)
+    assert [r["predicted_step_s"] for r in repredicted["cases"]] == pytest.approx(
+        [c["predicted_step_s"] for c in cases], rel=1e-9)
+    assert repredicted["new"]["median_abs_error"] == pytest.approx(result["median_abs_error"])
+    assert repredicted["old"]["by"] == result["by"]
     shutil.rmtree(files)
     # A gross modelling error would show here; the 5% goal is judged on the full grid, on a quiet machine.
     assert result["median_abs_error"] < 0.25
@@ -240,3 +249,20 @@ def test_a_case_predicted_to_train_longer_than_the_timeout_is_given_the_time_it_
     opts = v.Options(steps=12, timeout_s=300.0)
     assert v.run_timeout_s(34.7, opts) > 12 * 34.7 * 1.5  # room for a run slower than predicted
     assert v.run_timeout_s(0.05, opts) == pytest.approx(300.0, abs=2.0)  # a short case keeps the limit
+
+
+# --- A kept validation predicted again ------------------------------------------------------
+
+@pytest.mark.parametrize("content, fragment", [
+    (None, "cannot read"),
+    ("not json", "is not JSON"),
+    (json.dumps({"cases": []}), "lists no validation cases"),
+    (json.dumps({"cases": [{"strategy": "ddp", "run_dir": None}]}), "only a validation run with --keep"),
+], ids=["missing", "not-json", "no-cases", "runs-removed"])
+def test_a_validation_that_cannot_be_predicted_again_says_why_in_one_sentence(tmp_path, content, fragment):
+    given = tmp_path / "validation.json"
+    if content is not None:
+        given.write_text(content)
+    proc = zero_sim_command("validate", "--repredict", str(given), timeout=120)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert fragment in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
