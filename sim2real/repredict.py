@@ -19,7 +19,7 @@ import json
 from pathlib import Path
 
 from sim2real.replay import predict_run
-from sim2real.validate_report import SPLIT_BY, error_summary
+from sim2real.validate_report import SPLIT_BY, error_summary, percent
 from zero_sim.calibration import Calibration, CalibrationError
 
 
@@ -38,10 +38,14 @@ def kept_cases(path: str | Path) -> list[dict]:
     except ValueError:
         raise RepredictError(f"{str(path)!r} is not JSON; {which}") from None
     cases = summary.get("cases") if isinstance(summary, dict) else None
-    if not cases:
+    if not isinstance(cases, list) or not cases:
         raise RepredictError(f"{str(path)!r} lists no validation cases; pass the JSON of a "
                              f"`zero-sim validate` run")
     for row in cases:
+        if not isinstance(row, dict) or not all(isinstance(row.get(k), (int, float))
+                                                for k in ("predicted_step_s", "measured_step_s", "error")):
+            raise RepredictError(f"{str(path)!r} has a case without its predicted and measured step "
+                                 f"times; pass the JSON of a `zero-sim validate` run as it was written")
         run_dir = row.get("run_dir")
         if not run_dir or not (Path(run_dir) / "run.json").is_file():
             raise RepredictError(f"{str(path)!r} names no run directory that still exists for its "
@@ -89,21 +93,17 @@ def format_repredicted(result: dict) -> str:
         lines.append(f"{r['strategy']:10} N={r['gpus']} {r['model'] or '-':6} {r['shape'] or '-':10} "
                      f"{r['bandwidth_gbps'] or '-':>5} Gbit/s  step {r['old_error']:+7.1%} -> "
                      f"{r['error']:+7.1%}  exposed {_signed(r['old_exposed_comm_error'])} -> "
-                     f"{_signed(r['exposed_comm_error'])}  (noise band {_pct(r['noise_band'])})")
+                     f"{_signed(r['exposed_comm_error'])}  (noise band {percent(r['noise_band'])})")
     old, new = result["old"], result["new"]
     step, comm = "median_abs_error", "median_abs_exposed_comm_error"
-    lines += ["", f"{len(result['cases'])} cases: median |error| of step time {_pct(old[step])} -> "
-                  f"{_pct(new[step])}, exposed communication {_pct(old[comm])} -> {_pct(new[comm])}"]
+    lines += ["", f"{len(result['cases'])} cases: median |error| of step time {percent(old[step])} -> "
+                  f"{percent(new[step])}, exposed communication {percent(old[comm])} -> {percent(new[comm])}"]
     for key in SPLIT_BY:
-        cells = ", ".join(f"{value} {_pct(g['median_abs_error'])} -> "
-                          f"{_pct(new['by'][key][value]['median_abs_error'])} ({g['cases']})"
+        cells = ", ".join(f"{value} {percent(g['median_abs_error'])} -> "
+                          f"{percent(new['by'][key][value]['median_abs_error'])} ({g['cases']})"
                           for value, g in old["by"][key].items())
         lines.append(f"  {key}: {cells}")
     return "\n".join(lines)
-
-
-def _pct(x) -> str:
-    return "n/a" if x is None else f"{x:.1%}"
 
 
 def _signed(x) -> str:

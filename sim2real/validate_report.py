@@ -74,10 +74,10 @@ def overlay_png(run_dir: Path, sim, report_dir: Path, row: dict) -> None:
 
 def headline(summary: dict) -> str:
     """The result in one line: each median error beside its median noise band."""
-    return (f"median |error| of step time {_pct(summary['median_abs_error'])} "
-            f"(noise band {_pct(summary.get('median_noise_band'))}); exposed communication "
-            f"{_pct(summary['median_abs_exposed_comm_error'])} "
-            f"(noise band {_pct(summary.get('median_exposed_comm_noise_band'))}) "
+    return (f"median |error| of step time {percent(summary['median_abs_error'])} "
+            f"(noise band {percent(summary.get('median_noise_band'))}); exposed communication "
+            f"{percent(summary['median_abs_exposed_comm_error'])} "
+            f"(noise band {percent(summary.get('median_exposed_comm_noise_band'))}) "
             f"over {len(summary['cases'])} cases")
 
 
@@ -112,13 +112,14 @@ def write_report(summary: dict, report_dir: Path) -> Path:
                      f"{r.get('latency_ms') or '-'} | {r['bucket_mb'] or '-'} | "
                      f"{'-' if block is None else f'{block * 1e3:.2f}'} | "
                      f"{r['predicted_step_s']:.4f} | {r['measured_step_s']:.4f} | {r['error']:+.1%} | "
-                     f"{_pct(r.get('noise_band'))} | {r['predicted_exposed_comm_s']:.4f} / "
+                     f"{percent(r.get('noise_band'))} | {r['predicted_exposed_comm_s']:.4f} / "
                      f"{'-' if meas_comm is None else f'{meas_comm:.4f}'} | "
-                     f"{_signed(r.get('exposed_comm_error'))} | {_pct(r.get('exposed_comm_noise_band'))} | "
+                     f"{_signed(r.get('exposed_comm_error'))} | "
+                     f"{percent(r.get('exposed_comm_noise_band'))} | "
                      f"{'yes' if r['model_states_exact'] else 'NO'} |")
     lines += ["", "## Median |error| of step time, split by what the cases vary", ""]
     for key, groups in summary.get("by", {}).items():
-        cells = ", ".join(f"{value}: {_pct(g['median_abs_error'])} ({g['cases']})"
+        cells = ", ".join(f"{value}: {percent(g['median_abs_error'])} ({g['cases']})"
                           for value, g in groups.items())
         lines.append(f"- **{key}**: {cells}")
     figures = [r for r in summary["cases"] if r.get("figure")]
@@ -143,7 +144,7 @@ def _files_line(summary: dict) -> str:
     return "The runs' files were in a temporary folder, removed at the end (`--keep` keeps them)."
 
 
-def _pct(x) -> str:
+def percent(x) -> str:
     return "n/a" if x is None else f"{x:.1%}"
 
 

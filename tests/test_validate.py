@@ -257,8 +257,10 @@ def test_a_case_predicted_to_train_longer_than_the_timeout_is_given_the_time_it_
     (None, "cannot read"),
     ("not json", "is not JSON"),
     (json.dumps({"cases": []}), "lists no validation cases"),
-    (json.dumps({"cases": [{"strategy": "ddp", "run_dir": None}]}), "only a validation run with --keep"),
-], ids=["missing", "not-json", "no-cases", "runs-removed"])
+    (json.dumps({"cases": [{"strategy": "ddp", "run_dir": "x"}]}), "without its predicted and measured"),
+    (json.dumps({"cases": [{"strategy": "ddp", "run_dir": None, "predicted_step_s": 0.2,
+                            "measured_step_s": 0.21, "error": -0.05}]}), "only a validation run with --keep"),
+], ids=["missing", "not-json", "no-cases", "case-without-figures", "runs-removed"])
 def test_a_validation_that_cannot_be_predicted_again_says_why_in_one_sentence(tmp_path, content, fragment):
     given = tmp_path / "validation.json"
     if content is not None:
