@@ -135,10 +135,7 @@ def collective_sweep(kinds, lo: int, hi: int, budget_s: float, load: bool = Fals
                 iters = fewest if busy is None else int(max(fewest, min(50, 0.1 / per_timing)))
                 before, t0 = (busy.done if busy else 0), time.perf_counter()
                 t, cpu = _time_collective(kind, s, world, iters, queue, in_turn, bench)
-                row = {"collective": kind, "size_bytes": s, "count": s // 4, "type": "float",
-                       "time_us": t * 1e6, "algbw_gbps": s / t / 1e9,
-                       "busbw_gbps": s / t * bus_factor(kind, world) / 1e9, "iters": iters, "queue": queue,
-                       "in_turn": in_turn}
+                row = _row(kind, s, world, t, iters, queue, in_turn)
                 if busy is None:
                     row["cpu_us"] = cpu * 1e6  # under load the process's time includes the load itself
                 else:
@@ -167,10 +164,15 @@ def _small_call_pass(kinds, lo: int, hi: int, world: int, bench: Bench,
 def _small_row(kind: str, s: int, world: int, timings: list[tuple[float, float, float]]) -> dict:
     """A small size's row: the mean over its passes, which is what many steps pay."""
     t, cpu, queued = (statistics.fmean(x) for x in zip(*timings, strict=True))
+    return _row(kind, s, world, t, len(timings), 1, SMALL_CALLS_IN_TURN) | {
+        "cpu_us": cpu * 1e6, "queued_time_us": queued * 1e6, "passes": len(timings)}
+
+
+def _row(kind: str, s: int, world: int, t: float, iters: int, queue: int, in_turn: int) -> dict:
+    """A sweep row as nccl-tests names its columns: ``s`` bytes in ``t`` seconds per call."""
     return {"collective": kind, "size_bytes": s, "count": s // 4, "type": "float", "time_us": t * 1e6,
             "algbw_gbps": s / t / 1e9, "busbw_gbps": s / t * bus_factor(kind, world) / 1e9,
-            "iters": len(timings), "queue": 1, "in_turn": SMALL_CALLS_IN_TURN, "cpu_us": cpu * 1e6,
-            "queued_time_us": queued * 1e6, "passes": len(timings)}
+            "iters": iters, "queue": queue, "in_turn": in_turn}
 
 
 def format_table(sweep: dict) -> str:
