@@ -5,10 +5,15 @@ nobody looked at.  ``zero-sim validate --sample K --seed S`` therefore draws K c
 random from everything the project runs on this machine, and the report lists what was
 drawn, so a sample is reproduced exactly by its seed.
 
-What one draw picks, each independently:
+Strategies are dealt, not drawn: in rounds that hold every strategy once, each round in a
+shuffled order, so K cases give every strategy K/7 cases, rounded down or up.  The report
+prints each strategy's median error, and a median over one or two cases is just those
+cases; at K = 30 every strategy gets four or five.  The strategies sampled are every real
+strategy whose collectives the run records (``fsdp-torch`` is left out: FSDP2 runs its
+collectives inside torch, so its rank files hold compute only).
 
-* **strategy**: every real strategy whose collectives the run records (``fsdp-torch`` is
-  left out: FSDP2 runs its collectives inside torch, so its rank files hold compute only);
+What one draw then picks for its strategy, each independently:
+
 * **model**: ``tiny``, ``small`` or ``medium`` (0.9M, 5.8M and 34M parameters);
 * **shape** of the emulated cluster: ``uniform`` (a link per rank), ``two-nodes`` (two
   halves joined by one link) or ``shared-bus`` (one queue for all);
@@ -76,9 +81,8 @@ def _two_figures(x: float) -> float:
     return float(f"{x:.2g}")
 
 
-def draw_case(rng: random.Random, with_latency: bool, models=SAMPLED_MODELS) -> Case:
-    """One case from the space the module docstring describes."""
-    strategy = rng.choice(SAMPLED_STRATEGIES)
+def draw_case(rng: random.Random, strategy: str, with_latency: bool, models=SAMPLED_MODELS) -> Case:
+    """One case of ``strategy`` from the space the module docstring describes."""
     model = rng.choice(models)
     shape = rng.choice(SAMPLED_SHAPES)
     ranks = [n for n in SAMPLED_RANKS if shape != "two-nodes" or n % 2 == 0]
@@ -101,8 +105,20 @@ def sample_cases(k: int, seed: int, with_latency: bool = False, models=SAMPLED_M
         raise ValueError(f"--sample {k} would run for days; draw at most 500 cases")
     rng = random.Random(seed)
     drawn: dict[Case, None] = {}
-    for _ in range(100 * k):
-        drawn.setdefault(draw_case(rng, with_latency, models))
-        if len(drawn) == k:
-            break
+    for strategy in _dealt_strategies(rng, k):
+        for _ in range(100):  # a repeat is drawn again, for the same strategy
+            case = draw_case(rng, strategy, with_latency, models)
+            if case not in drawn:
+                drawn[case] = None
+                break
     return tuple(drawn)
+
+
+def _dealt_strategies(rng: random.Random, k: int) -> list[str]:
+    """``k`` strategies dealt in rounds of every strategy once, each round in a shuffled order."""
+    dealt: list[str] = []
+    while len(dealt) < k:
+        round_ = list(SAMPLED_STRATEGIES)
+        rng.shuffle(round_)
+        dealt += round_
+    return dealt[:k]

@@ -143,8 +143,8 @@ def test_quick_validation_predicts_every_case_before_running_it_and_reports_the_
     assert files.is_dir() and f"runs' files: {files} (kept" in log
     assert str(files) in (tmp_path / "report.md").read_text()
     cases = result["cases"]
-    # The quick sample is drawn with a fixed seed, and the result says so.
-    assert result["sample"]["seed"] == v.QUICK_SEED
+    # The quick grid is fixed, not drawn, and the result says so.
+    assert result["sample"] is None and "Cases: a fixed grid." in (tmp_path / "report.md").read_text()
     assert len(cases) == len(v.QUICK_GRID) == 3
     for c in cases:
         assert set(c) >= {"strategy", "gpus", "bandwidth_gbps", "bucket_mb", "model", "shape", "global_batch",

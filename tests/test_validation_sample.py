@@ -2,6 +2,7 @@
 
 import math
 import statistics
+from collections import Counter
 from dataclasses import replace
 
 import pytest
@@ -29,6 +30,15 @@ def test_a_seed_draws_the_same_cases_every_time_and_another_seed_others():
     assert sample_cases(30, seed=5) == sample_cases(30, seed=5)
     assert sample_cases(30, seed=5) != sample_cases(30, seed=6)
     assert len(set(sample_cases(30, seed=5))) == 30
+
+
+def test_strategies_are_dealt_evenly_so_each_median_rests_on_several_cases():
+    for k, seed in ((30, 5), (30, 6), (7, 1), (10, 2)):
+        counts = Counter(c.strategy for c in sample_cases(k, seed))
+        # Every strategy gets k/7 cases, rounded down or up: at k = 30, four or five.
+        assert {counts[s] for s in SAMPLED_STRATEGIES} <= {k // 7, -(-k // 7)}, (k, seed, counts)
+    # The order in which they come is random: two seeds deal their first round differently.
+    assert [c.strategy for c in sample_cases(7, 1)] != [c.strategy for c in sample_cases(7, 2)]
 
 
 def test_the_sample_reaches_every_corner_of_the_space(many):
@@ -63,11 +73,14 @@ def test_without_netem_no_case_asks_for_latency():
     assert all(c.latency_ms == 0 for c in sample_cases(60, seed=3, with_latency=False))
 
 
-def test_the_quick_sample_is_fixed_and_keeps_to_the_smaller_models():
-    assert v.QUICK_GRID == sample_cases(3, v.QUICK_SEED, models=("tiny", "small"))
+def test_the_quick_grid_is_broad_keeps_to_the_smaller_models_and_could_have_been_drawn():
     assert {c.model for c in v.QUICK_GRID} <= {"tiny", "small"}
-    # Its seed was picked for breadth, not for its errors: three strategies on three shapes.
     assert len({c.strategy for c in v.QUICK_GRID}) == len({c.shape for c in v.QUICK_GRID}) == 3
+    v.check_grid(v.QUICK_GRID, v.Options())
+    for c in v.QUICK_GRID:  # every setting lies inside the sampled space
+        assert c.strategy in SAMPLED_STRATEGIES and c.gpus in SAMPLED_RANKS and c.shape in SAMPLED_SHAPES
+        assert BANDWIDTH_GBPS[0] <= c.bandwidth_gbps <= BANDWIDTH_GBPS[1]
+        assert (c.bucket_mb is not None) == (c.strategy in BUCKETED_REAL)
 
 
 def test_a_case_that_leaves_a_setting_open_takes_the_grids_default():
