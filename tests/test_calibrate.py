@@ -19,7 +19,7 @@ from zero_sim.calibration import (
     topology_from_imports,
 )
 from zero_sim.calibration.fit import per_call_pace, streaming_pace
-from zero_sim.engine.engine import process_groups
+from zero_sim.engine.groups import process_groups
 from zero_sim.scenario import ScenarioError, simulate
 from zero_sim.system.collectives import CollectiveModel, bus_factor
 from zero_sim.system.nccl_tests import parse_nccl_tests
@@ -150,8 +150,9 @@ def test_calibrated_or_not_gloo_runs_two_collectives_of_a_stream_at_once():
 def test_two_large_calibrated_calls_in_flight_together_take_as_long_as_one_after_the_other():
     # 50 MB/s of busbw on a 1 Gbit/s link: the measured rate, not the wire, limits a call.  A
     # second gloo thread overlaps the calls but adds no throughput: they split the measured rate.
-    from zero_sim.engine.engine import Engine, EngineConfig
+    from zero_sim.engine.engine import Engine
     from zero_sim.engine.program import ProgramBuilder
+    from zero_sim.engine.run_types import EngineConfig
 
     cal = calibration(latency_s=1e-3, busbw=50e6)
     topo = build_topology("emu-uniform", 2, 1).with_bandwidth(1.0)

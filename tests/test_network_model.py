@@ -11,7 +11,7 @@ import math
 
 import pytest
 
-from zero_sim.engine.engine import process_groups
+from zero_sim.engine.groups import process_groups
 from zero_sim.links import predicted_collective_s, predicted_collectives
 from zero_sim.system.collectives import BACKENDS, CollectiveModel
 from zero_sim.system.topology import PRESETS, build_topology

@@ -2,7 +2,7 @@
 
 import pytest
 
-from zero_sim.engine.engine import process_groups
+from zero_sim.engine.groups import process_groups
 from zero_sim.system.collectives import CollectiveError, CollectiveModel, bus_factor, bytes_sent_per_rank
 from zero_sim.system.nccl_tests import fit_nccl_tests, parse_nccl_tests
 from zero_sim.system.topology import build_topology

@@ -3,8 +3,9 @@
 import pytest
 
 from zero_sim.calibration import Calibration, CollectiveFit
-from zero_sim.engine.engine import Engine, EngineConfig, Straggler
+from zero_sim.engine.engine import Engine
 from zero_sim.engine.program import ProgramBuilder
+from zero_sim.engine.run_types import EngineConfig, Straggler
 from zero_sim.scenario import simulate
 from zero_sim.system.collectives import CollectiveModel
 from zero_sim.system.topology import build_topology

@@ -9,8 +9,9 @@ an earlier layer computes, held back only by the prefetch and rate-limit rules.
 
 import pytest
 
-from zero_sim.engine.engine import Engine, EngineConfig
+from zero_sim.engine.engine import Engine
 from zero_sim.engine.program import ProgramBuilder
+from zero_sim.engine.run_types import EngineConfig
 from zero_sim.scenario import simulate
 from zero_sim.system.collectives import CollectiveModel
 from zero_sim.system.topology import build_topology

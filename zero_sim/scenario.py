@@ -17,7 +17,8 @@ from typing import Any
 
 from zero_sim.calibration import Calibration, CalibrationError
 from zero_sim.configs.read import read_config
-from zero_sim.engine.engine import Engine, EngineConfig, Straggler
+from zero_sim.engine.engine import Engine
+from zero_sim.engine.run_types import EngineConfig, Straggler
 from zero_sim.results import SimResult, allocator_reserve, compute_metrics, context_gb
 from zero_sim.settings import ScenarioError, Setting, check_settings
 from zero_sim.strategies import PRECISIONS, Context, all_knobs, get_strategy

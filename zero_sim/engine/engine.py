@@ -70,87 +70,16 @@ from __future__ import annotations
 
 import random
 from collections import deque
-from dataclasses import dataclass, field
 
 import simpy
 
+from zero_sim.engine.groups import group_index, process_groups
 from zero_sim.engine.network import FluidNetwork
 from zero_sim.engine.program import Op, Program
+from zero_sim.engine.run_types import EngineConfig, OpRecord, RunOutput
 from zero_sim.system.collectives import CollectiveModel, CollectivePlan
 from zero_sim.system.topology import Topology
 from zero_sim.vocabulary import HOST, MEMORY_CATEGORIES
-
-
-@dataclass(frozen=True)
-class Straggler:
-    """Each rank stalls before a collective with ``probability``, for ``seconds`` (seeded)."""
-
-    probability: float
-    seconds: float
-    seed: int = 0
-
-
-@dataclass
-class EngineConfig:
-    steps: int = 2
-    host_overhead_s: float = 10e-6
-    overlap_slowdown: float = 0.0
-    # Compute time each collective takes from its rank's compute, once, if compute runs while
-    # it is in flight: on a CPU, the cores gloo's threads and the kernel's TCP path use (calibrated).
-    collective_cpu_s: float = 0.0
-    # A collective's per-call work (its latency) moves at this fraction of its pace while a member
-    # rank computes: with more ranks than cores, gloo's threads wait for a core at every hand-off
-    # (calibrated).  Its bytes move at the second fraction (None: the same one).
-    comm_rate_while_computing: float = 1.0
-    comm_bytes_rate_while_computing: float | None = None
-    explicit_ranks: bool = False  # simulate every rank (True) or rank 0 standing for all (False)
-    host_runs_compute: bool = False  # CPU training: compute runs on the host thread, synchronously
-    straggler: Straggler | None = None
-
-
-@dataclass
-class OpRecord:
-    rank: int
-    stream: str
-    name: str
-    start_s: float
-    end_s: float
-    bytes: float
-    layer: int | None
-    phase: str
-    step: int
-    kind: str
-    algorithm: str = ""
-
-
-@dataclass
-class RunOutput:
-    records: list[OpRecord]
-    memory: dict[int, list[tuple[float, str, int]]]  # rank -> (t, category, total after change)
-    resident: dict[str, int]
-    step_ends: dict[int, list[float]]  # rank -> end time of each step
-    simulated_ranks: list[int]
-    events: int
-    plans: dict[int, CollectivePlan] = field(default_factory=dict)  # op index -> plan
-
-
-def process_groups(topo: Topology, kind: str) -> tuple[tuple[int, ...], ...]:
-    n, g = topo.world_size, topo.ranks_per_node
-    if kind == "world":
-        return (tuple(range(n)),)
-    if kind == "intra":
-        return tuple(tuple(range(node * g, (node + 1) * g)) for node in range(n // g))
-    if kind == "inter":
-        return tuple(tuple(range(i, n, g)) for i in range(g))
-    raise ValueError(f"unknown process group {kind!r}")
-
-
-def group_index(topo: Topology, kind: str, rank: int) -> int:
-    if kind == "world":
-        return 0
-    if kind == "intra":
-        return rank // topo.ranks_per_node
-    return rank % topo.ranks_per_node
 
 
 class _Stream:
