@@ -59,6 +59,28 @@ def test_the_collective_sweep_prints_an_nccl_tests_table_and_writes_its_rows(tmp
 
 
 @pytest.mark.slow
+def test_under_load_every_row_is_timed_while_the_ranks_compute_and_says_how_much_they_slowed(tmp_path):
+    lines = []
+    out = tmp_path / "loaded.json"
+    run_module("real_runs.microbench", ["collectives", "--collectives", "all_reduce", "--min-bytes", "32K",
+                                        "--max-bytes", "128K", "--budget-s", "0.02", "--under-load",
+                                        "--out", str(out)], 2, on_line=lines.append, timeout_s=120)
+    sweep = json.loads(out.read_text())
+    assert sweep["under_load"] is True
+    assert [r["size_bytes"] for r in sweep["rows"]] == [32768, 65536, 131072]
+    for r in sweep["rows"]:
+        # Each row is one window, long enough (0.1 s) to read the background compute's rate from.
+        assert r["compute_slowdown"] >= 0 and r["iters"] >= 1 and "passes" not in r
+        # Its process time would include the load itself, so it is not reported.
+        assert "cpu_us" not in r
+    small, large = sweep["rows"][0], sweep["rows"][-1]
+    assert (small["queue"], small["in_turn"]) == (1, 30) and large["in_turn"] == 1
+    # The idle-only measurements are left out: no passes, no mixed queue timed both ways.
+    assert "under_compute" not in sweep
+    assert any("(every rank computing meanwhile)" in line for line in lines)
+
+
+@pytest.mark.slow
 def test_the_sweep_runs_on_three_ranks_whose_chunks_do_not_divide_a_power_of_two(tmp_path):
     """Every size, the mixed queue's too, is rounded to whole fp32 elements per rank."""
     out = tmp_path / "sweep.json"
