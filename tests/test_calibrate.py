@@ -18,7 +18,7 @@ from zero_sim.calibration import (
     fit_sweep,
     topology_from_imports,
 )
-from zero_sim.calibration.fit import per_call_pace, streaming_pace
+from zero_sim.calibration.fit import paces_under_compute, per_call_pace, streaming_pace
 from zero_sim.engine.groups import process_groups
 from zero_sim.scenario import ScenarioError, simulate
 from zero_sim.system.collectives import CollectiveModel, bus_factor
@@ -255,6 +255,39 @@ def test_a_queue_timed_while_every_rank_computes_says_how_fast_per_call_work_pro
     assert per_call_pace(queue(1e3), None, 1.0) == 0.02  # never quite stopped
     # Without that queue, collectives keep their pace whatever the ranks do.
     assert fit.comm_rate_while_computing == 1.0
+
+
+def test_a_queue_of_large_calls_beside_the_mixed_one_measures_the_bytes_pace_as_well():
+    # Four ranks on two cores, calls with 1 ms of latency (the sweep's fit).  While the ranks
+    # compute, per-call work moves at a fifth of its pace and bytes at half of theirs; the
+    # fair share of a core would have kept the bytes at full pace.
+    latency = fit_sweep(cpu_rows(200e-6, 0.1), 4)["all_reduce"].latency_s
+
+    def queue(name, calls, bytes_s, per_call_pace=0.2, bytes_pace=0.5):
+        per_call = calls * latency
+        return {"collective": "all_reduce", "queue": name, "calls": calls, "bytes": 1,
+                "idle_s": per_call + bytes_s, "loaded_s": per_call / per_call_pace + bytes_s / bytes_pace,
+                "compute_slowdown": 0.0}
+
+    measured = cpu_from_sweep(cpu_rows(200e-6, 0.1), 4, cores=2,
+                              under_compute=[queue("mixed", 32, 0.05), queue("large", 8, 0.3)])
+    assert measured.comm_rate_while_computing == pytest.approx(0.2, rel=1e-3)
+    assert measured.comm_bytes_rate_while_computing == pytest.approx(0.5, rel=1e-3)
+    # Bytes at half pace take half their CPU from compute: four ranks x 0.1 x 0.5 of the two cores.
+    assert measured.overlap_slowdown == pytest.approx(2 / (2 - 4 * 0.1 * 0.5) - 1, rel=1e-3)
+    # Where the two queues say one part kept its pace, it is 1 and the other is read alone.
+    fit = fit_sweep(cpu_rows(200e-6, 0.1), 4)["all_reduce"]
+    assert paces_under_compute(queue("mixed", 32, 0.05, 1.0, 0.4), queue("large", 8, 0.3, 1.0, 0.4),
+                               fit) == pytest.approx((1.0, 0.4), rel=1e-3)
+    assert paces_under_compute(queue("mixed", 32, 0.05, 0.3, 1.0), queue("large", 8, 0.3, 0.3, 1.0),
+                               fit) == pytest.approx((0.3, 1.0), rel=1e-3)
+    # A queue that ran faster loaded than idle (noise) never makes a pace above 1.
+    assert paces_under_compute(queue("mixed", 32, 0.05, 1.5, 1.5), queue("large", 8, 0.3, 1.5, 1.5),
+                               fit) == (1.0, 1.0)
+    # Without a fit for the collective, each queue's own ratio.
+    assert paces_under_compute(queue("mixed", 32, 0.05), queue("large", 8, 0.3), None) == pytest.approx(
+        (queue("mixed", 32, 0.05)["idle_s"] / queue("mixed", 32, 0.05)["loaded_s"],
+         queue("large", 8, 0.3)["idle_s"] / queue("large", 8, 0.3)["loaded_s"]))
 
 
 def test_a_sweep_without_cpu_times_at_both_ends_cannot_say_what_communication_costs():

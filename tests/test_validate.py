@@ -52,9 +52,14 @@ def test_the_collective_sweep_prints_an_nccl_tests_table_and_writes_its_rows(tmp
     swept = (4096, 8192, 16384, 32768, 65536)
     assert [(r["collective"], r["size_bytes"]) for r in sweep["rows"]] == [
         (kind, size) for kind in ("all_reduce", "reduce_scatter", "all_gather") for size in swept]
-    # Last, a mixed queue of each collective timed idle and while every rank computes.
-    assert {r["collective"] for r in sweep["under_compute"]} == kinds
-    assert all(r["idle_s"] > 0 and r["loaded_s"] > 0 and r["calls"] % 16 == 0 for r in sweep["under_compute"])
+    # Last, two queues of each collective timed idle and while every rank computes: one mixing
+    # 1 MB and 4 KB calls (mostly per-call work), one of 4 MB calls (mostly bytes).
+    queues = {(r["collective"], r["queue"]): r for r in sweep["under_compute"]}
+    assert set(queues) == {(kind, q) for kind in kinds for q in ("mixed", "large")}
+    assert all(r["idle_s"] > 0 and r["loaded_s"] > 0 for r in queues.values())
+    assert all(queues[kind, "mixed"]["calls"] % 16 == 0 and queues[kind, "large"]["calls"] % 4 == 0
+               for kind in kinds)
+    assert any("calls of 4 MB, queued" in line for line in lines)
     assert any("while every rank computes" in line for line in lines)
 
 

@@ -44,10 +44,11 @@ from .collectives import (
     sizes,
 )
 from .layers import LAYER_KINDS, layer_timings
-from .under_compute import MIXED_QUEUE, ComputeLoad, queue_under_compute
+from .under_compute import LARGE_QUEUE, MIXED_QUEUE, ComputeLoad, queue_under_compute
 
 __all__ = [
-    "DESCRIPTION", "LAYER_KINDS", "MIXED_QUEUE", "SMALL_CALLS_IN_TURN", "SWEEP_COLLECTIVES", "ComputeLoad",
+    "DESCRIPTION", "LARGE_QUEUE", "LAYER_KINDS", "MIXED_QUEUE", "SMALL_CALLS_IN_TURN", "SWEEP_COLLECTIVES",
+    "ComputeLoad",
     "collective_sweep", "format_table", "launcher", "layer_timings", "main", "make_parser", "parse_bytes",
     "queue_under_compute", "run", "sizes", "validate",
 ]

@@ -191,8 +191,9 @@ def format_table(sweep: dict) -> str:
                 lines.append(f"  {r['size_bytes']:>12} {r['count']:>12} {r['type']:>6} {r['time_us']:>10.1f} "
                              f"{r['algbw_gbps']:>8.3f} {r['busbw_gbps']:>8.3f} {r.get('queue', 1):>6}"
                              + (f" {r['compute_slowdown']:>8.0%}" if loaded else ""))
+    what = {"mixed": "of 1 MB and 4 KB alternating", "large": "of 4 MB"}
     for r in sweep.get("under_compute", ()):
-        lines.append(f"# {r['collective']}: {r['calls']} calls of 1 MB and 4 KB alternating, queued: "
+        lines.append(f"# {r['collective']}: {r['calls']} calls {what[r.get('queue', 'mixed')]}, queued: "
                      f"{r['idle_s'] * 1e3:.1f} ms idle, {r['loaded_s'] * 1e3:.1f} ms while every rank "
                      f"computes (which ran {r['compute_slowdown']:.0%} slower)")
     return "\n".join(lines)

@@ -7,10 +7,12 @@ costs:
 - :class:`ComputeLoad` keeps a rank computing in a background thread; the sweep's
   ``--under-load`` times every collective with it on, and each row says how much slower
   the background compute ran meanwhile.
-- :func:`queue_under_compute` times a queue of 1 MB and 4 KB calls alternating with every
-  rank idle and while every rank's main thread computes: how fast collectives progress
-  while the cores compute, and how much slower that compute runs.  With more ranks than
-  cores, gloo's threads barely get a core while the ranks compute.
+- :func:`queue_under_compute` times two queues with every rank idle and while every rank's
+  main thread computes: 1 MB and 4 KB calls alternating (mostly per-call work), and 4 MB
+  calls alone (mostly bytes).  The two say how fast a collective's per-call work and its
+  bytes progress while the cores compute, and how much slower that compute runs.  With more
+  ranks than cores, gloo's threads barely get a core while the ranks compute; they need one
+  every time a socket's buffer fills or drains, so a fast link's bytes slow down too.
 """
 
 from __future__ import annotations
@@ -25,9 +27,12 @@ import torch.distributed as dist
 
 from .calls import launcher
 
-# The queue timed with and without every rank computing: large and small calls alternating,
-# as a training step mixes bucket-sized and parameter-sized ones.
+# The queues timed with and without every rank computing: large and small calls alternating,
+# as a training step mixes bucket-sized and parameter-sized ones, and large calls alone,
+# whose time is nearly all bytes.
 MIXED_QUEUE = (1 << 20, 4 << 10) * 8
+LARGE_QUEUE = (4 << 20,) * 4
+QUEUES = {"mixed": MIXED_QUEUE, "large": LARGE_QUEUE}
 
 
 class ComputeLoad:
@@ -66,9 +71,10 @@ class ComputeLoad:
 
 
 def queue_under_compute(kinds, repeats: int = 3) -> list[dict]:
-    """Per collective: the mixed queue's time with every rank idle, and while every rank's main
-    thread computes (matrix products the size of a small model's, as forward and backward run
-    them), plus how much slower that compute ran.  One row per collective, medians of ``repeats``.
+    """Per collective and queue (:data:`QUEUES`): the queue's time with every rank idle, and
+    while every rank's main thread computes (matrix products the size of a small model's, as
+    forward and backward run them), plus how much slower that compute ran.  One row per
+    collective and queue (``queue``: ``mixed`` or ``large``), medians of ``repeats``.
 
     The two sides of ranks sharing cores with their communication: how fast collectives
     progress while the cores compute (``idle_s / loaded_s``), and how much compute they take."""
@@ -106,29 +112,30 @@ def queue_under_compute(kinds, repeats: int = 3) -> list[dict]:
 
     rows = []
     for kind in kinds:
-        # Every size a multiple of 4 * world bytes, so each rank's chunk is whole fp32 elements.
-        queue = [size // (4 * world) * 4 * world for size in MIXED_QUEUE]
-        probe = [launcher(kind, size, world, 1) for size in queue]
-        one_queue(probe, False)  # warm-up: connections
-        # Long enough (0.15 s idle) that the compute rate under it is not a handful of products.
-        idle_once = one_queue(probe, False)[0]
-        reps = torch.tensor([math.ceil(0.15 / max(idle_once, 1e-3))], dtype=torch.float64)
-        dist.all_reduce(reps, op=dist.ReduceOp.MAX)  # every rank must launch the same calls
-        reps = int(min(8, reps.item()))
-        # Each launcher cycles over ``reps`` buffers: no two calls in flight share one.
-        launchers = [launcher(kind, size, world, reps) for size in queue]
-        calls = launchers * reps
-        one_queue(calls, False)  # warm-up: first touch of the buffers
-        alone = product_rate(0.3)
-        idle = [one_queue(calls, False)[0] for _ in range(repeats)]
-        loaded = [one_queue(calls, True) for _ in range(repeats)]
-        times = torch.tensor([statistics.median(idle), statistics.median(t for t, _ in loaded)],
-                             dtype=torch.float64)
-        dist.all_reduce(times, op=dist.ReduceOp.MAX)  # every rank waits for the slowest
-        loaded_rate = statistics.median(r for _, r in loaded)
-        slowdown = torch.tensor([max(0.0, alone / max(loaded_rate, 1e-9) - 1.0)], dtype=torch.float64)
-        dist.all_reduce(slowdown)
-        rows.append({"collective": kind, "calls": len(calls), "bytes": sum(queue) * reps,
-                     "idle_s": float(times[0]), "loaded_s": float(times[1]),
-                     "compute_slowdown": float(slowdown) / world})
+        for name, sizes in QUEUES.items():
+            # Every size a multiple of 4 * world bytes, so each rank's chunk is whole fp32 elements.
+            queue = [size // (4 * world) * 4 * world for size in sizes]
+            probe = [launcher(kind, size, world, 1) for size in queue]
+            one_queue(probe, False)  # warm-up: connections
+            # Long enough (0.15 s idle) that the compute rate under it is not a handful of products.
+            idle_once = one_queue(probe, False)[0]
+            reps = torch.tensor([math.ceil(0.15 / max(idle_once, 1e-3))], dtype=torch.float64)
+            dist.all_reduce(reps, op=dist.ReduceOp.MAX)  # every rank must launch the same calls
+            reps = int(min(8, reps.item()))
+            # Each launcher cycles over ``reps`` buffers: no two calls in flight share one.
+            launchers = [launcher(kind, size, world, reps) for size in queue]
+            calls = launchers * reps
+            one_queue(calls, False)  # warm-up: first touch of the buffers
+            alone = product_rate(0.3)
+            idle = [one_queue(calls, False)[0] for _ in range(repeats)]
+            loaded = [one_queue(calls, True) for _ in range(repeats)]
+            times = torch.tensor([statistics.median(idle), statistics.median(t for t, _ in loaded)],
+                                 dtype=torch.float64)
+            dist.all_reduce(times, op=dist.ReduceOp.MAX)  # every rank waits for the slowest
+            loaded_rate = statistics.median(r for _, r in loaded)
+            slowdown = torch.tensor([max(0.0, alone / max(loaded_rate, 1e-9) - 1.0)], dtype=torch.float64)
+            dist.all_reduce(slowdown)
+            rows.append({"collective": kind, "queue": name, "calls": len(calls), "bytes": sum(queue) * reps,
+                         "idle_s": float(times[0]), "loaded_s": float(times[1]),
+                         "compute_slowdown": float(slowdown) / world})
     return rows

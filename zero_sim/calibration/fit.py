@@ -133,7 +133,11 @@ def cpu_from_sweep(rows: list[dict], world_size: int, cores: int, under_compute:
     a measurement shows.  With ``under_compute`` rows (a queue timed idle and while every
     rank computes), the queue's slowdown beyond its bytes' gives that per-call pace ``p``
     (the median over the collectives), ``comm_rate_while_computing``; ``p_b`` is
-    ``comm_bytes_rate_while_computing``.  The CPU communication takes while the ranks
+    ``comm_bytes_rate_while_computing``.  Where the sweep also timed a queue of large calls
+    (``queue: large``), ``p`` and ``p_b`` are both measured (:func:`paces_under_compute`):
+    a fair share is what a thread that runs whenever it likes would get, but gloo's
+    threads need a core every time a socket's buffer fills or drains, and with more ranks
+    than cores they wait for one each time.  The CPU communication takes while the ranks
     compute is its part's pace times the idle figures: ``c p`` per call, as above, and
     ``f p_b`` while streaming (see the module docstring).  ``fits``: the sweep's own
     :func:`fit_sweep`, where the caller has it already."""
@@ -150,8 +154,16 @@ def cpu_from_sweep(rows: list[dict], world_size: int, cores: int, under_compute:
     pace = 1.0
     if under_compute:
         fits = fit_sweep(rows, n) if fits is None else fits
-        pace = statistics.median(per_call_pace(r, fits.get(r["collective"]), bytes_pace)
-                                 for r in under_compute)
+        mixed = {r["collective"]: r for r in under_compute if r.get("queue", "mixed") == "mixed"}
+        large = {r["collective"]: r for r in under_compute if r.get("queue") == "large"}
+        both = [k for k in mixed if k in large]
+        if both:
+            paces = [paces_under_compute(mixed[k], large[k], fits.get(k)) for k in both]
+            pace = statistics.median(p for p, _ in paces)
+            bytes_pace = statistics.median(b for _, b in paces)
+        else:
+            pace = statistics.median(per_call_pace(r, fits.get(r["collective"]), bytes_pace)
+                                     for r in mixed.values())
     computing = min(n, c_cores)
     left = computing - max(0.0, n * streaming * bytes_pace - max(0, c_cores - n))
     return CpuCalibration(per_call * pace * n / c_cores if n >= c_cores else 0.0, computing / left - 1.0, n,
@@ -184,6 +196,33 @@ def per_call_pace(row: dict, fit: CollectiveFit | None, bytes_pace: float) -> fl
         left = loaded - (idle - per_call) / bytes_pace
         pace = per_call / left if left > per_call else 1.0
     return min(1.0, max(0.02, pace))
+
+
+def paces_under_compute(mixed: dict, large: dict, fit: CollectiveFit | None) -> tuple[float, float]:
+    """The pace of a collective's per-call work and of its bytes while every rank computes,
+    from two queues timed idle and loaded: ``mixed`` (mostly per-call work) and ``large``
+    (mostly bytes).  Each queue's idle time is its ``calls`` latencies (the fit's) plus its
+    bytes; loaded, each part takes ``1 / pace`` times as long: two equations for the two
+    paces.  Where they put a pace above 1, it is 1 and the other is read from the queue it
+    dominates.  Without a fit, each queue's own ratio.  Each between 0.02 and 1."""
+    def clamp(pace: float) -> float:
+        return min(1.0, max(0.02, pace))
+
+    if fit is None:
+        return clamp(mixed["idle_s"] / mixed["loaded_s"]), clamp(large["idle_s"] / large["loaded_s"])
+    lm, ll = (min(q["idle_s"], q["calls"] * fit.latency_s) for q in (mixed, large))
+    bm, bl = mixed["idle_s"] - lm, large["idle_s"] - ll
+    tm, tl = mixed["loaded_s"], large["loaded_s"]
+    # Slowdowns (1 / pace) of the per-call part and of the bytes: lm x + bm y = tm, ll x + bl y = tl.
+    det = lm * bl - ll * bm
+    x, y = ((tm * bl - tl * bm) / det, (lm * tl - ll * tm) / det) if det > 0 else (1.0, 1.0)
+    if y < 1 or det <= 0:  # bytes at full pace: the per-call part takes the mixed queue's slowdown
+        y = 1.0
+        x = (tm - bm) / lm if lm > 0 else 1.0
+    elif x < 1:  # per-call work at full pace: the bytes take the large queue's slowdown
+        x = 1.0
+        y = (tl - ll) / bl if bl > 0 else 1.0
+    return clamp(1 / max(x, 1.0)), clamp(1 / max(y, 1.0))
 
 
 def fit_nccl_tests_text(text: str, collective: str = ALL_REDUCE) -> CollectiveFit:

@@ -41,8 +41,12 @@ saved together in one JSON file that ``zero-sim simulate --calibration FILE`` lo
     ratio while a collective is in flight.
 
   - ``comm_bytes_rate_while_computing``: the pace of a rank's bytes while every rank
-    computes.  They need ``streaming_cores`` of a core, which a fair scheduler grants up to
-    an equal share of the cores (idle cores first): 1 unless they need more than that.
+    computes, measured where the sweep timed a queue of large calls idle and while every
+    rank computes (``under_compute`` rows with ``queue: large``), together with the per-call
+    pace below.  Older sweeps lack that queue; there it is what a fair scheduler would grant
+    the ``streaming_cores`` they need (idle cores first, then an equal share): 1 unless they
+    need more.  Measured, it is far lower with more ranks than cores: gloo's threads need a
+    core every time a socket's buffer fills or drains, and wait for one each time.
   - ``comm_rate_while_computing``, where the sweep also timed a queue of collectives idle
     and while every rank computes (``under_compute``): the pace of the calls' per-call
     work, the queue's slowdown beyond what its bytes took (its latencies are the fit's),
