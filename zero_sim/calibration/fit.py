@@ -195,6 +195,11 @@ def per_call_pace(row: dict, fit: CollectiveFit | None, bytes_pace: float) -> fl
         per_call = min(idle, row["calls"] * fit.latency_s)
         left = loaded - (idle - per_call) / bytes_pace
         pace = per_call / left if left > per_call else 1.0
+    return _clamped(pace)
+
+
+def _clamped(pace: float) -> float:
+    """A pace under compute: at most its idle pace, and never quite stopped."""
     return min(1.0, max(0.02, pace))
 
 
@@ -205,11 +210,8 @@ def paces_under_compute(mixed: dict, large: dict, fit: CollectiveFit | None) -> 
     bytes; loaded, each part takes ``1 / pace`` times as long: two equations for the two
     paces.  Where they put a pace above 1, it is 1 and the other is read from the queue it
     dominates.  Without a fit, each queue's own ratio.  Each between 0.02 and 1."""
-    def clamp(pace: float) -> float:
-        return min(1.0, max(0.02, pace))
-
     if fit is None:
-        return clamp(mixed["idle_s"] / mixed["loaded_s"]), clamp(large["idle_s"] / large["loaded_s"])
+        return _clamped(mixed["idle_s"] / mixed["loaded_s"]), _clamped(large["idle_s"] / large["loaded_s"])
     lm, ll = (min(q["idle_s"], q["calls"] * fit.latency_s) for q in (mixed, large))
     bm, bl = mixed["idle_s"] - lm, large["idle_s"] - ll
     tm, tl = mixed["loaded_s"], large["loaded_s"]
@@ -222,7 +224,7 @@ def paces_under_compute(mixed: dict, large: dict, fit: CollectiveFit | None) -> 
     elif x < 1:  # per-call work at full pace: the bytes take the large queue's slowdown
         x = 1.0
         y = (tl - ll) / bl if bl > 0 else 1.0
-    return clamp(1 / max(x, 1.0)), clamp(1 / max(y, 1.0))
+    return _clamped(1 / max(x, 1.0)), _clamped(1 / max(y, 1.0))
 
 
 def fit_nccl_tests_text(text: str, collective: str = ALL_REDUCE) -> CollectiveFit:
