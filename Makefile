@@ -9,7 +9,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 PORT   ?= 8888
 
-.PHONY: lab test test-fast shell fuzz demo bench lint browser-deps clean
+.PHONY: lab test test-fast shell fuzz demo bench lint browser-deps allocator-deps clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	touch $(STAMP)
 
 # Headless-safe: no browser is opened; the URL with its token is printed. Root (containers) needs --allow-root.
-lab: $(STAMP)
+lab: $(STAMP) allocator-deps
 	$(BIN)/jupyter lab --no-browser --ip=127.0.0.1 --port=$(PORT) --notebook-dir=notebooks \
 	  $$( [ "$$(id -u)" = 0 ] && echo --allow-root )
 
@@ -35,9 +35,19 @@ browser-deps:
 	      || echo "chromium could not be installed; the browser test will skip"; \
 	  else echo "no root/apt: chromium not installed; the browser test will skip"; fi; }
 
+# Real runs start their CPU ranks on jemalloc where it is installed, so that freed memory
+# is reused as a GPU's caching allocator reuses it (real_runs/allocator.py); install
+# Debian's libjemalloc2 when we can (root + apt), otherwise ranks run on glibc and say so.
+allocator-deps:
+	@$(PYTHON) -c "import ctypes.util, sys; sys.exit(ctypes.util.find_library('jemalloc') is None)" || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libjemalloc2 >/dev/null 2>&1) \
+	      || echo "libjemalloc2 could not be installed; real runs will use glibc's malloc"; \
+	  else echo "no root/apt: libjemalloc2 not installed; real runs will use glibc's malloc"; fi; }
+
 # Every test: those that start no real run and no browser on two workers, then the rest one
 # at a time (real runs time their ranks on the machine's cores, so they must not share them).
-test: $(STAMP) browser-deps
+test: $(STAMP) browser-deps allocator-deps
 	$(BIN)/ruff check zero_sim real_runs sim2real tests bench
 	$(BIN)/python -m pytest -q -n 2 -m "not slow and not browser"
 	$(BIN)/python -m pytest -q -m "slow or browser"

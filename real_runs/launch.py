@@ -39,6 +39,7 @@ from pathlib import Path
 
 from zero_sim.vocabulary.files import write_json_atomic
 
+from .allocator import allocator_env
 from .options import train_argv
 from .processes import Family, StopRequested, StopSignals, adopting_orphans, start
 
@@ -135,19 +136,13 @@ def without_nproc(argv: list[str]) -> list[str]:
     return [a for i, a in enumerate(argv) if a != "--nproc" and (i == 0 or argv[i - 1] != "--nproc")]
 
 
-# glibc hands a freed buffer above its mmap threshold back to the OS, and the next step
-# faults the same pages in again; the per-parameter strategies free and reallocate every
-# gradient and gathered shard each step.  A GPU's caching allocator keeps freed blocks for
-# reuse, and so does the simulator's model, so ranks run with glibc told to keep what it
-# frees (memory is accounted per tensor, not RSS).
-KEEP_FREED_MEMORY = {"MALLOC_MMAP_THRESHOLD_": str(1 << 30), "MALLOC_TRIM_THRESHOLD_": str((1 << 32) - 1)}
-
-
 def rank_env(**extra: str) -> dict[str, str]:
     # One thread per rank: ranks share the machine's cores, as they would share a node's.
     # faulthandler: a rank killed by a signal (a native abort) prints every thread's stack.
+    # The allocator: one that keeps and reuses freed memory, as a GPU's caching allocator
+    # does and the simulator assumes (:mod:`real_runs.allocator`).
     return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1",
-            **KEEP_FREED_MEMORY, **extra}
+            **allocator_env(), **extra}
 
 
 def run_module(module: str, argv: list[str], nproc: int, on_line: Callable[[str], None] | None = None,

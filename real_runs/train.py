@@ -54,6 +54,7 @@ import torch.distributed as dist
 from zero_sim.vocabulary.files import write_json_atomic
 from zero_sim.vocabulary.model_states import formula
 
+from .allocator import allocator_in_use
 from .gpu_stamp import gpu_stamp
 from .launch import (
     FAILED_FILE,
@@ -147,7 +148,7 @@ def _outputs(out: Path) -> list[str]:
 
 
 def _versions() -> dict:
-    return {"torch": torch.__version__, "python": platform.python_version(),
+    return {"torch": torch.__version__, "python": platform.python_version(), "allocator": allocator_in_use(),
             "cuda": torch.version.cuda, "nccl": ".".join(map(str, torch.cuda.nccl.version()))
             if torch.cuda.is_available() else None}
 

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from real_runs.allocator import jemalloc_installed
 from real_runs.cluster import ClusterShape, EmulatedCluster
 from real_runs.launch import run_module
 from zero_sim.calibration.fit import compute_from_layers, cpu_from_sweep, fit_sweep
@@ -30,8 +31,10 @@ from zero_sim.calibration.format import Calibration, CollectiveFit, ComputeCalib
 def machine_facts(**extra) -> dict:
     import torch  # here, not at the top: the CLI imports this module and simulate never needs torch
 
+    # The ranks' allocator decides how much a step's allocations cost (real_runs.allocator).
     return {"host": platform.node(), "cores": os.cpu_count(), "torch": torch.__version__,
-            "python": platform.python_version(), **extra}
+            "python": platform.python_version(),
+            "rank_allocator": "jemalloc" if jemalloc_installed() else "glibc", **extra}
 
 
 # ---------------------------------------------------------------------- measuring here
