@@ -20,8 +20,9 @@ as compute time no calibration measures:
 jemalloc keeps small and large size classes apart, so small allocations never split a
 large hole, and with page purging turned off (:data:`JEMALLOC_CONF`) it reuses freed pages
 as a caching allocator does.  PyTorch's own CPU launcher (``torch.backends.xeon.run_cpu``)
-preloads it (or TCMalloc) for the same reasons.  Where ``libjemalloc.so.2`` is installed
-(``make`` installs Debian's ``libjemalloc2`` when it can) every rank starts on it; elsewhere
+preloads it (or TCMalloc) for much the same reasons.  Where ``libjemalloc.so.2`` is
+installed (``make`` installs Debian's ``libjemalloc2`` when it can, ``environment.yml``
+conda-forge's ``jemalloc``) every rank starts on it; elsewhere
 ranks run on glibc with :data:`KEEP_FREED_MEMORY`, and the per-parameter strategies' steps
 run a little longer than the simulator predicts.  Each run records which one it ran on
 (``versions.allocator`` in ``run.json``).  Recorded memory does not depend on it: it is
@@ -45,24 +46,33 @@ KEEP_FREED_MEMORY = {"MALLOC_MMAP_THRESHOLD_": str(1 << 30), "MALLOC_TRIM_THRESH
 JEMALLOC_CONF = "dirty_decay_ms:-1,muzzy_decay_ms:-1"
 
 
+def jemalloc_library(environ: Mapping[str, str] = os.environ) -> str | None:
+    """jemalloc's shared library: a conda environment's own (conda-forge's ``jemalloc``),
+    else the one on the dynamic linker's search path (Debian's ``libjemalloc2``); None if
+    neither is installed."""
+    prefix = environ.get("CONDA_PREFIX")
+    if prefix and (Path(prefix) / "lib" / JEMALLOC).is_file():
+        return str(Path(prefix) / "lib" / JEMALLOC)
+    return JEMALLOC if ctypes.util.find_library("jemalloc") else None
+
+
 def jemalloc_installed() -> bool:
-    """Whether the dynamic linker can find jemalloc (a library on its default search path)."""
-    return ctypes.util.find_library("jemalloc") is not None
+    return jemalloc_library() is not None
 
 
-def allocator_env(environ: Mapping[str, str] = os.environ, jemalloc: bool | None = None) -> dict[str, str]:
-    """The variables that start a rank on a caching-like allocator: jemalloc preloaded where
-    it is installed (``jemalloc``: whether it is; looked up when None), besides glibc's
-    settings for whatever still runs on glibc.  A preload or jemalloc options already in
-    ``environ`` are kept: ours come first and theirs after, so theirs win where they differ."""
+def allocator_env(environ: Mapping[str, str] = os.environ, library: str | None = ...) -> dict[str, str]:
+    """The variables that start a rank on a caching-like allocator: jemalloc's ``library``
+    preloaded (by default the installed one, :func:`jemalloc_library`; None: none), besides
+    glibc's settings for whatever still runs on glibc.  A preload or jemalloc options already
+    in ``environ`` are kept: ours come first and theirs after, so theirs win where they differ."""
     env = dict(KEEP_FREED_MEMORY)
-    if jemalloc is None:
-        jemalloc = jemalloc_installed()
-    if not jemalloc:
+    if library is ...:
+        library = jemalloc_library(environ)
+    if library is None:
         return env
     preload = [p for p in environ.get("LD_PRELOAD", "").replace(" ", ":").split(":") if p]
     if not any(Path(p).name.startswith("libjemalloc") for p in preload):
-        preload.insert(0, JEMALLOC)
+        preload.insert(0, library)
     env["LD_PRELOAD"] = ":".join(preload)
     env["MALLOC_CONF"] = ",".join(c for c in (JEMALLOC_CONF, environ.get("MALLOC_CONF")) if c)
     return env

@@ -12,12 +12,13 @@ from real_runs.allocator import (
     KEEP_FREED_MEMORY,
     allocator_env,
     jemalloc_installed,
+    jemalloc_library,
 )
 from real_runs.launch import rank_env
 
 
 def test_where_jemalloc_is_installed_ranks_preload_it_and_never_purge_freed_pages():
-    env = allocator_env({}, jemalloc=True)
+    env = allocator_env({}, library=JEMALLOC)
     assert env["LD_PRELOAD"] == JEMALLOC
     assert env["MALLOC_CONF"] == JEMALLOC_CONF
     # Whatever still calls glibc's malloc keeps what it frees as well.
@@ -26,19 +27,26 @@ def test_where_jemalloc_is_installed_ranks_preload_it_and_never_purge_freed_page
 
 def test_a_preload_and_jemalloc_options_already_set_are_kept_and_win_where_they_differ():
     theirs = {"LD_PRELOAD": "/opt/lib/libfoo.so", "MALLOC_CONF": "dirty_decay_ms:1000"}
-    env = allocator_env(theirs, jemalloc=True)
+    env = allocator_env(theirs, library=JEMALLOC)
     assert env["LD_PRELOAD"] == f"{JEMALLOC}:/opt/lib/libfoo.so"
     # jemalloc reads options left to right: the caller's come last, so they take effect.
     assert env["MALLOC_CONF"] == f"{JEMALLOC_CONF},dirty_decay_ms:1000"
 
 
 def test_a_jemalloc_the_caller_preloaded_is_not_preloaded_twice():
-    env = allocator_env({"LD_PRELOAD": "/usr/local/lib/libjemalloc.so.2"}, jemalloc=True)
+    env = allocator_env({"LD_PRELOAD": "/usr/local/lib/libjemalloc.so.2"}, library=JEMALLOC)
     assert env["LD_PRELOAD"] == "/usr/local/lib/libjemalloc.so.2"
 
 
+def test_a_conda_environments_own_jemalloc_is_preloaded_by_its_path(tmp_path):
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / JEMALLOC).write_bytes(b"")
+    assert jemalloc_library({"CONDA_PREFIX": str(tmp_path)}) == str(tmp_path / "lib" / JEMALLOC)
+    assert allocator_env({"CONDA_PREFIX": str(tmp_path)})["LD_PRELOAD"] == str(tmp_path / "lib" / JEMALLOC)
+
+
 def test_without_jemalloc_ranks_run_on_glibc_told_to_keep_what_it_frees():
-    env = allocator_env({"LD_PRELOAD": "/opt/lib/libfoo.so"}, jemalloc=False)
+    env = allocator_env({"LD_PRELOAD": "/opt/lib/libfoo.so"}, library=None)
     assert env == KEEP_FREED_MEMORY  # the caller's preload passes through rank_env untouched
 
 
