@@ -9,13 +9,12 @@ as compute time no calibration measures:
 * **freed buffers go back to the OS.**  Above its mmap threshold glibc unmaps a freed
   buffer, and the next step faults the same pages in again.  :data:`KEEP_FREED_MEMORY`
   raises the threshold and stops heap trimming, so freed memory stays with the rank.
-* **its heap fragments.**  Small long-lived allocations (collectives' work objects, the
-  recorder's records) settle in the holes that large temporaries left, so a step's large
-  temporaries keep landing on fresh heap, and each fresh 4 KiB page is a fault on first
-  touch.  The strategies that launch one collective per parameter make many such
-  allocations a step; for them the loss gradient (tokens x vocabulary) is zero-filled on
-  fresh pages every step, and the head's backward runs far slower than in the per-layer
-  calibration, which allocates the same buffer every pass but little else.
+* **its heap fragments.**  With the strategies that launch one collective per parameter
+  the heap keeps growing a little every step, so a step's large temporaries keep landing
+  on fresh heap, each fresh 4 KiB page a fault on first touch: the loss gradient (tokens x
+  vocabulary) is zero-filled on fresh pages every step, and the head's backward runs far
+  slower than in the per-layer calibration.  Which allocations split the holes is not
+  known; not freeing the gradient buffers did not stop it.
 
 jemalloc keeps small and large size classes apart, so small allocations never split a
 large hole, and with page purging turned off (:data:`JEMALLOC_CONF`) it reuses freed pages
@@ -56,8 +55,9 @@ def jemalloc_library(environ: Mapping[str, str] = os.environ) -> str | None:
     return JEMALLOC if ctypes.util.find_library("jemalloc") else None
 
 
-def jemalloc_installed() -> bool:
-    return jemalloc_library() is not None
+def ranks_allocator() -> str:
+    """The allocator :func:`allocator_env` starts ranks on here: ``jemalloc`` or ``glibc``."""
+    return "glibc" if jemalloc_library() is None else "jemalloc"
 
 
 def allocator_env(environ: Mapping[str, str] = os.environ, library: str | None = ...) -> dict[str, str]:

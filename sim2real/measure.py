@@ -21,7 +21,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from real_runs.allocator import jemalloc_installed
+from real_runs.allocator import ranks_allocator
 from real_runs.cluster import ClusterShape, EmulatedCluster
 from real_runs.launch import run_module
 from zero_sim.calibration.fit import compute_from_layers, cpu_from_sweep, fit_sweep
@@ -34,7 +34,7 @@ def machine_facts(**extra) -> dict:
     # The ranks' allocator decides how much a step's allocations cost (real_runs.allocator).
     return {"host": platform.node(), "cores": os.cpu_count(), "torch": torch.__version__,
             "python": platform.python_version(),
-            "rank_allocator": "jemalloc" if jemalloc_installed() else "glibc", **extra}
+            "rank_allocator": ranks_allocator(), **extra}
 
 
 # ---------------------------------------------------------------------- measuring here

@@ -11,8 +11,8 @@ from real_runs.allocator import (
     JEMALLOC_CONF,
     KEEP_FREED_MEMORY,
     allocator_env,
-    jemalloc_installed,
     jemalloc_library,
+    ranks_allocator,
 )
 from real_runs.launch import rank_env
 
@@ -54,4 +54,4 @@ def test_a_process_started_with_the_ranks_environment_runs_on_the_allocator_it_w
     probe = "from real_runs.allocator import allocator_in_use; print(allocator_in_use())"
     out = subprocess.run([sys.executable, "-c", probe], env=rank_env(), capture_output=True, text=True,
                          check=True, timeout=60).stdout.strip()
-    assert out == ("jemalloc" if jemalloc_installed() else "glibc")
+    assert out == ranks_allocator()

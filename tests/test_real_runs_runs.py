@@ -15,7 +15,7 @@ import pytest
 import torch
 from real_runs_helpers import RUN, load_state, max_rel_err, rank_record, real_run, reference_for
 
-from real_runs.allocator import jemalloc_installed
+from real_runs.allocator import ranks_allocator
 from real_runs.launch import launch
 from real_runs.strategies import STRATEGIES
 from zero_sim.vocabulary import (
@@ -125,7 +125,7 @@ def test_run_json_carries_the_contracted_fields_and_rank_files_use_the_shared_sc
     assert (run["backend"], run["world_size"], len(run["step_times_s"])) == ("gloo", 2, RUN["steps"])
     assert set(run["memory"]) == {"0", "1"}
     # The ranks ran on jemalloc exactly where it is installed (real_runs.allocator).
-    assert run["versions"]["allocator"] == ("jemalloc" if jemalloc_installed() else "glibc")
+    assert run["versions"]["allocator"] == ranks_allocator()
     assert {"run.json", "rank0.json", "rank1.json"} <= set(os.listdir(out))
     rec = rank_record(out, 1)
     assert rec["ops"] and all(tuple(op) == OP_FIELDS for op in rec["ops"])
