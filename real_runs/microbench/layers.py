@@ -2,11 +2,15 @@
 
 Every rank runs forward and backward of each layer of the real model (``real_runs.model``)
 on its micro-batch, all ranks at once and pass after pass with no barrier between passes,
-so that every rank stays busy as in training; the table keeps each rank's median over
-iterations, averaged over the ranks.  Then whole passes are timed from a barrier each, as
-steps start together, and ``slowest_rank_factor`` says how much later than the mean rank
-the slowest one ends a pass (the step waits on it).  The AdamW step is timed on the whole
-model and reported per parameter.
+so that every rank stays busy as in training; the table keeps each rank's mean over
+iterations, averaged over the ranks.  The mean, not the median: a step pays every op's
+time, the occasional stall of a few milliseconds included (on a CPU that several ranks
+share, an op now and then waits that long for its core), so its expected time is the sum
+of the ops' means; a median drops those stalls and predicts steps too fast, most where ops are short.
+Then whole passes are timed from a barrier each, as steps start together, and
+``slowest_rank_factor`` says how much later than the mean rank the slowest one ends a
+pass (the step waits on it).  The AdamW step is timed on the whole model, the mean
+over iterations, and reported per parameter.
 
 On a GPU (``bench`` on CUDA) the model lives there, in the run's precision (bf16 weights
 for ``--precision bf16``, as the real runs train), and each timing ends once the device has
@@ -97,10 +101,10 @@ def layer_timings(model_name: str, micro_batch: int, seq_len: int, iters: int, b
         opt_times.append(bench.now() - t0)
     n_params = sum(p.numel() for p in params)
     kinds = ["embedding", *["block"] * cfg.n_layer, "head"]
-    # Each rank's median, averaged over the ranks: ranks that share cores do not share them
-    # evenly over one short measurement, and a step waits on all of them, not on rank 0.
-    mine = torch.tensor([statistics.median(t[d]) for t in times.values() for d in ("fwd", "bwd")]
-                        + [statistics.median(opt_times)], dtype=torch.float64, device=bench.device)
+    # Each rank's mean (module docstring), averaged over the ranks: ranks that share cores do
+    # not share them evenly over one short measurement, and a step waits on all of them.
+    mine = torch.tensor([statistics.fmean(t[d]) for t in times.values() for d in ("fwd", "bwd")]
+                        + [statistics.fmean(opt_times)], dtype=torch.float64, device=bench.device)
     dist.all_reduce(mine)
     mean = (mine / world).tolist()
     per_layer = [{"layer": i, "kind": kinds[i], "fwd_s": mean[2 * i], "bwd_s": mean[2 * i + 1]}
@@ -108,7 +112,8 @@ def layer_timings(model_name: str, micro_batch: int, seq_len: int, iters: int, b
     by_kind = {}
     for kind in LAYER_KINDS:
         rows = [r for r in per_layer if r["kind"] == kind]
-        by_kind[kind] = {d: statistics.median(r[f"{d}_s"] for r in rows) for d in ("fwd", "bwd")}
+        # Layers of one kind are the same computation: their mean is one such layer's expected time.
+        by_kind[kind] = {d: statistics.fmean(r[f"{d}_s"] for r in rows) for d in ("fwd", "bwd")}
     return {"model": model_name, "model_config": cfg.to_dict(), "micro_batch": micro_batch,
             "seq_len": seq_len, "tokens": micro_batch * seq_len, "world_size": world, "layers": per_layer,
             "device": bench.device.type, "precision": precision,
