@@ -6,8 +6,8 @@ so that every rank stays busy as in training; the table keeps each rank's mean o
 iterations, averaged over the ranks.  The mean, not the median: a step pays every op's
 time, the occasional stall of a few milliseconds included (on a CPU that several ranks
 share, an op now and then waits that long for its core), so its expected time is the sum
-of the ops' means; a median drops those stalls and predicts steps too fast, most where ops are short.
-Then whole passes are timed from a barrier each, as steps start together, and
+of the ops' means; a median drops those stalls and predicts steps too fast, most where
+ops are short.  Then whole passes are timed from a barrier each, as steps start together, and
 ``slowest_rank_factor`` says how much later than the mean rank the slowest one ends a
 pass (the step waits on it).  The AdamW step is timed on the whole model, the mean
 over iterations, and reported per parameter.
