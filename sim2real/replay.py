@@ -41,11 +41,11 @@ REAL_TO_SIM: dict[str, tuple[str, dict, str]] = {
     "zero2": ("zero2", {"zero2_launch": "hook"}, ""),
     "zero2-step": ("zero2", {"zero2_launch": "step", "bucket_mb": 0.0}, ""),
     "zero2-hook": ("zero2", {"zero2_launch": "hook", "bucket_mb": 0.0}, ""),
-    "fsdp": ("fsdp", {"wrap": "blocks", "reshard_after_forward": True, "backward_prefetch": "pre",
-                       "forward_prefetch": True, "limit_all_gathers": False, "update": "per_unit",
-                       "copies": "none"},
+    "fsdp": ("fsdp", {"wrap": "blocks", "root": "per_layer", "reshard_after_forward": True,
+                       "backward_prefetch": "pre", "forward_prefetch": True, "limit_all_gathers": False,
+                       "update": "per_unit", "copies": "none"},
               "the real FSDP keeps embeddings and head gathered from forward to backward, as FSDP's root "
-              "unit; it gathers them as two collectives where the simulated root is one"),
+              "unit, but as two flat buffers, each padded, gathered and reduced on its own"),
     "fsdp-torch": ("fsdp", {"wrap": "blocks", "reshard_after_forward": True, "copies": "fsdp2"},
                    "FSDP2's collectives are not recorded in the real run, only its compute"),
 }

@@ -68,12 +68,13 @@ def rank0_state_bytes(strategy, world, model="tiny", bucket_mb=25.0):
 
 
 @pytest.mark.parametrize("strategy", ["zero1", "zero2", "zero2-step", "zero2-hook", "fsdp"])
-@pytest.mark.parametrize("bucket_mb", [0.5, 25.0])
-def test_at_a_world_that_does_not_divide_the_buffers_the_padding_is_predicted_too(strategy, bucket_mb):
-    """At N=3 every flat buffer is padded on its own (a bucket, a tensor, an FSDP unit), so a
-    rank holds a little more than Psi/N; the prediction counts the same pads."""
-    sim = predict_run(planned(strategy, 3, global_batch=6, bucket_mb=bucket_mb))
-    padded = rank0_state_bytes(strategy, 3, bucket_mb=bucket_mb)
+@pytest.mark.parametrize("bucket_mb, model", [(0.5, "tiny"), (25.0, "tiny"), (25.0, "small")])
+def test_at_a_world_that_does_not_divide_the_buffers_the_padding_is_predicted_too(strategy, bucket_mb, model):
+    """At N=3 every flat buffer is padded on its own (a bucket, a tensor, an FSDP layer: the real
+    FSDP's embedding and head are two, where torch's root would be one), so a rank holds a
+    little more than Psi/N; the prediction counts the same pads."""
+    sim = predict_run(planned(strategy, 3, model=model, global_batch=6, bucket_mb=bucket_mb))
+    padded = rank0_state_bytes(strategy, 3, model=model, bucket_mb=bucket_mb)
     unpadded = formula(STRATEGIES[strategy].stage, sim.scenario["params"], 3, elem_bytes=4, k=8)["bytes"]
     assert padded > unpadded  # the case is one where padding shows
     assert sim.metrics["memory"]["model_states_bytes"] == padded

@@ -49,6 +49,26 @@ def test_fsdp_keeps_its_root_gathered_through_backward():
     assert layer_numel
 
 
+def test_fsdp_with_a_root_per_layer_reduces_the_heads_gradients_before_the_embeddings_backward():
+    """torch's root is one flat parameter: its gradients are complete, and reduced, only after the
+    embedding's backward, the last compute of the step.  Split per layer (real_runs' fsdp) the
+    head's reduction leaves as soon as the head's backward is done, under the blocks' backward,
+    and the head is gathered as the last block's forward prefetch."""
+    kw = dict(model="gpt2-124m", micro_batch=1, seq_len=256, strategy="fsdp", forward_prefetch=True, gpus=2)
+    head = 13
+    for root in ("one", "per_layer"):
+        ops = {op["name"]: op for op in simulate(root=root, **kw).step_ops() if op["rank"] == 0}
+        reductions = [name for name in ops if name.startswith("reduce_scatter")]
+        if root == "one":
+            assert f"reduce_scatter L{head}" not in ops and f"all_gather L{head}" not in ops
+            assert ops["reduce_scatter L0"]["start_s"] >= ops["bwd L0"]["end_s"] - 1e-12
+            continue
+        assert len(reductions) == head + 1  # embedding, twelve blocks, head: one each
+        assert ops[f"bwd L{head}"]["end_s"] - 1e-12 <= ops[f"reduce_scatter L{head}"]["start_s"]
+        assert ops[f"reduce_scatter L{head}"]["start_s"] < ops["bwd L1"]["start_s"]
+        assert ops[f"all_gather L{head}"]["start_s"] <= ops[f"fwd L{head - 1}"]["start_s"]
+
+
 def test_fsdp_updates_after_every_reduction_or_unit_by_unit_as_each_lands():
     """torch's FSDP steps the optimizer once backward has waited for every reduce-scatter;
     ``update=per_unit`` (the real runs' FSDP) updates a unit as soon as its own has landed."""

@@ -29,6 +29,14 @@ One step on one rank:
    over all parameters) or ``per_unit`` (each unit's shard updated once its own reduction
    lands, in the order they were launched, so updates overlap the last reductions).
 
+``root``: torch's FSDP flattens the root's layers into one parameter, padded to a multiple
+of N as a whole, gathered once and reduce-scattered after the embedding's backward, the last.
+``per_layer`` keeps each of those layers a flat buffer of its own (``real_runs``' fsdp): each
+padded on its own, gathered where its layer sits in the prefetch order (the head as the last
+block's forward prefetch), and the head's gradients reduce-scattered right after its backward,
+overlapping the blocks', instead of waiting for the embedding's.  Either way the root is kept
+gathered from forward to backward.
+
 ``hybrid``: shard within a node and replicate across nodes (HSDP): gathers and
 reduce-scatters use the node's GPUs only, then each node's gradient shard is all-reduced
 with the same shard on the other nodes (``comm:inter``, a second stream on another
@@ -114,8 +122,9 @@ class Unit:
         return self.layers[0]
 
 
-def wrap_units(ctx: Context, wrap: str) -> list[Unit]:
-    """One unit per wrapped layer, after a root unit (index 0) holding every other layer."""
+def wrap_units(ctx: Context, wrap: str, root: str = "one") -> list[Unit]:
+    """One unit per wrapped layer, after the root: one unit (index 0) holding every other layer,
+    or with ``root="per_layer"`` one root unit per such layer, each its own flat buffer."""
     layers = ctx.workload.layers
     if wrap == "blocks":
         wrapped = [layer.index for layer in layers if layer.kind == "block"]
@@ -133,8 +142,10 @@ def wrap_units(ctx: Context, wrap: str) -> list[Unit]:
                                 f"0..{len(layers) - 1}")
     root_layers = tuple(layer.index for layer in layers if layer.index not in wrapped)
     units = []
-    if root_layers:
+    if root_layers and root == "one":
         units.append(Unit(0, root_layers, sum(layers[i].numel for i in root_layers), True))
+    elif root_layers:
+        units.extend(Unit(k, (i,), layers[i].numel, True) for k, i in enumerate(root_layers))
     for i in wrapped:
         units.append(Unit(len(units), (i,), layers[i].numel, False))
     return units
@@ -157,10 +168,14 @@ class FSDPStep(Step):
         self.reduce_bytes = DTYPE_BYTES[reduce_dtype] if reduce_dtype else self.gather_bytes
         self.reshard = ctx.knob("reshard_after_forward")
         self.copies = ctx.knob("copies")
-        self.units = wrap_units(ctx, ctx.knob("wrap"))
+        self.units = wrap_units(ctx, ctx.knob("wrap"), ctx.knob("root"))
         self.unit_of = {li: u for u in self.units for li in u.layers}
         self.blocks = [u for u in self.units if not u.is_root]  # forward order
         self.bwd_blocks = list(reversed(self.blocks))
+        # Prefetch order over every unit: a unit computes forward from its first layer and
+        # backward from its last, so a root split per layer is fetched where its layer sits.
+        self.fwd_units = sorted(self.units, key=lambda u: u.layers[0])
+        self.bwd_units = sorted(self.units, key=lambda u: -u.layers[-1])
 
     def shard_units(self) -> tuple[int, ...]:
         """Each unit's flat parameter is sharded on its own (FSDP pads each to a multiple of N)."""
@@ -183,7 +198,7 @@ class FSDPStep(Step):
         u = self.unit_of[layer.index]
         if layer.index == u.layers[0]:
             self.gather(u, FORWARD)
-            nxt = self.next_unit(u, self.blocks)
+            nxt = self.next_unit(u, self.fwd_units)
             if self.ctx.knob("forward_prefetch") and nxt is not None:
                 self.gather(nxt, FORWARD, deps=self.landed(FORWARD, u))
             self.copy_out(u, FORWARD)
@@ -215,7 +230,7 @@ class FSDPStep(Step):
         if layer.index == u.layers[-1]:
             if self.regathered(u):
                 self.gather(u, BACKWARD)  # no-op when prefetched
-            nxt = self.next_unit(u, self.bwd_blocks)
+            nxt = self.next_unit(u, self.bwd_units)
             if nxt is not None and self.ctx.knob("backward_prefetch") == "pre" and self.regathered(nxt):
                 self.gather(nxt, BACKWARD, deps=self.landed(BACKWARD, u))
             self.copy_out(u, BACKWARD)
@@ -281,9 +296,8 @@ class FSDPStep(Step):
 
     @staticmethod
     def next_unit(u: Unit, order: list[Unit]) -> Unit | None:
-        """The unit that computes after ``u`` in a pass over blocks ``order``: the next block, or
-        after the root, the first."""
-        k = order.index(u) + 1 if u in order else 0
+        """The unit that computes after ``u`` in a pass over units in ``order``, if any."""
+        k = order.index(u) + 1
         return order[k] if k < len(order) else None
 
     def gather(self, u: Unit, phase: str, deps: tuple[int, ...] = ()) -> None:
@@ -348,6 +362,9 @@ class FSDP(Strategy):
     summary = "PyTorch FSDP: shard per wrap unit; gather before use, reduce-scatter after backward"
     knobs = (
         Knob("wrap", "blocks", "wrap units: 'blocks' (one per block + root), 'none', or layer indices", str),
+        Knob("root", "one", "the layers no wrap unit holds: one flat parameter (torch's root unit) or one "
+             "per layer, each padded, gathered and reduced on its own (real_runs' fsdp)", str,
+             ("one", "per_layer")),
         Knob("reshard_after_forward", True, "free gathered weights after forward (re-gather in backward)",
              bool),
         Knob("backward_prefetch", "pre", "where the next unit's backward gather is issued", str,
@@ -369,6 +386,6 @@ class FSDP(Strategy):
     Step = FSDPStep
 
     def validate(self, ctx: Context) -> None:
-        wrap_units(ctx, ctx.knob("wrap"))
+        wrap_units(ctx, ctx.knob("wrap"), ctx.knob("root"))
         if ctx.knob("hybrid") and ctx.nodes < 2:
             raise StrategyError("--hybrid needs at least two nodes; raise --gpus or lower --gpus-per-node")
