@@ -50,7 +50,8 @@ STOPS: dict[str, list] = {
 LABELS = {
     "gpus": "GPUs (N)", "micro_batch": "micro-batch", "grad_accum": "grad accumulation",
     "bucket_mb": "bucket (MiB)", "bandwidth_gbps": "bandwidth (Gbit/s)", "prefetch": "prefetch (layers)",
-    "reshard_after_forward": "reshard after forward", "overlap_slowdown": "overlap slowdown",
+    "reshard_after_forward": "reshard after forward", "root": "FSDP root layers",
+    "overlap_slowdown": "overlap slowdown",
     "straggler_prob": "straggler chance", "straggler_ms": "straggler stall (ms)",
 }
 DEFAULT = "(default)"  # dropdown label for "None: let the simulator choose"
