@@ -58,11 +58,11 @@ def test_fsdp_with_a_root_per_layer_reduces_the_heads_gradients_before_the_embed
     head = 13
     for root in ("one", "per_layer"):
         ops = {op["name"]: op for op in simulate(root=root, **kw).step_ops() if op["rank"] == 0}
-        reductions = [name for name in ops if name.startswith("reduce_scatter")]
         if root == "one":
             assert f"reduce_scatter L{head}" not in ops and f"all_gather L{head}" not in ops
             assert ops["reduce_scatter L0"]["start_s"] >= ops["bwd L0"]["end_s"] - 1e-12
             continue
+        reductions = [name for name in ops if name.startswith("reduce_scatter")]
         assert len(reductions) == head + 1  # embedding, twelve blocks, head: one each
         assert ops[f"bwd L{head}"]["end_s"] - 1e-12 <= ops[f"reduce_scatter L{head}"]["start_s"]
         assert ops[f"reduce_scatter L{head}"]["start_s"] < ops["bwd L1"]["start_s"]

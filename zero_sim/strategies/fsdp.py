@@ -32,10 +32,10 @@ One step on one rank:
 ``root``: torch's FSDP flattens the root's layers into one parameter, padded to a multiple
 of N as a whole, gathered once and reduce-scattered after the embedding's backward, the last.
 ``per_layer`` keeps each of those layers a flat buffer of its own (``real_runs``' fsdp): each
-padded on its own, gathered where its layer sits in the prefetch order (the head as the last
-block's forward prefetch), and the head's gradients reduce-scattered right after its backward,
-overlapping the blocks', instead of waiting for the embedding's.  Either way the root is kept
-gathered from forward to backward.
+padded on its own, gathered where its layer sits in the prefetch order (with
+``forward_prefetch``, the head during the last block), and the head's gradients
+reduce-scattered right after its backward, overlapping the blocks', instead of waiting for
+the embedding's.  Either way the root is kept gathered from forward to backward.
 
 ``hybrid``: shard within a node and replicate across nodes (HSDP): gathers and
 reduce-scatters use the node's GPUs only, then each node's gradient shard is all-reduced
@@ -118,11 +118,11 @@ class Unit:
 
     @property
     def label(self) -> int:
-        """Collectives are named after the unit's first layer (root: layer 0)."""
+        """Collectives are named after the unit's first layer (a root of one unit: layer 0)."""
         return self.layers[0]
 
 
-def wrap_units(ctx: Context, wrap: str, root: str = "one") -> list[Unit]:
+def wrap_units(ctx: Context, wrap: str, root: str) -> list[Unit]:
     """One unit per wrapped layer, after the root: one unit (index 0) holding every other layer,
     or with ``root="per_layer"`` one root unit per such layer, each its own flat buffer."""
     layers = ctx.workload.layers
