@@ -63,25 +63,26 @@ def repredict_case(row: dict) -> dict:
     except CalibrationError as exc:
         raise RepredictError(f"the calibration of {run_dir.name} cannot be read: {exc}") from None
     sim = predict_run(json.loads((run_dir / "run.json").read_text()), cal)
-    measured, measured_comm = row["measured_step_s"], row.get("measured_exposed_comm_s")
-    predicted, predicted_comm = sim.metrics["step_time_s"], sim.metrics["exposed_comm_s"]
-    return {key: row.get(key) for key in ("strategy", "gpus", "model", "shape", "global_batch",
-                                          "bandwidth_gbps", "bucket_mb", "run_dir", "noise_band",
-                                          "exposed_comm_noise_band", "measured_step_s",
-                                          "measured_exposed_comm_s")} | {
+    measured, predicted = row["measured_step_s"], sim.metrics["step_time_s"]
+    kept = ("strategy", "gpus", "model", "shape", "global_batch", "bandwidth_gbps", "bucket_mb", "run_dir",
+            "noise_band", "exposed_comm_noise_band", "compute_noise_band", "measured_step_s",
+            "measured_exposed_comm_s", "measured_compute_s")
+    new = {key: row.get(key) for key in kept} | {
         "old_predicted_step_s": row["predicted_step_s"], "old_error": row["error"],
-        "old_exposed_comm_error": row.get("exposed_comm_error"),
-        "predicted_step_s": predicted, "error": (predicted - measured) / measured,
-        "predicted_exposed_comm_s": predicted_comm,
-        "exposed_comm_error": ((predicted_comm - measured_comm) / measured_comm
-                               if measured_comm else None),
-    }
+        "predicted_step_s": predicted, "error": (predicted - measured) / measured}
+    # Validations written before compute was measured have no compute figures: None, not a guess.
+    for figure, metric in (("exposed_comm", "exposed_comm_s"), ("compute", "compute_time_s")):
+        meas, pred = row.get(f"measured_{figure}_s"), sim.metrics[metric]
+        new |= {f"old_{figure}_error": row.get(f"{figure}_error"), f"predicted_{figure}_s": pred,
+                f"{figure}_error": (pred - meas) / meas if meas else None}
+    return new
 
 
 def repredict(paths) -> dict:
     """Every kept case of ``paths`` predicted again: the rows and both summaries."""
     rows = [repredict_case(row) for path in paths for row in kept_cases(path)]
-    old = [{**r, "error": r["old_error"], "exposed_comm_error": r["old_exposed_comm_error"]} for r in rows]
+    old = [{**r, "error": r["old_error"], "exposed_comm_error": r["old_exposed_comm_error"],
+            "compute_error": r["old_compute_error"]} for r in rows]
     return {"sources": [str(p) for p in paths], "cases": rows,
             "old": error_summary(old), "new": error_summary(rows)}
 
@@ -95,9 +96,11 @@ def format_repredicted(result: dict) -> str:
                      f"{r['error']:+7.1%}  exposed {_signed(r['old_exposed_comm_error'])} -> "
                      f"{_signed(r['exposed_comm_error'])}  (noise band {percent(r['noise_band'])})")
     old, new = result["old"], result["new"]
-    step, comm = "median_abs_error", "median_abs_exposed_comm_error"
+    step, comm, cpt = "median_abs_error", "median_abs_exposed_comm_error", "median_abs_compute_error"
+    compute = "" if new[cpt] is None else f", compute {percent(old[cpt])} -> {percent(new[cpt])}"
     lines += ["", f"{len(result['cases'])} cases: median |error| of step time {percent(old[step])} -> "
-                  f"{percent(new[step])}, exposed communication {percent(old[comm])} -> {percent(new[comm])}"]
+                  f"{percent(new[step])}, exposed communication {percent(old[comm])} -> {percent(new[comm])}"
+                  f"{compute}"]
     for key in SPLIT_BY:
         cells = ", ".join(f"{value} {percent(g['median_abs_error'])} -> "
                           f"{percent(new['by'][key][value]['median_abs_error'])} ({g['cases']})"

@@ -16,8 +16,8 @@ emulated link bandwidth x bucket size) on this machine it:
    (:func:`sim2real.replay.predict_run` on the run's *planned* ``run.json`` fields), and
    writes the prediction down;
 4. only then **runs** the case in the same cluster (``real_runs.train``) and reads its
-   measured step time (median over the steps after the first, slowest rank per step) and
-   exposed communication (median over the same steps of the ranks' mean).
+   measured step time (median over the steps after the first, slowest rank per step),
+   exposed communication and compute (medians over the same steps of the ranks' mean).
 
 No case's measurement feeds any prediction: the inputs are the two microbenchmarks,
 which know nothing of strategies or buckets.  ``error = (predicted - measured) /
@@ -365,11 +365,10 @@ def _run_case(c: Case, opts: Options, cluster, network: Calibration, record: dic
         "predicted_step_s": predicted, "measured_step_s": measured,
         "error": (predicted - measured) / measured, "noise_band": step_noise_band(run),
         "run_dir": str(out),
-        "predicted_exposed_comm_s": sim.metrics["exposed_comm_s"],
         "model_states_exact": _model_states_exact(run, sim),
         "calibration": key, "compute": cal.to_dict()["compute"],
     }
-    row.update(_exposed_comm(out, sim, len(run["step_times_s"])))
+    row.update(_measured_split(out, sim, len(run["step_times_s"])))
     say(f"measured  {c.label()}: {measured:.4f} s (error {row['error']:+.1%}, "
         f"noise band {row['noise_band']:.1%})")
     if report_dir is not None:
@@ -383,19 +382,25 @@ def _model_states_exact(run: dict, sim) -> bool:
     return int(measured) == int(sim.metrics["memory"]["model_states_bytes"])
 
 
-def _exposed_comm(run_dir: Path, sim, steps: int) -> dict:
-    """Exposed communication, measured vs predicted, by the overlay's definitions (results.py's).
+def _measured_split(run_dir: Path, sim, steps: int) -> dict:
+    """Exposed communication and compute, measured vs predicted, by the overlay's definitions
+    (results.py's): with the step time's error, they say which side of the step the model got
+    wrong.
 
     Measured over the same steps as step time (after the first), the ranks' mean per step and
     the median over steps (as :func:`sim2real.overlay.steady_timing` reads it): one rank's exposed
     communication in one step is the difference of two longer spans, too noisy to compare alone.
-    Its noise band compares the same figure over the two halves of those steps."""
+    Each figure's noise band compares it over the two halves of those steps."""
     per_step = timing_per_step(load_run(run_dir))
-    measured = median_timing(per_step.values())["exposed_comm_s"]
     (a0, a1), (b0, b1) = halves(steps)
-    first, second = (median_timing(t for step, t in per_step.items() if lo <= step <= hi)["exposed_comm_s"]
-                     for lo, hi in ((a0, a1), (b0, b1)))
-    predicted = sim.metrics["exposed_comm_s"]
-    return {"measured_exposed_comm_s": measured,
-            "exposed_comm_error": (predicted - measured) / measured if measured > 0 else None,
-            "exposed_comm_noise_band": noise_band(first, second)}
+    row = {}
+    for figure in ("exposed_comm", "compute"):
+        key = "exposed_comm_s" if figure == "exposed_comm" else "compute_time_s"
+        measured = median_timing(per_step.values())[key]
+        first, second = (median_timing(t for step, t in per_step.items() if lo <= step <= hi)[key]
+                         for lo, hi in ((a0, a1), (b0, b1)))
+        predicted = sim.metrics[key]
+        row |= {f"predicted_{figure}_s": predicted, f"measured_{figure}_s": measured,
+                f"{figure}_error": (predicted - measured) / measured if measured > 0 else None,
+                f"{figure}_noise_band": noise_band(first, second)}
+    return row

@@ -4,7 +4,10 @@ errors split by what the cases vary, and the markdown report with one overlay pe
 The headline is two medians side by side: the median absolute error of the predicted step
 time, and the median **noise band**, how far the same run's step time moved between its
 first and second half of steps (see :func:`noise_band`).  An error no larger than the band
-is what re-running the case would give; the model is only to blame for the rest.
+is what re-running the case would give; the model is only to blame for the rest.  The same
+pair is given for exposed communication and for compute (time the compute stream is busy),
+so that a step-time error can be read as the compute the model got wrong or the
+communication it did not hide.
 
 The split (``by``) gives, for each value of strategy, shape, N and model, the median
 absolute step-time error and how many cases had it, so a systematic cause shows as one
@@ -41,6 +44,9 @@ def error_summary(rows: list[dict]) -> dict:
         "median_abs_exposed_comm_error": _median(
             abs(r["exposed_comm_error"]) for r in rows if r.get("exposed_comm_error") is not None),
         "median_exposed_comm_noise_band": _median(r.get("exposed_comm_noise_band") for r in rows),
+        "median_abs_compute_error": _median(
+            abs(r["compute_error"]) for r in rows if r.get("compute_error") is not None),
+        "median_compute_noise_band": _median(r.get("compute_noise_band") for r in rows),
         "by": {},
     }
     for key in SPLIT_BY:
@@ -73,12 +79,22 @@ def overlay_png(run_dir: Path, sim, report_dir: Path, row: dict) -> None:
 
 
 def headline(summary: dict) -> str:
-    """The result in one line: each median error beside its median noise band."""
+    """The result in one line: each median error beside its median noise band (compute only
+    where the cases measured it: validations written before it was added have none)."""
+    compute = ("" if summary.get("median_abs_compute_error") is None else
+               f"; compute {percent(summary['median_abs_compute_error'])} "
+               f"(noise band {percent(summary.get('median_compute_noise_band'))})")
     return (f"median |error| of step time {percent(summary['median_abs_error'])} "
             f"(noise band {percent(summary.get('median_noise_band'))}); exposed communication "
             f"{percent(summary['median_abs_exposed_comm_error'])} "
-            f"(noise band {percent(summary.get('median_exposed_comm_noise_band'))}) "
+            f"(noise band {percent(summary.get('median_exposed_comm_noise_band'))}){compute} "
             f"over {len(summary['cases'])} cases")
+
+
+def _pair(row: dict, figure: str) -> str:
+    """``predicted / measured`` seconds of one of a case's figures, ``-`` for one not measured."""
+    p, m = row.get(f"predicted_{figure}_s"), row.get(f"measured_{figure}_s")
+    return " / ".join("-" if x is None else f"{x:.4f}" for x in (p, m))
 
 
 def write_report(summary: dict, report_dir: Path) -> Path:
@@ -92,8 +108,9 @@ def write_report(summary: dict, report_dir: Path) -> Path:
              f"run; emulated cluster: {_emulated(summary)}.",
              "",
              f"**{headline(summary)}.** Measured figures are medians over the steps after the first: step "
-             f"time the slowest rank's, exposed communication the ranks' mean. The noise band is how far "
-             f"the same run's figure moved between the first and the second half of those steps.", "",
+             f"time the slowest rank's, compute and exposed communication the ranks' mean. The noise "
+             f"band is how far the same run's figure moved between the first and the second half of "
+             f"those steps.", "",
              _files_line(summary), "",
              "## What was calibrated, and on what", "", summary["calibrated_inputs"], ""]
     for key, cal in summary["calibrations"].items():
@@ -101,10 +118,10 @@ def write_report(summary: dict, report_dir: Path) -> Path:
     lines += ["", "## Cases (each predicted before it ran)", "",
               "| strategy | N | model | shape | batch | Gbit/s | latency ms | bucket MB "
               "| block fwd ms (calibrated) | predicted s | measured s | error | noise band "
-              "| exposed comm pred / meas s | error | noise band | model states exact |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "| compute pred / meas s | error | exposed comm pred / meas s | error | noise band "
+              "| model states exact |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in summary["cases"]:
-        meas_comm = r.get("measured_exposed_comm_s")
         block = ((r.get("compute") or {}).get("layer_seconds") or {}).get("block", {}).get("fwd")
         lines.append(f"| {r['strategy']} | {r['gpus']} | {r.get('model') or summary['model']} | "
                      f"{r.get('shape') or summary['shape'] or '-'} | "
@@ -112,8 +129,8 @@ def write_report(summary: dict, report_dir: Path) -> Path:
                      f"{r.get('latency_ms') or '-'} | {r['bucket_mb'] or '-'} | "
                      f"{'-' if block is None else f'{block * 1e3:.2f}'} | "
                      f"{r['predicted_step_s']:.4f} | {r['measured_step_s']:.4f} | {r['error']:+.1%} | "
-                     f"{percent(r.get('noise_band'))} | {r['predicted_exposed_comm_s']:.4f} / "
-                     f"{'-' if meas_comm is None else f'{meas_comm:.4f}'} | "
+                     f"{percent(r.get('noise_band'))} | {_pair(r, 'compute')} | "
+                     f"{_signed(r.get('compute_error'))} | {_pair(r, 'exposed_comm')} | "
                      f"{_signed(r.get('exposed_comm_error'))} | "
                      f"{percent(r.get('exposed_comm_noise_band'))} | "
                      f"{'yes' if r['model_states_exact'] else 'NO'} |")

@@ -176,7 +176,12 @@ def test_quick_validation_predicts_every_case_before_running_it_and_reports_the_
     for c in cases:
         assert set(c) >= {"strategy", "gpus", "bandwidth_gbps", "bucket_mb", "model", "shape", "global_batch",
                           "predicted_step_s", "measured_step_s", "error", "noise_band",
-                          "exposed_comm_noise_band"}
+                          "exposed_comm_noise_band", "predicted_compute_s", "measured_compute_s",
+                          "compute_error", "compute_noise_band"}
+        # Compute and exposed communication split the step: together they cannot outlast it.
+        assert 0 < c["measured_compute_s"] < c["measured_step_s"] * 1.05
+        assert c["compute_error"] == pytest.approx((c["predicted_compute_s"] - c["measured_compute_s"])
+                                                   / c["measured_compute_s"])
         # Each error stands beside how far the same run moved between its two halves of steps.
         assert 0 <= c["noise_band"] < 1
         assert c["error"] == pytest.approx((c["predicted_step_s"] - c["measured_step_s"])
@@ -198,6 +203,7 @@ def test_quick_validation_predicts_every_case_before_running_it_and_reports_the_
     first = cases[0]
     assert "What was calibrated, and on what" in report and "noise band" in report
     assert f"| {first['strategy']} | {first['gpus']} | {first['model']} | {first['shape']} |" in report
+    assert f"{first['predicted_compute_s']:.4f} / {first['measured_compute_s']:.4f}" in report
     figures(*(f"{c['strategy']:10s} N={c['gpus']} {c['bandwidth_gbps']} Gbit/s: "
               f"predicted {c['predicted_step_s']:.3f} s, "
               f"measured {c['measured_step_s']:.3f} s, error {c['error']:+.1%}" for c in cases),
@@ -212,6 +218,7 @@ def test_quick_validation_predicts_every_case_before_running_it_and_reports_the_
     assert [r["predicted_step_s"] for r in repredicted["cases"]] == pytest.approx(
         [c["predicted_step_s"] for c in cases], rel=1e-9)
     assert repredicted["new"]["median_abs_error"] == pytest.approx(result["median_abs_error"])
+    assert repredicted["new"]["median_abs_compute_error"] == pytest.approx(result["median_abs_compute_error"])
     assert repredicted["old"]["by"] == result["by"]
     shutil.rmtree(files)
     # A gross modelling error would show here; the 5% goal is judged on the full grid, on a quiet machine.

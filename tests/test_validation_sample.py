@@ -112,7 +112,8 @@ def test_the_noise_band_is_how_far_two_halves_of_a_run_are_apart():
 
 def test_the_summary_puts_each_error_beside_the_noise_and_splits_it_by_what_varies():
     rows = [{"strategy": s, "shape": sh, "gpus": n, "model": "small", "error": e, "noise_band": b,
-             "exposed_comm_error": e / 2, "exposed_comm_noise_band": b * 2}
+             "exposed_comm_error": e / 2, "exposed_comm_noise_band": b * 2,
+             "compute_error": -e / 4, "compute_noise_band": b / 2}
             for s, sh, n, e, b in [("ddp", "uniform", 2, 0.02, 0.01), ("ddp", "two-nodes", 4, -0.10, 0.03),
                                    ("fsdp", "uniform", 3, 0.04, 0.02)]]
     s = error_summary(rows)
@@ -123,5 +124,15 @@ def test_the_summary_puts_each_error_beside_the_noise_and_splits_it_by_what_vari
                                           "cases": 2}
     assert s["by"]["shape"]["two-nodes"]["median_abs_error"] == pytest.approx(0.10)
     assert set(s["by"]["gpus"]) == {"2", "3", "4"}
+    assert s["median_abs_compute_error"] == pytest.approx(0.01)
     line = headline(s | {"cases": rows})
     assert "step time 4.0% (noise band 2.0%)" in line and "over 3 cases" in line
+    assert "exposed communication 2.0% (noise band 4.0%); compute 1.0% (noise band 1.0%)" in line
+
+
+def test_a_validation_written_before_compute_was_measured_has_no_compute_figure():
+    rows = [{"strategy": "ddp", "shape": "uniform", "gpus": 2, "model": "small", "error": 0.03,
+             "noise_band": 0.01, "exposed_comm_error": 0.05, "exposed_comm_noise_band": 0.02}]
+    s = error_summary(rows)
+    assert s["median_abs_compute_error"] is None
+    assert "compute" not in headline(s | {"cases": rows})
