@@ -19,7 +19,7 @@ import json
 from pathlib import Path
 
 from sim2real.replay import predict_run
-from sim2real.validate_report import SPLIT_BY, error_summary, percent
+from sim2real.validate_report import SPLIT_BY, STEP_PARTS, error_summary, percent
 from zero_sim.calibration import Calibration, CalibrationError
 
 
@@ -71,7 +71,7 @@ def repredict_case(row: dict) -> dict:
         "old_predicted_step_s": row["predicted_step_s"], "old_error": row["error"],
         "predicted_step_s": predicted, "error": (predicted - measured) / measured}
     # Validations written before compute was measured have no compute figures: None, not a guess.
-    for figure, metric in (("exposed_comm", "exposed_comm_s"), ("compute", "compute_time_s")):
+    for figure, metric in STEP_PARTS.items():
         meas, pred = row.get(f"measured_{figure}_s"), sim.metrics[metric]
         new |= {f"old_{figure}_error": row.get(f"{figure}_error"), f"predicted_{figure}_s": pred,
                 f"{figure}_error": (pred - meas) / meas if meas else None}

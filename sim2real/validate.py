@@ -71,7 +71,7 @@ from sim2real.measure import Loopback, lines_above, machine_facts, measure_compu
 from sim2real.overlay import load_run, median_timing, timing_per_step
 from sim2real.replay import REAL_TO_SIM, predict_run
 from sim2real.sampling import Case
-from sim2real.validate_report import error_summary, noise_band, overlay_png, write_report
+from sim2real.validate_report import STEP_PARTS, error_summary, noise_band, overlay_png, write_report
 from zero_sim.calibration import Calibration
 from zero_sim.vocabulary.buckets import DEFAULT_BUCKET_MB
 
@@ -392,15 +392,13 @@ def _measured_split(run_dir: Path, sim, steps: int) -> dict:
     communication in one step is the difference of two longer spans, too noisy to compare alone.
     Each figure's noise band compares it over the two halves of those steps."""
     per_step = timing_per_step(load_run(run_dir))
-    (a0, a1), (b0, b1) = halves(steps)
+    whole = median_timing(per_step.values())
+    first, second = (median_timing(t for step, t in per_step.items() if lo <= step <= hi)
+                     for lo, hi in halves(steps))
     row = {}
-    for figure in ("exposed_comm", "compute"):
-        key = "exposed_comm_s" if figure == "exposed_comm" else "compute_time_s"
-        measured = median_timing(per_step.values())[key]
-        first, second = (median_timing(t for step, t in per_step.items() if lo <= step <= hi)[key]
-                         for lo, hi in ((a0, a1), (b0, b1)))
-        predicted = sim.metrics[key]
+    for figure, key in STEP_PARTS.items():
+        predicted, measured = sim.metrics[key], whole[key]
         row |= {f"predicted_{figure}_s": predicted, f"measured_{figure}_s": measured,
                 f"{figure}_error": (predicted - measured) / measured if measured > 0 else None,
-                f"{figure}_noise_band": noise_band(first, second)}
+                f"{figure}_noise_band": noise_band(first[key], second[key])}
     return row

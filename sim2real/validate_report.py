@@ -23,6 +23,9 @@ from pathlib import Path
 from zero_sim.vocabulary.files import write_bytes_atomic
 
 SPLIT_BY = ("strategy", "shape", "gpus", "model")
+# The parts of a step each case compares besides its step time: name in the case's fields
+# (``predicted_<name>_s``, ``<name>_error``, ...) -> the metric both sides report (results.py's).
+STEP_PARTS = {"exposed_comm": "exposed_comm_s", "compute": "compute_time_s"}
 
 
 def noise_band(first: float, second: float) -> float:

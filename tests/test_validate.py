@@ -178,8 +178,8 @@ def test_quick_validation_predicts_every_case_before_running_it_and_reports_the_
                           "predicted_step_s", "measured_step_s", "error", "noise_band",
                           "exposed_comm_noise_band", "predicted_compute_s", "measured_compute_s",
                           "compute_error", "compute_noise_band"}
-        # Compute and exposed communication split the step: together they cannot outlast it.
-        assert 0 < c["measured_compute_s"] < c["measured_step_s"] * 1.05
+        # Compute is part of the step: no rank computes longer than its step, nor the ranks' mean.
+        assert 0 < c["measured_compute_s"] <= c["measured_step_s"]
         assert c["compute_error"] == pytest.approx((c["predicted_compute_s"] - c["measured_compute_s"])
                                                    / c["measured_compute_s"])
         # Each error stands beside how far the same run moved between its two halves of steps.
