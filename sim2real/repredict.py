@@ -81,8 +81,8 @@ def repredict_case(row: dict) -> dict:
 def repredict(paths) -> dict:
     """Every kept case of ``paths`` predicted again: the rows and both summaries."""
     rows = [repredict_case(row) for path in paths for row in kept_cases(path)]
-    old = [{**r, "error": r["old_error"], "exposed_comm_error": r["old_exposed_comm_error"],
-            "compute_error": r["old_compute_error"]} for r in rows]
+    old = [{**r, "error": r["old_error"], **{f"{part}_error": r[f"old_{part}_error"] for part in STEP_PARTS}}
+           for r in rows]
     return {"sources": [str(p) for p in paths], "cases": rows,
             "old": error_summary(old), "new": error_summary(rows)}
 

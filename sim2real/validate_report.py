@@ -44,14 +44,12 @@ def error_summary(rows: list[dict]) -> dict:
     summary = {
         "median_abs_error": _median(abs(r["error"]) for r in rows),
         "median_noise_band": _median(r.get("noise_band") for r in rows),
-        "median_abs_exposed_comm_error": _median(
-            abs(r["exposed_comm_error"]) for r in rows if r.get("exposed_comm_error") is not None),
-        "median_exposed_comm_noise_band": _median(r.get("exposed_comm_noise_band") for r in rows),
-        "median_abs_compute_error": _median(
-            abs(r["compute_error"]) for r in rows if r.get("compute_error") is not None),
-        "median_compute_noise_band": _median(r.get("compute_noise_band") for r in rows),
         "by": {},
     }
+    for part in STEP_PARTS:  # None where no case measured the part (older validations)
+        summary[f"median_abs_{part}_error"] = _median(
+            abs(r[f"{part}_error"]) for r in rows if r.get(f"{part}_error") is not None)
+        summary[f"median_{part}_noise_band"] = _median(r.get(f"{part}_noise_band") for r in rows)
     for key in SPLIT_BY:
         groups: dict = {}
         for r in rows:
