@@ -68,6 +68,7 @@ from .launch import (
 from .model import PRESETS, build_model, count_params, global_batch, rank_shard
 from .options import BadInput, make_parser, validate
 from .precision import PRECISIONS
+from .processes import leave_rank
 from .record import Recorder, cuda_memory_peaks
 from .strategies import STRATEGIES, AdamW
 
@@ -319,6 +320,8 @@ def main(argv: list[str] | None = None) -> int:
         # Leave at once: a clean interpreter exit would wait on, or tear down mid-call,
         # threads still parked in collectives that can never complete.
         os._exit(1)
+    if "RANK" in os.environ:
+        leave_rank(0)
     return 0
 
 

@@ -21,6 +21,7 @@ from ..launch import RunFailed, run_module
 from ..options import ArgParser, BadInput, check_preset
 from ..precision import DEFAULT_PRECISION, PRECISIONS
 from ..presets import PRESETS
+from ..processes import leave_rank
 from .collectives import SWEEP_COLLECTIVES, collective_sweep, format_table, parse_bytes
 from .device import DEVICES, bench_on
 from .layers import layer_timings
@@ -133,4 +134,6 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         return 0
     run(args)
+    if "RANK" in os.environ:
+        leave_rank(0)  # under torchrun: done, process group closed (real_runs.processes)
     return 0

@@ -27,8 +27,6 @@ shard.  Per-rank model states: fp32 16Ψ/N; bf16 the same 16Ψ/N, split as param
 from __future__ import annotations
 
 import torch
-from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from zero_sim.vocabulary import opt
 
@@ -41,6 +39,11 @@ class FSDPTorch(Strategy):
     casts_model = False  # FSDP2 applies bf16 itself and keeps fp32 shards
 
     def setup(self) -> None:
+        # Imported here, not at the top: torch's FSDP brings DTensor with it, seconds of
+        # imports on a small machine that every rank of every other strategy would pay.
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
         device = next(self.model.parameters()).device
         mesh = init_device_mesh(device.type, (self.world,))
         policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16) \
