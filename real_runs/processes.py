@@ -8,9 +8,10 @@ does not stop its ranks.  The rules:
   (SIGTERM): when the launcher dies, even of SIGKILL, torchrun is told and stops its ranks;
 - :func:`die_with_torchrun`, called by each rank before it imports torch, asks for SIGKILL
   when its torchrun ends, and leaves at once if torchrun is already gone;
-- :func:`leave_rank` ends a rank that has finished without the interpreter's teardown:
-  its files are written and its process group is gone, and unloading torch only delays
-  the moment torchrun sees every rank done;
+- :func:`leave_rank` ends a rank without the interpreter's teardown: a failed rank's
+  clean exit would wait on threads parked in collectives that can never complete, and a
+  finished one has written its files and closed its process group, so unloading torch
+  would only delay the moment torchrun sees every rank done;
 - :func:`adopting_orphans` makes the launcher a child subreaper while it supervises a run,
   so a rank whose torchrun died is reparented to the launcher and can still be reaped;
 - :class:`Family` finds every process of a run, remembered by pid and start time (so a pid
@@ -89,7 +90,7 @@ def die_with_torchrun() -> None:
 
 def leave_rank(status: int) -> None:
     """End this rank now with ``status``, output flushed, skipping the interpreter's teardown
-    (module docstring).  Only for a rank under torchrun that has closed its process group."""
+    (module docstring): a rank under torchrun that failed, or that closed its process group."""
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(status)

@@ -319,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
             _leave_failed(args.out, f"The run failed: rank {rank} raised {said}.")
         # Leave at once: a clean interpreter exit would wait on, or tear down mid-call,
         # threads still parked in collectives that can never complete.
-        os._exit(1)
+        leave_rank(1)
     if "RANK" in os.environ:
         leave_rank(0)
     return 0
