@@ -16,7 +16,9 @@ reduce-scatter work has no future to attach a callback to).
 Memory is tracked per category (:data:`zero_sim.vocabulary.MEMORY_CATEGORIES`): each
 strategy reports the exact bytes of the tensors it allocates and frees, activations
 are the bytes autograd saves for backward, and every change is a sample
-``{step, t_s, category, bytes}`` holding the category's new total.
+``{step, t_s, category, bytes}`` holding the category's new total.  Activations are
+counted tensor by tensor in the run's first forward only, by the compute span that saved
+them; later forwards add each span's bytes when it closes (see :meth:`Recorder.saved_activations`).
 
 With ``labels=True`` (``train.py --trace``) every recorded span is also a
 ``torch.profiler.record_function`` span of the same name, so a profiler trace speaks the
@@ -66,6 +68,10 @@ class Recorder:
         self._step_event = None
         self._cuda_ops: list[tuple[dict, object, object]] = []
         self._open: dict[str, dict] = {}
+        # Bytes autograd saved during each compute span of the first forward (None: not yet
+        # counted), and whether a later forward is charging them span by span.
+        self._saved_by_span: dict[str | None, int] | None = None
+        self._charging = False
         self._watch: queue.Queue | None = None
         if not self.cuda:
             self._watch = queue.Queue()
@@ -146,6 +152,8 @@ class Recorder:
             self._cuda_ops.append((op, op.pop("_start"), self._event()))
         else:
             op["end_s"] = self.now()
+        if self._charging and self._saved_by_span.get(name):
+            self.add_memory(ACTIVATIONS, self._saved_by_span[name])
         self._end_label(name)
 
     def is_open(self, name: str) -> bool:
@@ -211,8 +219,27 @@ class Recorder:
     @contextmanager
     def saved_activations(self):
         """Count the bytes autograd keeps for backward, by storage.  Parameters (and views
-        of them, such as a transposed weight) are model state, not activations."""
+        of them, such as a transposed weight) are model state, not activations.
+
+        Counting runs a Python hook on every tensor autograd saves, a hundred or more per
+        forward at a few microseconds each: enough to slow a small model's measured forward
+        by several percent, which no run outside this recorder pays.  A step's forward saves
+        the same tensors every time (same model, same shapes), so only the first forward
+        counts them, and by the compute span that was open when each was saved; every later
+        forward runs with no hook and adds a span's bytes when that span closes (bytes saved
+        outside any span, when the forward ends).  Within a layer, activations therefore
+        appear as one step at the layer's end instead of a staircase through it."""
+        if self._saved_by_span is not None:
+            self._charging = True
+            try:
+                yield
+            finally:
+                self._charging = False
+                if self._saved_by_span.get(None):
+                    self.add_memory(ACTIVATIONS, self._saved_by_span[None])
+            return
         seen: set[int] = set()
+        by_span: dict[str | None, int] = {}
 
         def pack(t: torch.Tensor):
             owner = t if t._base is None else t._base
@@ -220,11 +247,15 @@ class Recorder:
                 storage = t.untyped_storage()
                 if storage.data_ptr() not in seen:
                     seen.add(storage.data_ptr())
+                    span = next((name for name, op in reversed(self._open.items())
+                                 if op["stream"] == COMPUTE), None)
+                    by_span[span] = by_span.get(span, 0) + storage.nbytes()
                     self.add_memory(ACTIVATIONS, storage.nbytes())
             return t
 
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             yield
+        self._saved_by_span = by_span
 
     # --- output ---------------------------------------------------------------
 
