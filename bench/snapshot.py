@@ -94,6 +94,11 @@ def digest(value) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True, default=repr).encode()).hexdigest()
 
 
+def scenario_dict(scenario) -> dict:
+    # The typed scenario's JSON form, or the plain dict older code returned.
+    return scenario.to_dict() if hasattr(scenario, "to_dict") else dict(scenario)
+
+
 def snapshot_case(name: str, settings: dict) -> str:
     try:
         result = simulate(**settings)
@@ -101,7 +106,7 @@ def snapshot_case(name: str, settings: dict) -> str:
         return f"== {name}\nrefused: {type(exc).__name__}: {exc}\n"
     return (f"== {name}\n"
             f"metrics {json.dumps(result.metrics, sort_keys=True, default=repr)}\n"
-            f"scenario {json.dumps(dict(result.scenario), sort_keys=True, default=repr)}\n"
+            f"scenario {json.dumps(scenario_dict(result.scenario), sort_keys=True, default=repr)}\n"
             f"ops {digest(result.ops)} memory {digest(result.memory)} notes {digest(result.notes)} "
             f"window {result.window!r} ranks {list(result.simulated_ranks)!r} events {result.events}\n"
             f"perfetto {digest(result.to_chrome_trace())} kineto {digest(rank_traces(result))}\n")
