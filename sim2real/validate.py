@@ -356,9 +356,9 @@ def _run_case(c: Case, opts: Options, cluster, network: Calibration, record: dic
         run = emu.stamp_run_json(out, cluster)
     else:
         run = json.loads((out / "run.json").read_text())
-    if run["params"] != sim.scenario["params"]:
+    if run["params"] != sim.scenario.workload.params:
         raise ValidationError(f"the run trained {run['params']} parameters "
-                              f"but the prediction assumed {sim.scenario['params']}; "
+                              f"but the prediction assumed {sim.scenario.workload.params}; "
                               f"the replay's model does not match real_runs")
     measured = measured_step_s(run)
     predicted = sim.metrics["step_time_s"]

@@ -28,7 +28,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from zero_sim.scenario import COMMON, ScenarioError, simulate
+from zero_sim.scenario import ScenarioError, simulate
+from zero_sim.scenario_settings import COMMON
 from zero_sim.strategies import STRATEGIES, all_knobs
 from zero_sim.system.collectives import CollectiveError
 from zero_sim.system.gpus import GPUS

@@ -291,15 +291,16 @@ def _rank_trace(result, rank: int, place: Place, flows: list[dict]) -> dict:
     scenario = result.scenario
     return {
         "schemaVersion": 1,
-        "distributedInfo": {"backend": scenario.get("backend", "nccl"), "rank": rank,
+        "distributedInfo": {"backend": scenario.cluster.backend, "rank": rank,
                             "world_size": result.world_size},
-        "deviceProperties": [{"id": rank, "name": scenario.get("gpu", ""),
+        "deviceProperties": [{"id": rank, "name": scenario.cluster.gpu,
                               "totalGlobalMem": result.metrics.get("memory", {}).get("capacity_bytes", 0)}],
         "displayTimeUnit": "ms",
         "baseTimeNanoseconds": 0,
         "traceName": f"rank-{rank}.pt.trace.json",
-        "otherData": {"generator": "zero-sim", "model": scenario.get("model"),
-                      "strategy": scenario.get("strategy"), "simulated_ranks": list(result.simulated_ranks)},
+        "otherData": {"generator": "zero-sim", "model": scenario.workload.model,
+                      "strategy": scenario.training.strategy,
+                      "simulated_ranks": list(result.simulated_ranks)},
         "traceEvents": _metadata(rank, {e["tid"] for e in device}) + host + device + own_flows,
     }
 

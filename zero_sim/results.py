@@ -54,6 +54,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from zero_sim.breakdown import PHASE_KEYS, step_breakdown
+from zero_sim.scenario_types import Scenario
 from zero_sim.trace import to_chrome_trace
 from zero_sim.vocabulary import (
     ACTIVATIONS,
@@ -98,7 +99,7 @@ class SimResult:
     metrics: dict[str, Any]
     ops: list[dict[str, Any]]
     memory: list[dict[str, Any]]  # {rank, t_s, category, bytes}: the category's total after each change
-    scenario: dict[str, Any]
+    scenario: Scenario  # every setting, resolved (zero_sim.scenario_types); .to_dict() for JSON
     window: tuple[float, float]
     world_size: int
     simulated_ranks: list[int]
@@ -144,7 +145,7 @@ class SimResult:
         return plot_memory(self, **kw)
 
 
-def compute_metrics(run, program, scenario, world_size: int, tokens_per_step: int,
+def compute_metrics(run, program, scenario: Scenario, world_size: int, tokens_per_step: int,
                     capacity_bytes: int, context_bytes: int = 0, allocator_reserve: float = 0.0) -> dict:
     rank = run.simulated_ranks[0]
     ends = run.step_ends[rank]
@@ -165,13 +166,13 @@ def compute_metrics(run, program, scenario, world_size: int, tokens_per_step: in
 
     memory = memory_metrics(run, rank, capacity_bytes, context_bytes, allocator_reserve)
     return {
-        "params": scenario["params"],
-        "strategy": scenario["strategy"],
+        "params": scenario.workload.params,
+        "strategy": scenario.training.strategy,
         "gpus": world_size,
-        "model": scenario["model"],
-        "topology": scenario["topology"],
-        "gpu": scenario["gpu"],
-        "backend": scenario["backend"],
+        "model": scenario.workload.model,
+        "topology": scenario.cluster.topology,
+        "gpu": scenario.cluster.gpu,
+        "backend": scenario.cluster.backend,
         "step_time_s": step_time,
         "compute_time_s": compute_s,
         "comm_time_s": comm_s,

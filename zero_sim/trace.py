@@ -67,13 +67,14 @@ def to_chrome_trace(result, path=None, max_ranks: int = 16) -> dict:
              if op["rank"] == result.rank_of_lane(lane)]
     events += collective_flows(drawn, lambda op: (op["rank"] + 1, _tid(op["stream"]), op["start_s"] * 1e6,
                                                   op["end_s"] * 1e6))
+    scenario = result.scenario
     trace = {
         "traceEvents": events,
         "displayTimeUnit": "ms",
-        "distributedInfo": {"backend": result.scenario.get("backend", "nccl"), "rank": 0,
+        "distributedInfo": {"backend": scenario.cluster.backend, "rank": 0,
                             "world_size": result.world_size},
-        "otherData": {"generator": "zero-sim", "strategy": result.scenario.get("strategy"),
-                      "model": result.scenario.get("model"), "topology": result.scenario.get("topology"),
+        "otherData": {"generator": "zero-sim", "strategy": scenario.training.strategy,
+                      "model": scenario.workload.model, "topology": scenario.cluster.topology,
                       "collapsed_ranks": len(result.simulated_ranks) < result.world_size},
     }
     if path is not None:

@@ -137,14 +137,14 @@ def markdown_table(frame: pd.DataFrame) -> str:
 
 def compare(run: MeasuredRun, sim, step: int | None = None, rank: int = 0) -> Comparison:
     """Put a measured step next to a prediction of the same scenario (see the module docstring)."""
-    sim_world, sim_params = sim.scenario.get("gpus"), sim.scenario.get("params")
+    sim_world, sim_params = sim.scenario.cluster.gpus, sim.scenario.workload.params
     if int(sim_world) != run.world_size:
         raise OverlayError(f"The run has {run.world_size} ranks but the prediction simulates {sim_world}; "
                            f"predict the run's own scenario (sim2real.replay.predict_run(run.run)).")
     if int(sim_params) != int(run.run.get("params", -1)):
         raise OverlayError(f"The run trained the {run.run.get('model')} model "
                            f"({int(run.run.get('params', 0)):,} "
-                           f"parameters) but the prediction is for {sim.scenario.get('model')} "
+                           f"parameters) but the prediction is for {sim.scenario.workload.model} "
                            f"({int(sim_params):,} parameters).")
     if not 0 <= rank < run.world_size:
         raise OverlayError(f"Rank {rank} is out of range: the run has ranks 0 to {run.world_size - 1}.")
@@ -156,12 +156,12 @@ def compare(run: MeasuredRun, sim, step: int | None = None, rank: int = 0) -> Co
                                  records(ms.ops[ms.ops["rank"] == rank]), ms.step_time_s[rank])
     memory = _memory_table(sim.metrics["memory"], run, ms.step, rank)
     ops = _ops_table(sim, ms, run.world_size)
-    sim_strategy, _, note = REAL_TO_SIM.get(run.strategy, (sim.scenario.get("strategy"), {}, ""))
+    _, _, note = REAL_TO_SIM.get(run.strategy, (sim.scenario.training.strategy, {}, ""))
     matched = int(ops["matched_by"].notna().sum())
-    calibration = sim.scenario.get("calibration")
+    calibration = sim.scenario.inputs.calibration
     summary = {
         "strategy": run.strategy,
-        "simulated_strategy": sim.scenario.get("strategy", sim_strategy),
+        "simulated_strategy": sim.scenario.training.strategy,
         "mapping_note": note,
         "model": run.run.get("model"),
         "world_size": run.world_size,

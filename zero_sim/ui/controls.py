@@ -1,6 +1,6 @@
 """Controls for simulator settings and strategy knobs, built from what each setting declares.
 
-A control is built from a setting's :class:`~zero_sim.settings.Setting` (``zero_sim.scenario.COMMON``
+A control is built from a setting's :class:`~zero_sim.settings.Setting` (``zero_sim.scenario_settings.COMMON``
 for the common settings, each strategy's ``knobs`` for the rest): booleans become
 checkboxes, multiple-choice settings dropdowns, numbers with well-known stops (GPUs, bucket
 sizes, bandwidths ...) sliders over those stops, other numbers boxes bounded by the
@@ -21,7 +21,8 @@ from collections.abc import Iterable
 
 import ipywidgets as W
 
-from zero_sim.scenario import COMMON, ScenarioError
+from zero_sim.scenario import ScenarioError
+from zero_sim.scenario_settings import COMMON
 from zero_sim.settings import Setting
 from zero_sim.strategies import STRATEGIES, all_knobs, get_strategy
 from zero_sim.sweep import sweep
