@@ -302,15 +302,15 @@ def test_the_cpu_figures_reach_the_engine_for_as_many_ranks_as_were_measured():
     args = dict(model="gpt2-124m", micro_batch=1, seq_len=256, strategy="zero2", bucket_mb=0.0, gpus=2,
                 topology="emu-uniform", gpus_per_node=1, gpu="CPU", backend="gloo", precision="fp32")
     with_cpu = simulate(calibration=cal, **args)
-    assert with_cpu.scenario["collective_cpu_us"] == pytest.approx(300)
-    assert with_cpu.scenario["overlap_slowdown"] == pytest.approx(0.25)
+    assert with_cpu.scenario.hardware.collective_cpu_us == pytest.approx(300)
+    assert with_cpu.scenario.hardware.overlap_slowdown == pytest.approx(0.25)
     without = simulate(calibration=calibration(), **args)
     assert with_cpu.metrics["step_time_s"] > without.metrics["step_time_s"]
     # An explicit setting wins over the measured one.
-    assert simulate(calibration=cal, overlap_slowdown=0.0, **args).scenario["overlap_slowdown"] == 0.0
+    assert simulate(calibration=cal, overlap_slowdown=0.0, **args).scenario.hardware.overlap_slowdown == 0.0
     # Measured on 4 ranks: says nothing about 2.
     four = simulate(calibration=replace(cal, cpu=CpuCalibration(300e-6, 0.25, 4)), **args)
-    assert four.scenario["collective_cpu_us"] == 0 and four.scenario["overlap_slowdown"] == 0
+    assert four.scenario.hardware.collective_cpu_us == 0 and four.scenario.hardware.overlap_slowdown == 0
 
 
 def test_a_fit_for_another_group_size_is_not_used():
@@ -329,7 +329,7 @@ def test_the_simulator_uses_calibrated_layer_times_scaled_by_tokens(tmp_path):
                       calibration=str(path))
     fwd_block = next(op for op in result.ops if op["name"] == "fwd L1")
     assert fwd_block["end_s"] - fwd_block["start_s"] == pytest.approx(10e-3 * 2048 / 4096, rel=0.01)
-    assert "all_reduce n=2" in result.scenario["calibration"]
+    assert "all_reduce n=2" in result.scenario.inputs.calibration
 
 
 def test_a_calibration_survives_a_round_trip_through_its_file(tmp_path):
@@ -440,6 +440,6 @@ def test_an_imported_topology_is_simulated_by_name_calibrated(tmp_path, data_dir
     assert json.loads((tmp_path / "box.json").read_text())["topology"]["fabric"]["kind"] == "pcie"
     result = simulate(calibration=str(tmp_path / "box.json"), topology="calibrated", gpus=4, gpus_per_node=4,
                       model="gpt2-124m", micro_batch=2)
-    assert result.scenario["topology"] == "calibrated"
+    assert result.scenario.cluster.topology == "calibrated"
     with pytest.raises(ScenarioError, match="needs --calibration"):
         simulate(topology="calibrated", gpus=2)

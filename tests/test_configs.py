@@ -35,7 +35,7 @@ SMALL = {"model": "gpt2-124m", "seq_len": 256}
 
 def test_a_stage_3_config_sets_the_strategy_batch_and_sizes_in_deepspeeds_units():
     r = simulate(deepspeed_config=STAGE3, **SMALL)
-    s = r.scenario
+    s = r.scenario.to_dict()
     assert (s["strategy"], s["micro_batch"], s["grad_accum"], s["precision"]) == ("zero3", 4, 2, "mixed")
     assert (s["prefetch_bucket_size"], s["max_live_params"], s["reduce_bucket_size"]) == (
         20_000_000, 300_000_000, 100_000_000)
@@ -52,12 +52,12 @@ def test_every_key_is_read_or_noted_as_ignored_with_its_reason():
 
 def test_stage_2_buckets_are_elements_turned_into_mib_at_the_gradients_width():
     config = {"bf16": {"enabled": True}, "zero_optimization": {"stage": 2, "reduce_bucket_size": 5e8}}
-    s = simulate(deepspeed_config=config, **SMALL).scenario
+    s = simulate(deepspeed_config=config, **SMALL).scenario.to_dict()
     assert s["strategy"] == "zero2" and s["bucket_mb"] == pytest.approx(5e8 * 2 / 2**20)
     assert s["overlap_comm"] is False  # DeepSpeed's default for stages 1 and 2
     fp32 = simulate(deepspeed_config={"zero_optimization": {"stage": 2, "reduce_bucket_size": 5e8}}, **SMALL)
-    assert fp32.scenario["precision"] == "fp32"
-    assert fp32.scenario["bucket_mb"] == pytest.approx(5e8 * 4 / 2**20)
+    assert fp32.scenario.training.precision == "fp32"
+    assert fp32.scenario.knobs.bucket_mb == pytest.approx(5e8 * 4 / 2**20)
 
 
 def test_reductions_on_the_compute_stream_stop_overlapping_backward():
@@ -72,7 +72,7 @@ def test_reductions_on_the_compute_stream_stop_overlapping_backward():
 
 def test_a_flag_given_beside_the_file_wins_and_the_note_says_so():
     r = simulate(deepspeed_config=STAGE3, micro_batch=2, gpus=16, **SMALL)
-    assert r.scenario["micro_batch"] == 2
+    assert r.scenario.training.micro_batch == 2
     assert "overridden: --micro-batch 2 replaces 4 from the DeepSpeed configuration" in r.notes
 
 
@@ -153,7 +153,7 @@ HSDP = {"mesh": {"replicate": 2, "shard": 8}, "reshard_after_forward": True,
 
 def test_an_fsdp2_mesh_with_replicas_is_hsdp_sharded_within_each_node():
     r = simulate(fsdp_config=HSDP, topology="dgx-h100", **SMALL)
-    s = r.scenario
+    s = r.scenario.to_dict()
     assert (s["strategy"], s["gpus"], s["gpus_per_node"], s["hybrid"]) == ("fsdp", 16, 8, True)
     assert (s["param_dtype"], s["reduce_dtype"], s["precision"]) == ("bf16", "fp32", "mixed")
     assert s["copies"] == "fsdp2"  # fully_shard copies each gather out and each gradient in
@@ -164,7 +164,7 @@ def test_an_fsdp2_file_may_be_yaml(tmp_path):
     path = tmp_path / "fsdp.yaml"
     path.write_text("mesh:\n  shard: 4\nreshard_after_forward: false\n"
                     "mp_policy:\n  param_dtype: torch.bfloat16\n")
-    s = simulate(fsdp_config=path, **SMALL).scenario
+    s = simulate(fsdp_config=path, **SMALL).scenario.to_dict()
     assert (s["gpus"], s["reshard_after_forward"], s["param_dtype"]) == (4, False, "bf16")
 
 
@@ -208,7 +208,7 @@ def test_a_torchtitan_job_file_is_llama3_8b_with_fsdp_over_every_rank(tmp_path):
     path = tmp_path / "llama3_8b.toml"
     path.write_text(TITAN)
     r = simulate(torchtitan_config=path, gpus=8, topology="dgx-h100")
-    s = r.scenario
+    s = r.scenario.to_dict()
     assert (s["strategy"], s["micro_batch"], s["seq_len"], s["recompute"]) == ("fsdp", 1, 8192, "op")
     assert s["params"] > 7e9 and s["gpus"] == 8 and s["reshard_after_forward"] is True
     assert s["copies"] == "fsdp2"  # torchtitan shards with fully_shard: per-parameter copies
@@ -219,7 +219,7 @@ def test_a_torchtitan_job_file_is_llama3_8b_with_fsdp_over_every_rank(tmp_path):
 def test_torchtitan_replicas_with_the_shard_degree_left_open_take_the_rest(tmp_path):
     path = tmp_path / "hsdp.toml"
     path.write_text(TITAN.replace("data_parallel_replicate_degree = 1", "data_parallel_replicate_degree = 2"))
-    s = simulate(torchtitan_config=path, gpus=16, topology="dgx-h100", seq_len=1024).scenario
+    s = simulate(torchtitan_config=path, gpus=16, topology="dgx-h100", seq_len=1024).scenario.to_dict()
     assert (s["hybrid"], s["gpus_per_node"]) == (True, 8)
     with pytest.raises(ScenarioError, match="15 ranks do not split into data_parallel_replicate_degree 2"):
         simulate(torchtitan_config=path, gpus=15, topology="dgx-h100", seq_len=1024)

@@ -42,16 +42,16 @@ def test_a_spread_that_leaves_no_speed_is_refused():
 def test_every_modelled_compute_op_of_a_gpu_job_is_stretched_by_the_factor():
     typical = simulate(**RUN, gpus=8, gpu_spread=0.0)
     spread = simulate(**RUN, gpus=8)
-    assert spread.scenario["gpu_spread"] == GPU_SPEED_SIGMA
-    assert spread.scenario["slowest_rank_factor"] == pytest.approx(slowest_gpu_factor(8))
+    assert spread.scenario.hardware.gpu_spread == GPU_SPEED_SIGMA
+    assert spread.scenario.hardware.slowest_rank_factor == pytest.approx(slowest_gpu_factor(8))
     assert spread.metrics["compute_time_s"] == pytest.approx(
         typical.metrics["compute_time_s"] * slowest_gpu_factor(8), rel=1e-9)
 
 
 def test_a_stated_efficiency_and_cpu_ranks_are_taken_as_they_are():
-    flat = simulate(**RUN, gpus=8, efficiency=0.5).scenario
+    flat = simulate(**RUN, gpus=8, efficiency=0.5).scenario.to_dict()
     assert flat["gpu_spread"] == 0.0 and flat["slowest_rank_factor"] == 1.0
-    cpu = simulate(model="gpt2-124m", topology="cpu-gloo", strategy="ddp", gpus=2).scenario
+    cpu = simulate(model="gpt2-124m", topology="cpu-gloo", strategy="ddp", gpus=2).scenario.to_dict()
     assert cpu["gpu_spread"] == 0.0 and cpu["slowest_rank_factor"] == 1.0
 
 
@@ -60,7 +60,7 @@ def test_a_measured_layer_table_keeps_its_own_slowest_rank_and_refuses_a_spread_
     compute = ComputeCalibration({kind: passes for kind in ("embedding", "block", "head")}, 4096, 1e-8,
                                  2, 2, 1.0, "tiny", slowest_rank_factor=1.1)
     table = Calibration({}, compute, "nccl", {"host": "test"})
-    measured = simulate(**RUN, gpus=2, calibration=table).scenario
+    measured = simulate(**RUN, gpus=2, calibration=table).scenario.to_dict()
     assert measured["slowest_rank_factor"] == 1.1 and measured["gpu_spread"] == 0.0
     with pytest.raises(ScenarioError, match="drop --gpu-spread or the calibration"):
         simulate(**RUN, gpus=2, calibration=table, gpu_spread=0.02)

@@ -292,7 +292,7 @@ def test_a_run_that_recomputes_activations_leaves_a_third_of_its_peak_reserved_b
     # GMLake: recompute fragments the caching allocator to about 25% (reserved = peak / 0.75).
     recomputed = simulate(**SCENARIO, recompute="full", cuda_context_gb=0)
     mem = recomputed.metrics["memory"]
-    assert recomputed.scenario["allocator_reserve"] == pytest.approx(1 / 3)
+    assert recomputed.scenario.hardware.allocator_reserve == pytest.approx(1 / 3)
     assert mem["reserved_peak_bytes"] == round(mem["peak_bytes"] / 0.75)
     told = simulate(**SCENARIO, recompute="full", cuda_context_gb=0, allocator_reserve=0.1).metrics["memory"]
     assert told["reserved_peak_bytes"] == round(told["peak_bytes"] * 1.10)

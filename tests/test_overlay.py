@@ -226,7 +226,7 @@ def test_a_prediction_for_another_model_is_refused_with_both_models(runs):
     with pytest.raises(OverlayError) as exc:
         compare(run, other)
     msg = one_sentence(str(exc.value))
-    assert f"{run.run['params']:,}" in msg and f"{other.scenario['params']:,}" in msg and "nano" in msg
+    assert f"{run.run['params']:,}" in msg and f"{other.scenario.workload.params:,}" in msg and "nano" in msg
 
 
 def test_a_rank_file_without_ops_is_refused(runs, tmp_path):

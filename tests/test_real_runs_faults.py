@@ -126,4 +126,4 @@ def test_a_bf16_run_on_cuda_holds_2_2_12_bytes_a_parameter_and_replays(tmp_path)
     assert (formula["b"], formula["K"], run["dtype"]) == (2, 12, "bfloat16")
     assert set(formula["measured"].values()) == {formula["bytes"]}
     sim = predict_run(run)
-    assert sim.scenario["backend"] == "nccl" and sim.scenario["precision"] == "mixed"
+    assert sim.scenario.cluster.backend == "nccl" and sim.scenario.training.precision == "mixed"

@@ -49,7 +49,7 @@ def test_predicted_model_states_are_exactly_the_real_runs_bytes(strategy, world)
     """The real runs check their bytes against the ZeRO formulas; the simulator must land on the
     same bytes."""
     sim = predict_run(planned(strategy, world))
-    psi = sim.scenario["params"]
+    psi = sim.scenario.workload.params
     expected = formula(STRATEGIES[strategy].stage, psi, world, elem_bytes=4, k=8)["bytes"]
     # shard padding only
     assert sim.metrics["memory"]["model_states_bytes"] == pytest.approx(expected, rel=0.002)
@@ -75,7 +75,8 @@ def test_at_a_world_that_does_not_divide_the_buffers_the_padding_is_predicted_to
     little more than Psi/N; the prediction counts the same pads."""
     sim = predict_run(planned(strategy, 3, model=model, global_batch=6, bucket_mb=bucket_mb))
     padded = rank0_state_bytes(strategy, 3, model=model, bucket_mb=bucket_mb)
-    unpadded = formula(STRATEGIES[strategy].stage, sim.scenario["params"], 3, elem_bytes=4, k=8)["bytes"]
+    params = sim.scenario.workload.params
+    unpadded = formula(STRATEGIES[strategy].stage, params, 3, elem_bytes=4, k=8)["bytes"]
     assert padded > unpadded  # the case is one where padding shows
     assert sim.metrics["memory"]["model_states_bytes"] == padded
 
@@ -190,8 +191,8 @@ def test_a_cuda_run_that_cannot_be_placed_on_a_preset_says_why(run, fragment):
 
 def test_a_cuda_run_is_predicted_with_nccl_on_its_gpu():
     sim = predict_run(cuda_run("NVIDIA H100 80GB HBM3", topology=NVLINK_MATRIX))
-    assert sim.scenario["gpu"] == "H100" and sim.scenario["backend"] == "nccl"
+    assert sim.scenario.cluster.gpu == "H100" and sim.scenario.cluster.backend == "nccl"
     assert sim.metrics["memory"]["fits"] and sim.metrics["comm_time_s"] > 0
     # Mixed-precision FSDP over 8 ranks: (2 + 2 + 12) bytes a parameter / 8, padding aside.
     held = sim.metrics["memory"]["model_states_bytes"]
-    assert held == pytest.approx(16 * sim.scenario["params"] / 8, rel=1e-3)
+    assert held == pytest.approx(16 * sim.scenario.workload.params / 8, rel=1e-3)

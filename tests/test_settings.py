@@ -42,7 +42,7 @@ def test_parameter_counts_are_written_as_people_write_them():
 
 def test_none_means_not_given_and_keeps_the_default():
     r = simulate(gpus=None, micro_batch=None, seq_len=128)
-    assert r.scenario["gpus"] == 8 and r.scenario["micro_batch"] == 8
+    assert r.scenario.cluster.gpus == 8 and r.scenario.training.micro_batch == 8
 
 
 # --- refusing a value -------------------------------------------------------------------------
@@ -189,6 +189,7 @@ def test_any_settings_give_a_result_or_one_sentence(kwargs):
     strategy = STRATEGIES[kwargs["strategy"]]
     own = (*COMMON, *strategy.knobs)
     read = check_settings(own, {k: v for k, v in kwargs.items() if k not in REWRITTEN})
+    simulated = result.scenario.to_dict()
     for name, value in read.items():
         if value is not None:
-            assert result.scenario[name] == value, f"{name}={kwargs[name]!r} was not simulated as given"
+            assert simulated[name] == value, f"{name}={kwargs[name]!r} was not simulated as given"

@@ -122,9 +122,9 @@ def test_gpus_are_slowed_by_communication_by_default_and_cpu_ranks_are_not():
     told = simulate(model="gpt2-124m", strategy="fsdp", gpus=8, topology="dgx-a100", steps=1,
                     overlap_slowdown=0.0)
     cpu = simulate(model="gpt2-124m", seq_len=64, strategy="ddp", gpus=2, topology="cpu-gloo", steps=1)
-    assert gpu.scenario["overlap_slowdown"] == 0.35 and told.scenario["overlap_slowdown"] == 0.0
+    assert gpu.scenario.hardware.overlap_slowdown == 0.35 and told.scenario.hardware.overlap_slowdown == 0.0
     assert gpu.metrics["compute_time_s"] > told.metrics["compute_time_s"]
-    assert cpu.scenario["overlap_slowdown"] == 0.0
+    assert cpu.scenario.hardware.overlap_slowdown == 0.0
 
 
 def test_each_collective_takes_the_calibrated_cpu_time_from_the_compute_it_runs_alongside():
