@@ -150,7 +150,7 @@ def test_a_simulated_step_is_longer_eager_and_holds_the_same_memory():
 
 
 def test_elementwise_is_a_setting_and_fused_is_the_default():
-    assert resolve()["settings"]["elementwise"] == "fused"
+    assert resolve().settings.elementwise == "fused"
     assert "eager element-wise chains" in preset("llama2-7b", elementwise="eager").describe()
     assert "element-wise" not in preset("llama2-7b").describe()
 

@@ -186,7 +186,7 @@ def test_eager_attention_adds_the_softmax_to_memory_traffic():
 
 
 def test_attention_is_a_setting_and_flash_is_the_default():
-    assert resolve()["settings"]["attention"] == "flash"
+    assert resolve().settings.attention == "flash"
     eager = simulate(model="gpt2-124m", gpus=2, attention="eager").metrics["memory"]
     flash = simulate(model="gpt2-124m", gpus=2).metrics["memory"]
     assert flash["activations_bytes"] < eager["activations_bytes"] / 2
@@ -257,7 +257,7 @@ def test_bad_values_get_one_sentence_and_exit_status_2(capsys, args, sentence):
 
 
 def test_the_efficiency_default_is_the_per_op_model():
-    assert resolve()["settings"]["efficiency"] is None  # a float keeps the old flat roofline
+    assert resolve().settings.efficiency is None  # a float keeps the old flat roofline
     with pytest.raises(ScenarioError, match="--efficiency must be in"):
         simulate(efficiency=1.5)
     with pytest.raises(ScenarioError, match="--attention must be one of flash, flash1, eager, got 'sdpa'"):

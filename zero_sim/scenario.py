@@ -11,7 +11,7 @@ with a sentence naming the strategies it belongs to.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from zero_sim.calibration import Calibration, CalibrationError
@@ -19,18 +19,25 @@ from zero_sim.configs.read import read_config
 from zero_sim.engine.engine import Engine
 from zero_sim.engine.run_types import EngineConfig, Straggler
 from zero_sim.results import SimResult, allocator_reserve, compute_metrics, context_gb
-from zero_sim.scenario_settings import COMMON, COMMON_NAMES, MAX_GPUS, MAX_OP_INSTANCES, SHAPE_SETTINGS
+from zero_sim.scenario_settings import (
+    COMMON,
+    COMMON_NAMES,
+    MAX_GPUS,
+    MAX_OP_INSTANCES,
+    SHAPE_SETTINGS,
+    CommonSettings,
+)
 from zero_sim.scenario_types import Scenario
 from zero_sim.settings import ScenarioError, check_settings
 from zero_sim.strategies import PRECISIONS, Context, all_knobs, get_strategy
-from zero_sim.strategies.base import StrategyError
+from zero_sim.strategies.base import Precision, Strategy, StrategyError
 from zero_sim.system.collectives import CollectiveModel
 from zero_sim.system.gpu_spread import GPU_SPEED_SIGMA, slowest_gpu_factor
 from zero_sim.system.gpus import GPUS
 from zero_sim.system.hardware import ComputeModel, default_overlap_slowdown
 from zero_sim.system.model_presets import PRESETS, human_params, preset, synthesize_shape
 from zero_sim.system.topology import PRESETS as TOPOLOGIES
-from zero_sim.system.topology import build_topology
+from zero_sim.system.topology import Topology, build_topology
 from zero_sim.system.workload import (
     Workload,
     WorkloadError,
@@ -38,54 +45,57 @@ from zero_sim.system.workload import (
 )
 
 
-def _resolve_workload(s: dict):
+def _resolve_workload(s: CommonSettings) -> Workload:
     """The workload the settings name: a synthesized size, a custom shape, or a preset."""
-    shape_given = {k: s[k] for k in SHAPE_SETTINGS if s[k] is not None}
+    shape_given = {k: getattr(s, k) for k in SHAPE_SETTINGS if getattr(s, k) is not None}
     try:
-        if s["params"] is not None:
+        if s.params is not None:
             if set(shape_given) - {"vocab"}:
                 flags = ", ".join("--" + k.replace("_", "-") for k in shape_given)
                 raise ScenarioError(f"--params synthesizes its own shape, so it cannot be combined with "
                                     f"{flags}; give either a size or a shape")
-            shape = synthesize_shape(s["params"], s["seq_len"] or 1024, s["vocab"] or 50257)
-            return gpt_workload(shape, s["micro_batch"], None, s["recompute"],
-                                name=f"gpt-{shape.params() / 1e6:.0f}m", attention=s["attention"],
-                                elementwise=s["elementwise"])
+            shape = synthesize_shape(s.params, s.seq_len or 1024, s.vocab or 50257)
+            return gpt_workload(shape, s.micro_batch, None, s.recompute,
+                                name=f"gpt-{shape.params() / 1e6:.0f}m", attention=s.attention,
+                                elementwise=s.elementwise)
         if shape_given:
-            if s["model"] not in PRESETS:
-                raise ScenarioError(f"unknown model preset {s['model']!r} to take the missing shape values "
+            if s.model not in PRESETS:
+                raise ScenarioError(f"unknown model preset {s.model!r} to take the missing shape values "
                                     f"from; choose one of {', '.join(sorted(PRESETS))}")
-            shape = replace(PRESETS[s["model"]], **{SHAPE_SETTINGS[k]: v for k, v in shape_given.items()})
-            workload = gpt_workload(shape, s["micro_batch"], s["seq_len"], s["recompute"], "custom",
-                                    s["attention"], s["elementwise"])
+            shape = replace(PRESETS[s.model], **{SHAPE_SETTINGS[k]: v for k, v in shape_given.items()})
+            workload = gpt_workload(shape, s.micro_batch, s.seq_len, s.recompute, "custom",
+                                    s.attention, s.elementwise)
             return replace(workload, name=f"custom-{human_params(workload.params)}")
-        return preset(s["model"], s["micro_batch"], s["seq_len"], s["recompute"], s["attention"],
-                      s["elementwise"])
+        return preset(s.model, s.micro_batch, s.seq_len, s.recompute, s.attention, s.elementwise)
     except WorkloadError as exc:
         raise ScenarioError(str(exc)) from None
 
 
-def _check_names(s: dict) -> None:
+def _check_names(s: CommonSettings) -> None:
     """What the schema cannot know alone: names looked up in tables, and sizes taken together."""
-    if s["topology"] not in TOPOLOGIES and s["topology"] != "calibrated":
-        raise ScenarioError(f"unknown topology preset {s['topology']!r}; "
+    if s.topology not in TOPOLOGIES and s.topology != "calibrated":
+        raise ScenarioError(f"unknown topology preset {s.topology!r}; "
                             f"choose one of {', '.join(sorted(TOPOLOGIES))}")
-    if s["gpus"] > MAX_GPUS and not s["allow_huge"]:
-        raise ScenarioError(f"--gpus {s['gpus']:,} is beyond the size budget of {MAX_GPUS:,} ranks (planning "
+    if s.gpus > MAX_GPUS and not s.allow_huge:
+        raise ScenarioError(f"--gpus {s.gpus:,} is beyond the size budget of {MAX_GPUS:,} ranks (planning "
                             f"each collective takes time per rank); add --allow-huge to run it anyway")
 
 
-def check_size(s: dict, layers: int, ops_per_step: int | None = None) -> None:
+def explicit_ranks(s: CommonSettings) -> bool:
+    """Whether every rank is simulated: as asked, else when there are at most eight."""
+    return s.explicit_ranks if s.explicit_ranks is not None else s.gpus <= 8
+
+
+def check_size(s: CommonSettings, layers: int, ops_per_step: int | None = None) -> None:
     """Refuse a simulation beyond :data:`MAX_OP_INSTANCES` unless ``allow_huge``.
 
     Before the program is built ``ops_per_step`` is unknown, and the two ops every layer has
     per micro-step (forward and backward) are counted, so an absurd ``grad_accum`` is refused
     before it is built; after, the program's own op count is used."""
-    if s["allow_huge"]:
+    if s.allow_huge:
         return
-    per_step = ops_per_step if ops_per_step is not None else 2 * layers * s["grad_accum"]
-    explicit = s["explicit_ranks"] if s["explicit_ranks"] is not None else s["gpus"] <= 8
-    instances = per_step * s["steps"] * (s["gpus"] if explicit else 1)
+    per_step = ops_per_step if ops_per_step is not None else 2 * layers * s.grad_accum
+    instances = per_step * s.steps * (s.gpus if explicit_ranks(s) else 1)
     if instances > MAX_OP_INSTANCES:
         raise ScenarioError(f"this simulation has about {instances:,} op instances (ops per step x --steps x "
                             f"ranks simulated), beyond the budget of {MAX_OP_INSTANCES:,}; lower --steps, "
@@ -101,13 +111,22 @@ def _load_calibration(value):
         raise ScenarioError(str(exc)) from None
 
 
-def resolve(**kwargs) -> dict:
+@dataclass(frozen=True)
+class Resolved:
+    """Keywords checked against the schema: the common settings, the strategy and its knobs."""
+
+    settings: CommonSettings
+    knobs: dict[str, Any]
+    strategy: Strategy
+
+
+def resolve(**kwargs) -> Resolved:
     """Fill defaults, split common settings from strategy knobs, and check both against the
     schema (:mod:`zero_sim.settings`); a value of None means "not given"."""
     common = check_settings(COMMON, {k: v for k, v in kwargs.items() if k in COMMON_NAMES})
-    settings = {s.name: s.default for s in COMMON} | {k: v for k, v in common.items() if v is not None}
+    values = {s.name: s.default for s in COMMON} | {k: v for k, v in common.items() if v is not None}
     try:
-        strategy = get_strategy(settings["strategy"])
+        strategy = get_strategy(values["strategy"])
     except StrategyError as exc:
         raise ScenarioError(str(exc)) from None
     owners = all_knobs()
@@ -122,8 +141,24 @@ def resolve(**kwargs) -> dict:
         raise ScenarioError(f"unknown setting {key!r}; see `zero-sim simulate --help`")
     given = check_settings(strategy.knobs, {k: v for k, v in kwargs.items() if k in own}, strategy.name)
     knobs = {k.name: k.default for k in strategy.knobs} | {k: v for k, v in given.items() if v is not None}
+    settings = CommonSettings(**values)
     _check_names(settings)
-    return {"settings": settings, "knobs": knobs, "strategy": strategy}
+    return Resolved(settings, knobs, strategy)
+
+
+def _resolve_with_config(kwargs: dict, reading) -> Resolved:
+    """:func:`resolve`, with a config file's part in it: a refusal names the file's key that set the
+    value, and the file's own rules (DeepSpeed's batch arithmetic, ...) run on the result."""
+    try:
+        r = resolve(**kwargs)
+    except ScenarioError as exc:
+        raise ScenarioError(reading.blame(str(exc)) if reading is not None else str(exc)) from None
+    if reading is None or not reading.finish:
+        return r
+    values = {f.name: getattr(r.settings, f.name) for f in fields(r.settings)}
+    for finish in reading.finish:
+        finish(values)
+    return replace(r, settings=CommonSettings(**values))
 
 
 @dataclass(frozen=True)
@@ -132,7 +167,7 @@ class Prepared:
     compute model and the strategy's context built, and the strategy's own checks passed."""
 
     reading: Any  # ConfigReading of a --*-config file, or None
-    settings: dict
+    settings: CommonSettings
     knobs: dict
     strategy: Any
     calibration: Calibration | None
@@ -143,27 +178,9 @@ class Prepared:
     ctx: Context
 
 
-def prepare(workload: Workload | None = None, **kwargs) -> Prepared:
-    """Every check ``simulate()`` makes before it builds the program, in its order; the first
-    failure is a :class:`ScenarioError` of one sentence.  Panels ask it which values to offer."""
-    reading, kwargs = read_config(kwargs)
-    # A Calibration object is taken as it is; a path is a setting like any other.
-    calibration = kwargs.pop("calibration") if isinstance(kwargs.get("calibration"), Calibration) else None
-    try:
-        r = resolve(**kwargs)
-    except ScenarioError as exc:
-        raise ScenarioError(reading.blame(str(exc)) if reading is not None else str(exc)) from None
-    calibration = calibration or r["settings"]["calibration"]
-    for finish in reading.finish if reading is not None else ():
-        finish(r["settings"])
-    s, knobs, strategy = r["settings"], r["knobs"], r["strategy"]
-    calibration = _load_calibration(calibration)
-    if workload is None:
-        workload = _resolve_workload(s)
-    elif workload.micro_batch != s["micro_batch"]:
-        raise ScenarioError(f"the workload was built for micro-batch {workload.micro_batch} "
-                            f"but --micro-batch is {s['micro_batch']}; pass the same value to both")
-    spec = s["topology"]
+def _topology(s: CommonSettings, calibration: Calibration | None) -> Topology:
+    """The topology preset (or the calibration's imported one) at ``--gpus``, with ``--bandwidth-gbps``."""
+    spec = s.topology
     if spec == "calibrated":
         if calibration is None or calibration.topology is None:
             raise ScenarioError("--topology calibrated needs --calibration with an imported topology; "
@@ -171,40 +188,73 @@ def prepare(workload: Workload | None = None, **kwargs) -> Prepared:
                                 "`zero-sim calibrate --nccl-tests FILE --nvidia-smi-topo FILE --out FILE`")
         spec = calibration.topology
     try:
-        topo = build_topology(spec, s["gpus"], s["gpus_per_node"])
+        topo = build_topology(spec, s.gpus, s.gpus_per_node)
     except ValueError as exc:
         raise ScenarioError(str(exc)) from None
-    if s["bandwidth_gbps"] is not None:
-        topo = topo.with_bandwidth(s["bandwidth_gbps"])
-    gpu = GPUS[s["gpu"] or topo.spec.gpu]
-    # efficiency None is the GPU's per-op model; a float, the flat roofline at that fraction of peak.
-    # The per-op model is one benchmarked GPU's; a step runs at the slowest of N (gpu_spread.py).
+    if s.bandwidth_gbps is not None:
+        topo = topo.with_bandwidth(s.bandwidth_gbps)
+    return topo
+
+
+def _gpu_spread(s: CommonSettings, gpu, calibration: Calibration | None) -> float:
+    """The spread of GPU speeds a step pays for: as given, else by what the compute model is.
+
+    The per-op model is one benchmarked GPU's; a step runs at the slowest of N (gpu_spread.py).
+    A flat ``--efficiency``, CPU ranks and a measured layer table (which timed its own slowest
+    rank) take none."""
     measured = calibration is not None and calibration.compute is not None
-    spread = s["gpu_spread"]
-    if spread and measured:
+    if s.gpu_spread and measured:
         raise ScenarioError("--gpu-spread applies to modelled compute, but the calibration's layer table "
                             "measured its own slowest rank; drop --gpu-spread or the calibration")
-    if spread is None:
-        modelled = gpu.profile is not None and s["efficiency"] is None and not measured
-        spread = GPU_SPEED_SIGMA if modelled else 0.0
-    s["gpu_spread"] = spread
-    compute = ComputeModel(gpu, efficiency=s["efficiency"],
-                           slowest_rank_factor=slowest_gpu_factor(s["gpus"], spread))
-    if calibration is not None:
-        if calibration.backend and calibration.backend != s["backend"]:
-            raise ScenarioError(f"the calibration was measured with {calibration.backend} but --backend is "
-                                f"{s['backend']}; use --backend {calibration.backend} or another calibration")
-        if calibration.compute is not None:
-            c = calibration.compute
-            compute = ComputeModel(gpu, efficiency=s["efficiency"], layer_seconds=c.layer_seconds,
-                                   calibrated_tokens=c.tokens,
-                                   optimizer_seconds_per_param=c.optimizer_seconds_per_param,
-                                   slowest_rank_factor=c.slowest_rank_factor)
-    precision = PRECISIONS[s["precision"]]
-    if s["optimizer_k"] is not None:
-        precision = replace(precision, optimizer_bytes=int(s["optimizer_k"]))
-    ctx = Context(workload, s["gpus"], topo.ranks_per_node, compute, precision, s["grad_accum"],
-                  s["host_overhead_us"] * 1e-6, knobs)
+    if s.gpu_spread is not None:
+        return s.gpu_spread
+    modelled = gpu.profile is not None and s.efficiency is None and not measured
+    return GPU_SPEED_SIGMA if modelled else 0.0
+
+
+def _compute_model(s: CommonSettings, gpu, calibration: Calibration | None) -> ComputeModel:
+    """The GPU's per-op model (``efficiency`` None), a flat roofline at ``efficiency``, or the
+    calibration's measured layer table."""
+    if calibration is not None and calibration.backend and calibration.backend != s.backend:
+        raise ScenarioError(f"the calibration was measured with {calibration.backend} but --backend is "
+                            f"{s.backend}; use --backend {calibration.backend} or another calibration")
+    if calibration is not None and calibration.compute is not None:
+        c = calibration.compute
+        return ComputeModel(gpu, efficiency=s.efficiency, layer_seconds=c.layer_seconds,
+                            calibrated_tokens=c.tokens,
+                            optimizer_seconds_per_param=c.optimizer_seconds_per_param,
+                            slowest_rank_factor=c.slowest_rank_factor)
+    return ComputeModel(gpu, efficiency=s.efficiency,
+                        slowest_rank_factor=slowest_gpu_factor(s.gpus, s.gpu_spread))
+
+
+def _precision(s: CommonSettings) -> Precision:
+    precision = PRECISIONS[s.precision]
+    if s.optimizer_k is not None:
+        precision = replace(precision, optimizer_bytes=int(s.optimizer_k))
+    return precision
+
+
+def prepare(workload: Workload | None = None, **kwargs) -> Prepared:
+    """Every check ``simulate()`` makes before it builds the program, in its order; the first
+    failure is a :class:`ScenarioError` of one sentence.  Panels ask it which values to offer."""
+    reading, kwargs = read_config(kwargs)
+    # A Calibration object is taken as it is; a path is a setting like any other.
+    calibration = kwargs.pop("calibration") if isinstance(kwargs.get("calibration"), Calibration) else None
+    r = _resolve_with_config(kwargs, reading)
+    s, knobs, strategy = r.settings, r.knobs, r.strategy
+    calibration = _load_calibration(calibration or s.calibration)
+    if workload is None:
+        workload = _resolve_workload(s)
+    elif workload.micro_batch != s.micro_batch:
+        raise ScenarioError(f"the workload was built for micro-batch {workload.micro_batch} "
+                            f"but --micro-batch is {s.micro_batch}; pass the same value to both")
+    topo = _topology(s, calibration)
+    gpu = GPUS[s.gpu or topo.spec.gpu]
+    s = replace(s, gpu_spread=_gpu_spread(s, gpu, calibration))
+    compute = _compute_model(s, gpu, calibration)
+    ctx = Context(workload, s.gpus, topo.ranks_per_node, compute, _precision(s), s.grad_accum,
+                  s.host_overhead_us * 1e-6, knobs)
     try:
         strategy.validate(ctx)
     except StrategyError as exc:
@@ -222,19 +272,19 @@ def simulate(workload: Workload | None = None, **kwargs) -> SimResult:
     p = prepare(workload, **kwargs)
     reading, s, knobs, strategy, calibration = p.reading, p.settings, p.knobs, p.strategy, p.calibration
     workload, topo, gpu, ctx = p.workload, p.topology, p.gpu, p.ctx
-    coll_backend, coll_algorithm = s["backend"], s["algorithm"]
+    coll_backend, coll_algorithm = s.backend, s.algorithm
     try:
         program = strategy.build(ctx)
     except StrategyError as exc:
         raise ScenarioError(str(exc)) from None
     check_size(s, len(workload.layers), len(program.ops))
     straggler = None
-    if s["straggler_prob"] > 0 and s["straggler_ms"] > 0:
-        straggler = Straggler(s["straggler_prob"], s["straggler_ms"] * 1e-3, s["seed"])
-    explicit = s["explicit_ranks"] if s["explicit_ranks"] is not None else s["gpus"] <= 8
-    overlap_slowdown, collective_cpu_s, comm_rate, bytes_rate = s["overlap_slowdown"], 0.0, 1.0, 1.0
+    if s.straggler_prob > 0 and s.straggler_ms > 0:
+        straggler = Straggler(s.straggler_prob, s.straggler_ms * 1e-3, s.seed)
+    explicit = explicit_ranks(s)
+    overlap_slowdown, collective_cpu_s, comm_rate, bytes_rate = s.overlap_slowdown, 0.0, 1.0, 1.0
     cpu = calibration.cpu if calibration is not None else None
-    if cpu is not None and cpu.ranks == s["gpus"]:
+    if cpu is not None and cpu.ranks == s.gpus:
         # Measured for this many ranks on this machine; an explicit --overlap-slowdown still wins.
         collective_cpu_s, comm_rate = cpu.collective_cpu_s, cpu.comm_rate_while_computing
         bytes_rate = cpu.bytes_pace
@@ -242,16 +292,16 @@ def simulate(workload: Workload | None = None, **kwargs) -> SimResult:
             overlap_slowdown = cpu.overlap_slowdown
     if overlap_slowdown is None:
         overlap_slowdown = default_overlap_slowdown(gpu.name)
-    config = EngineConfig(steps=s["steps"], host_overhead_s=s["host_overhead_us"] * 1e-6,
+    config = EngineConfig(steps=s.steps, host_overhead_s=s.host_overhead_us * 1e-6,
                           overlap_slowdown=overlap_slowdown, collective_cpu_s=collective_cpu_s,
                           comm_rate_while_computing=comm_rate, comm_bytes_rate_while_computing=bytes_rate,
                           explicit_ranks=explicit, straggler=straggler, host_runs_compute=gpu.name == "CPU")
     engine = Engine(program, topo, CollectiveModel(topo, coll_backend, coll_algorithm, calibration), config)
     run = engine.run()
 
-    context = context_gb(gpu.name, s["cuda_context_gb"])
-    reserve = allocator_reserve(workload.recompute, s["allocator_reserve"])
-    scenario = Scenario.from_values(dict(s) | {
+    context = context_gb(gpu.name, s.cuda_context_gb)
+    reserve = allocator_reserve(workload.recompute, s.allocator_reserve)
+    scenario = Scenario.from_values({f.name: getattr(s, f.name) for f in fields(s)} | {
         "cuda_context_gb": context, "allocator_reserve": reserve, "attention": workload.attention,
         "calibration": calibration.describe() if calibration is not None else None,
         "config_file": reading.source if reading is not None else None,
@@ -262,8 +312,8 @@ def simulate(workload: Workload | None = None, **kwargs) -> SimResult:
         "topology": topo.name, "gpu": gpu.name, "gpus_per_node": topo.ranks_per_node,
         "topology_description": topo.describe(), "workload_description": workload.describe(),
     }, knobs)
-    tokens = s["gpus"] * workload.tokens_per_micro_batch * s["grad_accum"]
-    metrics = compute_metrics(run, program, scenario, s["gpus"], tokens, gpu.hbm_bytes,
+    tokens = s.gpus * workload.tokens_per_micro_batch * s.grad_accum
+    metrics = compute_metrics(run, program, scenario, s.gpus, tokens, gpu.hbm_bytes,
                               context_bytes=int(round(context * 1e9)),
                               allocator_reserve=reserve)
     # What a configuration file set, ignored (and why) or had overridden, beside the figures it produced.
@@ -279,5 +329,5 @@ def simulate(workload: Workload | None = None, **kwargs) -> SimResult:
     ends = run.step_ends[run.simulated_ranks[0]]
     window = (ends[-2] if len(ends) > 1 else 0.0, ends[-1])
     notes = list(program.notes) + (reading.notes if reading is not None else [])
-    return SimResult(metrics, ops, memory, scenario, window, s["gpus"], run.simulated_ranks, notes,
+    return SimResult(metrics, ops, memory, scenario, window, s.gpus, run.simulated_ranks, notes,
                      run.events)
