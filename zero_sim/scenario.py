@@ -17,7 +17,8 @@ from typing import Any
 from zero_sim.calibration import Calibration, CalibrationError
 from zero_sim.configs.read import read_config
 from zero_sim.engine.engine import Engine
-from zero_sim.engine.run_types import EngineConfig, Straggler
+from zero_sim.engine.program import Program
+from zero_sim.engine.run_types import EngineConfig, RunOutput, Straggler
 from zero_sim.results import SimResult, allocator_reserve, compute_metrics, context_gb
 from zero_sim.scenario_settings import (
     COMMON,
@@ -263,59 +264,80 @@ def prepare(workload: Workload | None = None, **kwargs) -> Prepared:
     return Prepared(reading, s, knobs, strategy, calibration, workload, topo, gpu, compute, ctx)
 
 
-def simulate(workload: Workload | None = None, **kwargs) -> SimResult:
-    """Simulate one training configuration; keywords are the CLI flags with underscores.
+@dataclass(frozen=True)
+class RankFigures:
+    """How a rank's compute and communication share it: the overlap slowdown, and on CPU ranks the
+    calibration's per-collective CPU cost and the paces of communication while compute runs."""
 
-    ``workload`` (Python only) replaces the model preset with a workload built elsewhere,
-    e.g. :func:`sim2real.module_workload.workload_from_module` on a real model.  ``calibration``
-    is a file path or a :class:`zero_sim.calibration.Calibration`."""
-    p = prepare(workload, **kwargs)
-    reading, s, knobs, strategy, calibration = p.reading, p.settings, p.knobs, p.strategy, p.calibration
-    workload, topo, gpu, ctx = p.workload, p.topology, p.gpu, p.ctx
-    coll_backend, coll_algorithm = s.backend, s.algorithm
+    overlap_slowdown: float
+    collective_cpu_s: float = 0.0
+    comm_rate_while_computing: float = 1.0
+    comm_bytes_rate_while_computing: float = 1.0
+
+
+def rank_figures(p: Prepared) -> RankFigures:
+    """The calibration's CPU figures when it measured this many ranks; an explicit
+    ``--overlap-slowdown`` still wins, and without either the GPU's default applies."""
+    s, calibration = p.settings, p.calibration
+    cpu = calibration.cpu if calibration is not None else None
+    if cpu is not None and cpu.ranks == s.gpus:
+        slowdown = s.overlap_slowdown if s.overlap_slowdown is not None else cpu.overlap_slowdown
+        return RankFigures(slowdown, cpu.collective_cpu_s, cpu.comm_rate_while_computing, cpu.bytes_pace)
+    slowdown = s.overlap_slowdown
+    return RankFigures(slowdown if slowdown is not None else default_overlap_slowdown(p.gpu.name))
+
+
+def _program(p: Prepared) -> Program:
     try:
-        program = strategy.build(ctx)
+        program = p.strategy.build(p.ctx)
     except StrategyError as exc:
         raise ScenarioError(str(exc)) from None
-    check_size(s, len(workload.layers), len(program.ops))
+    check_size(p.settings, len(p.workload.layers), len(program.ops))
+    return program
+
+
+def _engine(p: Prepared, program: Program, figures: RankFigures) -> Engine:
+    s = p.settings
     straggler = None
     if s.straggler_prob > 0 and s.straggler_ms > 0:
         straggler = Straggler(s.straggler_prob, s.straggler_ms * 1e-3, s.seed)
-    explicit = explicit_ranks(s)
-    overlap_slowdown, collective_cpu_s, comm_rate, bytes_rate = s.overlap_slowdown, 0.0, 1.0, 1.0
-    cpu = calibration.cpu if calibration is not None else None
-    if cpu is not None and cpu.ranks == s.gpus:
-        # Measured for this many ranks on this machine; an explicit --overlap-slowdown still wins.
-        collective_cpu_s, comm_rate = cpu.collective_cpu_s, cpu.comm_rate_while_computing
-        bytes_rate = cpu.bytes_pace
-        if overlap_slowdown is None:
-            overlap_slowdown = cpu.overlap_slowdown
-    if overlap_slowdown is None:
-        overlap_slowdown = default_overlap_slowdown(gpu.name)
     config = EngineConfig(steps=s.steps, host_overhead_s=s.host_overhead_us * 1e-6,
-                          overlap_slowdown=overlap_slowdown, collective_cpu_s=collective_cpu_s,
-                          comm_rate_while_computing=comm_rate, comm_bytes_rate_while_computing=bytes_rate,
-                          explicit_ranks=explicit, straggler=straggler, host_runs_compute=gpu.name == "CPU")
-    engine = Engine(program, topo, CollectiveModel(topo, coll_backend, coll_algorithm, calibration), config)
-    run = engine.run()
+                          overlap_slowdown=figures.overlap_slowdown,
+                          collective_cpu_s=figures.collective_cpu_s,
+                          comm_rate_while_computing=figures.comm_rate_while_computing,
+                          comm_bytes_rate_while_computing=figures.comm_bytes_rate_while_computing,
+                          explicit_ranks=explicit_ranks(s), straggler=straggler,
+                          host_runs_compute=p.gpu.name == "CPU")
+    collectives = CollectiveModel(p.topology, s.backend, s.algorithm, p.calibration)
+    return Engine(program, p.topology, collectives, config)
 
-    context = context_gb(gpu.name, s.cuda_context_gb)
-    reserve = allocator_reserve(workload.recompute, s.allocator_reserve)
-    scenario = Scenario.from_values({f.name: getattr(s, f.name) for f in fields(s)} | {
-        "cuda_context_gb": context, "allocator_reserve": reserve, "attention": workload.attention,
+
+def _scenario(p: Prepared, figures: RankFigures) -> Scenario:
+    """The settings as simulated: what was left to the simulator filled in with what it chose."""
+    s, workload, topo, calibration, reading = p.settings, p.workload, p.topology, p.calibration, p.reading
+    given = {f.name: getattr(s, f.name) for f in fields(s)}
+    return Scenario.from_values(given | {
+        "cuda_context_gb": context_gb(p.gpu.name, s.cuda_context_gb),
+        "allocator_reserve": allocator_reserve(workload.recompute, s.allocator_reserve),
+        "attention": workload.attention,
         "calibration": calibration.describe() if calibration is not None else None,
         "config_file": reading.source if reading is not None else None,
-        "overlap_slowdown": overlap_slowdown, "collective_cpu_us": collective_cpu_s * 1e6,
+        "overlap_slowdown": figures.overlap_slowdown, "collective_cpu_us": figures.collective_cpu_s * 1e6,
         "slowest_rank_factor": p.compute.slowest_rank_factor,
-        "comm_rate_while_computing": comm_rate, "comm_bytes_rate_while_computing": bytes_rate,
-        "strategy": strategy.name, "model": workload.name, "params": workload.params,
-        "topology": topo.name, "gpu": gpu.name, "gpus_per_node": topo.ranks_per_node,
+        "comm_rate_while_computing": figures.comm_rate_while_computing,
+        "comm_bytes_rate_while_computing": figures.comm_bytes_rate_while_computing,
+        "strategy": p.strategy.name, "model": workload.name, "params": workload.params,
+        "topology": topo.name, "gpu": p.gpu.name, "gpus_per_node": topo.ranks_per_node,
         "topology_description": topo.describe(), "workload_description": workload.describe(),
-    }, knobs)
-    tokens = s.gpus * workload.tokens_per_micro_batch * s.grad_accum
-    metrics = compute_metrics(run, program, scenario, s.gpus, tokens, gpu.hbm_bytes,
-                              context_bytes=int(round(context * 1e9)),
-                              allocator_reserve=reserve)
+    }, p.knobs)
+
+
+def _result(p: Prepared, program: Program, run: RunOutput, scenario: Scenario) -> SimResult:
+    s, reading = p.settings, p.reading
+    tokens = s.gpus * p.workload.tokens_per_micro_batch * s.grad_accum
+    metrics = compute_metrics(run, program, scenario, s.gpus, tokens, p.gpu.hbm_bytes,
+                              context_bytes=int(round(scenario.hardware.cuda_context_gb * 1e9)),
+                              allocator_reserve=scenario.hardware.allocator_reserve)
     # What a configuration file set, ignored (and why) or had overridden, beside the figures it produced.
     metrics["config_notes"] = reading.notes if reading is not None else []
     ops = [
@@ -329,5 +351,17 @@ def simulate(workload: Workload | None = None, **kwargs) -> SimResult:
     ends = run.step_ends[run.simulated_ranks[0]]
     window = (ends[-2] if len(ends) > 1 else 0.0, ends[-1])
     notes = list(program.notes) + (reading.notes if reading is not None else [])
-    return SimResult(metrics, ops, memory, scenario, window, s.gpus, run.simulated_ranks, notes,
-                     run.events)
+    return SimResult(metrics, ops, memory, scenario, window, s.gpus, run.simulated_ranks, notes, run.events)
+
+
+def simulate(workload: Workload | None = None, **kwargs) -> SimResult:
+    """Simulate one training configuration; keywords are the CLI flags with underscores.
+
+    ``workload`` (Python only) replaces the model preset with a workload built elsewhere,
+    e.g. :func:`sim2real.module_workload.workload_from_module` on a real model.  ``calibration``
+    is a file path or a :class:`zero_sim.calibration.Calibration`."""
+    p = prepare(workload, **kwargs)
+    program = _program(p)
+    figures = rank_figures(p)
+    run = _engine(p, program, figures).run()
+    return _result(p, program, run, _scenario(p, figures))
