@@ -1,12 +1,16 @@
 """One entry point: ``simulate(**settings) -> SimResult``; the CLI's flags are its keywords.
 
-This module turns user-facing settings into the pieces the engine needs (workload,
-topology, compute and collective models, the strategy's program), checks every setting
-with a one-sentence error, runs the engine and gathers the metrics.
+    result = simulate(model="llama3-8b", strategy="fsdp", gpus=64, topology="dgx-h100")
+    result.metrics["step_time_s"], result.scenario.cluster.gpu, result.scenario.knobs.wrap
 
-Settings common to every strategy are :data:`COMMON`; each strategy adds its own knobs
-(``zero_sim.strategies``).  A knob given to a strategy that does not take it is refused
-with a sentence naming the strategies it belongs to.
+The steps, each a function below: :func:`resolve` checks the keywords against the schema
+(common settings in :mod:`zero_sim.scenario_settings`, each strategy's knobs beside it) into
+frozen :class:`~zero_sim.scenario_settings.CommonSettings`; :func:`prepare` builds the
+workload, topology, compute model and the strategy's context, refusing what cannot be
+simulated in one sentence; then the strategy's program runs on the engine, and the result
+carries the typed :class:`~zero_sim.scenario_types.Scenario` it was simulated with.  A knob
+given to a strategy that does not take it is refused with a sentence naming the strategies
+it belongs to.
 """
 
 from __future__ import annotations
