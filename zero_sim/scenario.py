@@ -20,7 +20,9 @@ from typing import Any
 
 from zero_sim.calibration import Calibration, CalibrationError
 from zero_sim.configs.read import read_config
+from zero_sim.engine.cpu_device import CpuDevice
 from zero_sim.engine.engine import Engine
+from zero_sim.engine.gpu_device import GpuDevice
 from zero_sim.engine.program import Program
 from zero_sim.engine.run_types import EngineConfig, RunOutput, Straggler
 from zero_sim.results import SimResult, allocator_reserve, compute_metrics, context_gb
@@ -280,11 +282,12 @@ class RankFigures:
 
 
 def rank_figures(p: Prepared) -> RankFigures:
-    """The calibration's CPU figures when it measured this many ranks; an explicit
-    ``--overlap-slowdown`` still wins, and without either the GPU's default applies."""
+    """The calibration's CPU figures when it measured this many CPU ranks (they describe cores
+    shared with gloo's threads, so GPU ranks never take them); an explicit ``--overlap-slowdown``
+    still wins, and without either the GPU's default applies."""
     s, calibration = p.settings, p.calibration
     cpu = calibration.cpu if calibration is not None else None
-    if cpu is not None and cpu.ranks == s.gpus:
+    if cpu is not None and cpu.ranks == s.gpus and p.gpu.name == "CPU":
         slowdown = s.overlap_slowdown if s.overlap_slowdown is not None else cpu.overlap_slowdown
         return RankFigures(slowdown, cpu.collective_cpu_s, cpu.comm_rate_while_computing, cpu.bytes_pace)
     slowdown = s.overlap_slowdown
@@ -305,13 +308,13 @@ def _engine(p: Prepared, program: Program, figures: RankFigures) -> Engine:
     straggler = None
     if s.straggler_prob > 0 and s.straggler_ms > 0:
         straggler = Straggler(s.straggler_prob, s.straggler_ms * 1e-3, s.seed)
+    if p.gpu.name == "CPU":
+        device = CpuDevice(figures.overlap_slowdown, figures.collective_cpu_s,
+                           figures.comm_rate_while_computing, figures.comm_bytes_rate_while_computing)
+    else:
+        device = GpuDevice(figures.overlap_slowdown)
     config = EngineConfig(steps=s.steps, host_overhead_s=s.host_overhead_us * 1e-6,
-                          overlap_slowdown=figures.overlap_slowdown,
-                          collective_cpu_s=figures.collective_cpu_s,
-                          comm_rate_while_computing=figures.comm_rate_while_computing,
-                          comm_bytes_rate_while_computing=figures.comm_bytes_rate_while_computing,
-                          explicit_ranks=explicit_ranks(s), straggler=straggler,
-                          host_runs_compute=p.gpu.name == "CPU")
+                          explicit_ranks=explicit_ranks(s), straggler=straggler, device=device)
     collectives = CollectiveModel(p.topology, s.backend, s.algorithm, p.calibration)
     return Engine(program, p.topology, collectives, config)
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from zero_sim.engine.gpu_device import GpuDevice
+from zero_sim.engine.rank_kinds import Device
 from zero_sim.system.collectives import CollectivePlan
 
 
@@ -25,18 +27,11 @@ class Straggler:
 class EngineConfig:
     steps: int = 2
     host_overhead_s: float = 10e-6
-    overlap_slowdown: float = 0.0
-    # Compute time each collective takes from its rank's compute, once, if compute runs while
-    # it is in flight: on a CPU, the cores gloo's threads and the kernel's TCP path use (calibrated).
-    collective_cpu_s: float = 0.0
-    # A collective's per-call work (its latency) moves at this fraction of its pace while a member
-    # rank computes: with more ranks than cores, gloo's threads wait for a core at every hand-off
-    # (calibrated).  Its bytes move at the second fraction (None: the same one).
-    comm_rate_while_computing: float = 1.0
-    comm_bytes_rate_while_computing: float | None = None
     explicit_ranks: bool = False  # simulate every rank (True) or rank 0 standing for all (False)
-    host_runs_compute: bool = False  # CPU training: compute runs on the host thread, synchronously
     straggler: Straggler | None = None
+    # What the ranks are: a GPU (compute slowed beside collectives) or a CPU (cores shared with
+    # communication); see zero_sim.engine.rank_kinds.
+    device: Device = field(default_factory=GpuDevice)
 
 
 @dataclass
