@@ -123,7 +123,7 @@ class Resolved:
     """Keywords checked against the schema: the common settings, the strategy and its knobs."""
 
     settings: CommonSettings
-    knobs: dict[str, Any]
+    knobs: Any  # the strategy's typed knobs (Strategy.Knobs)
     strategy: Strategy
 
 
@@ -147,7 +147,7 @@ def resolve(**kwargs) -> Resolved:
                                 f"drop it or use --strategy {belongs.split(', ')[0]}")
         raise ScenarioError(f"unknown setting {key!r}; see `zero-sim simulate --help`")
     given = check_settings(strategy.knobs, {k: v for k, v in kwargs.items() if k in own}, strategy.name)
-    knobs = {k.name: k.default for k in strategy.knobs} | {k: v for k, v in given.items() if v is not None}
+    knobs = strategy.knob_values({k: v for k, v in given.items() if v is not None})
     settings = CommonSettings(**values)
     _check_names(settings)
     return Resolved(settings, knobs, strategy)
@@ -175,7 +175,7 @@ class Prepared:
 
     reading: Any  # ConfigReading of a --*-config file, or None
     settings: CommonSettings
-    knobs: dict
+    knobs: Any  # the strategy's typed knobs
     strategy: Any
     calibration: Calibration | None
     workload: Workload

@@ -1,7 +1,10 @@
 """Strategies: each turns (workload, knobs) into the per-rank program of ops.
 
-One file per strategy, each a :class:`Strategy` with a :class:`~zero_sim.strategies.base.Step`
-subclass overriding a few hooks of the shared step skeleton; register new ones in ``STRATEGIES``.
+One file per strategy, readable alone: each a :class:`Strategy` with a
+:class:`~zero_sim.strategies.base.Step` subclass that overrides a few hooks of the shared step
+skeleton and composes shared pieces (gradient buckets and ZeRO-1/2's sliced update in
+``buckets.py``) rather than inheriting from another strategy.  A strategy's knobs are read
+by attribute (``ctx.knobs.bucket_mb``).  Register new ones in ``STRATEGIES``.
 """
 
 from __future__ import annotations

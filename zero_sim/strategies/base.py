@@ -28,7 +28,7 @@ rank's share of ``n`` elements, padded as collectives require).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, make_dataclass
 from typing import Any
 
 from zero_sim.engine.program import Program, ProgramBuilder
@@ -81,14 +81,11 @@ class Context:
     precision: Precision
     grad_accum: int = 1
     host_overhead_s: float = 10e-6
-    knobs: dict[str, Any] = field(default_factory=dict)
+    knobs: Any = None  # the strategy's knobs, a frozen dataclass read by attribute (Strategy.Knobs)
 
     @property
     def nodes(self) -> int:
         return self.world_size // self.gpus_per_node
-
-    def knob(self, name: str) -> Any:
-        return self.knobs[name]
 
     def fwd_seconds(self, layer: Layer) -> float:
         tokens, work = self.workload.tokens_per_micro_batch, layer.work
@@ -254,15 +251,34 @@ class Step:
                                layer=layer.index, deps=deps) for layer in (layers or self.w.layers)]
 
 
+def knobs_class(name: str, knobs: tuple[Knob, ...]) -> type:
+    """A frozen dataclass with one field per knob, in declaration order, typed as the schema says."""
+    fields = [(k.name, k.kind | None if k.default is None else k.kind) for k in knobs]
+    klass = make_dataclass(name, fields, frozen=True, slots=True)
+    klass.__module__ = __name__
+    return klass
+
+
 class Strategy:
     """What the CLI and ``simulate()`` see: ``name``, ``summary``, ``knobs``, ``validate``, ``build``.
 
-    Instances are shared singletons (``STRATEGIES``); each build makes a fresh ``Step``."""
+    Instances are shared singletons (``STRATEGIES``); each build makes a fresh ``Step``.  The
+    ``knobs`` declarations are the one schema of the strategy's settings; ``Knobs`` is the frozen
+    dataclass built from them that the step reads (``ctx.knobs.bucket_mb``)."""
 
     name: str = ""
     summary: str = ""
     knobs: tuple[Knob, ...] = ()
     Step: type[Step] = Step
+    Knobs: type = knobs_class("Knobs", ())
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        cls.Knobs = knobs_class(f"{cls.__name__}Knobs", cls.knobs)
+
+    def knob_values(self, values: dict[str, Any]) -> Any:
+        """The strategy's typed knobs from checked values (defaults for those missing)."""
+        return self.Knobs(**({k.name: k.default for k in self.knobs} | values))
 
     def build(self, ctx: Context) -> Program:
         return self.Step(ctx).build()

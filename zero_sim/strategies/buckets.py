@@ -1,5 +1,7 @@
-"""What the bucketed strategies (DDP, ZeRO-1, ZeRO-2) share: gradient buckets, and a backward
-that reduces each bucket as soon as it fills.
+"""What the bucketed strategies (DDP, ZeRO-1, ZeRO-2) share, as pieces each composes: gradient
+buckets with the reductions launched on them (:class:`GradientBuckets`), ZeRO-1/2's flat,
+padded model states (:func:`flat_bucket_states`) and their sliced update and all-gather
+(:func:`update_slices_then_gather`).
 
 Buckets are laid out in *reverse* parameter order, so they fill in the order backward
 produces gradients; the real runs cut the same model into the same buckets
@@ -19,9 +21,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from zero_sim.strategies.base import Alloc, Context, Step
+from zero_sim.engine.program import ProgramBuilder
+from zero_sim.strategies.base import Alloc, Context, Step, shard
 from zero_sim.system.workload import Layer, Workload
-from zero_sim.vocabulary import ALL_REDUCE, BACKWARD
+from zero_sim.vocabulary import ALL_GATHER, BACKWARD, GRADS, OPTIMIZER, PARAMS, opt, wait
 from zero_sim.vocabulary.buckets import bucket_caps, fill_buckets
 
 
@@ -50,62 +53,74 @@ def buckets(workload: Workload, cap_bytes: float, bytes_per_elem: int,
 def gradient_buckets(ctx: Context) -> list[Bucket]:
     """The gradient buckets of every bucketed strategy (DDP, ZeRO-1, ZeRO-2), one plan for all,
     as the real runs share ``bucketize``: ``--bucket-mb`` cap, first bucket per :func:`bucket_caps`."""
-    cap, first = bucket_caps(ctx.knob("bucket_mb"))
+    cap, first = bucket_caps(ctx.knobs.bucket_mb)
     return buckets(ctx.workload, cap, ctx.precision.grad_bytes, first)
 
 
-class BucketedStep(Step):
-    """Forward and backward of every micro-step; each bucket's reduction is launched from the
-    backward hook of the layer that fills it.  ``reductions`` holds each bucket's latest
-    reduction op by bucket index, in the order they were first launched."""
+class GradientBuckets:
+    """A bucketed strategy's gradient buckets and the reductions launched on them (DDP, ZeRO-1, ZeRO-2).
 
-    kind = ALL_REDUCE  # the collective that reduces a bucket
+    ``reductions`` holds each bucket's latest reduction op by bucket index, in the order they
+    were first launched.  Without ``overlap_comm`` a reduction runs on the compute stream, so
+    the next compute op follows it: :meth:`take_blocking` hands those ops to it."""
 
-    def setup(self) -> None:
-        self.plan = gradient_buckets(self.ctx)
-        self.ready: dict[int, list[Bucket]] = {}  # layer -> the buckets its backward completes
+    def __init__(self, ctx: Context):
+        self.plan = gradient_buckets(ctx)
+        self.grad_bytes = ctx.precision.grad_bytes
+        self.overlap = getattr(ctx.knobs, "overlap_comm", True)  # DDP has no such knob: always beside
+        self._filled_by: dict[int, list[Bucket]] = {}  # layer -> the buckets its backward completes
         for bucket in self.plan:
-            self.ready.setdefault(bucket.ready_after_layer, []).append(bucket)
+            self._filled_by.setdefault(bucket.ready_after_layer, []).append(bucket)
         self.reductions: dict[int, int] = {}
-        self.blocking: tuple[int, ...] = ()  # without overlap_comm: reductions the next compute waits for
+        self._blocking: tuple[int, ...] = ()
 
-    def overlaps_compute(self) -> bool:
-        """Reductions run on a side stream (DDP always; DeepSpeed with ``overlap_comm``)."""
-        return self.ctx.knobs.get("overlap_comm", True)
+    def filled_by(self, layer: Layer) -> list[Bucket]:
+        """The buckets whose last gradient ``layer``'s backward writes."""
+        return self._filled_by.get(layer.index, [])
 
-    def before_forward(self, layer: Layer) -> tuple[int, ...]:
-        return self.take_blocking()
-
-    def before_backward(self, layer: Layer) -> tuple[int, ...]:
-        return self.take_blocking()
+    def nbytes(self, bucket: Bucket) -> int:
+        return bucket.numel * self.grad_bytes
 
     def take_blocking(self) -> tuple[int, ...]:
         """The reductions issued on the compute stream since its last op, which that op follows."""
-        blocking, self.blocking = self.blocking, ()
+        blocking, self._blocking = self._blocking, ()
         return blocking
 
-    def reduce_in_backward(self) -> bool:
-        """Gradients accumulate locally (``no_sync``) until the last micro-step."""
-        return self.last_micro
+    def reduce(self, b: ProgramBuilder, kind: str, bucket: Bucket, label: str, deps: tuple[int, ...],
+               alloc: Alloc = (), free: Alloc = ()) -> int:
+        """Issue ``<kind> <label>`` over the bucket's gradients after ``deps``."""
+        op = b.collective(kind, f"{kind} {label}", self.nbytes(bucket), BACKWARD,
+                          layer=bucket.ready_after_layer, deps=deps, alloc=alloc, free=free)
+        self.reductions[bucket.index] = op
+        if not self.overlap:
+            self._blocking += (op,)
+        return op
 
-    def reduction_memory(self, nbytes: int) -> tuple[Alloc, Alloc]:
-        """(alloc, free) of a bucket's reduction: none here, the buckets are resident."""
-        return (), ()
 
-    def label(self, bucket: Bucket) -> str:
-        """Ops on a bucket are named after it: ``all_reduce B3``, ``opt B3``."""
-        return f"B{bucket.index}"
+def flat_bucket_states(step: Step, units: tuple[int, ...]) -> dict[str, int]:
+    """ZeRO-1/2 model states: the formula's, with whatever is held whole (weights; gradients
+    below stage 2) kept in the buckets' flat buffers, each padded to a multiple of N so that its
+    slices are equal (DeepSpeed pads its flat groups for the same reason)."""
+    states = Step.resident(step)
+    padded = sum(shard(u, step.n) * step.n for u in units)
+    states[PARAMS] = step.p.param_bytes * padded
+    if step.stage < 2:
+        states[GRADS] = step.p.grad_bytes * padded
+    return states
 
-    def after_backward(self, layer: Layer, op: int) -> None:
-        if self.reduce_in_backward():
-            for bucket in self.ready.get(layer.index, []):
-                self.reduce(bucket, (op,))
 
-    def reduce(self, bucket: Bucket, deps: tuple[int, ...]) -> None:
-        nbytes = bucket.numel * self.p.grad_bytes
-        alloc, free = self.reduction_memory(nbytes)
-        self.reductions[bucket.index] = self.b.collective(
-            self.kind, f"{self.kind} {self.label(bucket)}", nbytes, BACKWARD, layer=bucket.ready_after_layer,
-            deps=deps, alloc=alloc, free=free)
-        if not self.overlaps_compute():
-            self.blocking += (self.reductions[bucket.index],)
+def update_slices_then_gather(step: Step, buckets: GradientBuckets, label) -> None:
+    """ZeRO-1/2's ``optimizer.step()``: per bucket, in the order reductions were launched, update
+    this rank's ``1/N`` once the reduction lands, then all-gather the slice; ``step()`` returns
+    when every gather is back (DeepSpeed and torch's ZeroRedundancyOptimizer both block here)."""
+    by_index = {bucket.index: bucket for bucket in buckets.plan}
+    gathers = []
+    for k, reduction in buckets.reductions.items():
+        bucket, name = by_index[k], label(by_index[k])
+        seconds = step.ctx.compute.optimizer_time(bucket.numel // step.ctx.world_size)
+        update = step.b.compute(opt(name), OPTIMIZER, seconds, layer=bucket.ready_after_layer,
+                                deps=(reduction,))
+        gathers.append(step.b.collective(
+            ALL_GATHER, f"{ALL_GATHER} {name}", bucket.numel * step.p.param_bytes, OPTIMIZER,
+            layer=bucket.ready_after_layer, deps=(update,)))
+    step.b.sync(wait(ALL_GATHER), OPTIMIZER, tuple(gathers))

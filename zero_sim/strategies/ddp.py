@@ -35,33 +35,44 @@ Bucket storage is a second copy of the gradients unless ``gradient_as_bucket_vie
 
 from __future__ import annotations
 
-from zero_sim.strategies.base import Knob, Strategy
-from zero_sim.strategies.buckets import BucketedStep
-from zero_sim.vocabulary import BUFFERS
+from zero_sim.strategies.base import Knob, Step, Strategy
+from zero_sim.strategies.buckets import GradientBuckets
+from zero_sim.system.workload import Layer
+from zero_sim.vocabulary import ALL_REDUCE, BUFFERS
 from zero_sim.vocabulary.buckets import DEFAULT_BUCKET_MB, bucket_caps
 
 
-class DDPStep(BucketedStep):
+class DDPStep(Step):
     """All-reduce each bucket from the backward hook that fills it (on the last micro-step)."""
 
     stage = 0
+
+    def setup(self) -> None:
+        self.buckets = GradientBuckets(self.ctx)
 
     def resident(self) -> dict[str, int]:
         """Stage 0's replicated states, plus the buckets: a second copy of the gradients unless
         the gradients are views into them (the formula counts gradients once)."""
         states = super().resident()
-        if not self.ctx.knob("gradient_as_bucket_view"):
+        if not self.ctx.knobs.gradient_as_bucket_view:
             states[BUFFERS] = self.p.grad_bytes * self.w.params
         return states
+
+    def after_backward(self, layer: Layer, op: int) -> None:
+        """Gradients accumulate locally (``no_sync``) until the last micro-step, which reduces
+        each bucket as the layer filling it finishes its backward."""
+        if self.last_micro:
+            for bucket in self.buckets.filled_by(layer):
+                self.buckets.reduce(self.b, ALL_REDUCE, bucket, f"B{bucket.index}", (op,))
 
     def optimizer(self) -> None:
         """torch's optimizer step follows backward(), whose finalisation makes the compute
         stream wait for every bucket: each layer's update waits for all of them."""
-        self.update_layers(tuple(self.reductions.values()))
+        self.update_layers(tuple(self.buckets.reductions.values()))
 
     def note(self) -> str:
-        bucket_mb = self.ctx.knob("bucket_mb")
-        return (f"{len(self.plan)} gradient buckets (cap {bucket_mb} MiB"
+        bucket_mb = self.ctx.knobs.bucket_mb
+        return (f"{len(self.buckets.plan)} gradient buckets (cap {bucket_mb} MiB"
                 + (", first 1 MiB)" if bucket_caps(bucket_mb)[1] else ")"))
 
 

@@ -70,21 +70,21 @@ a transient buffer.
 
 What each collective waits for (torch 2.13.0, ``torch/distributed/fsdp/_runtime_utils.py``):
 
-* **all-gathers** run on FSDP's unshard stream (``_unshard``, lines 277-307), which waits on
+* **all-gathers** run on FSDP's unshard stream (``_unshard``), which waits on
   the computation stream only once per forward, in the root's pre-forward
-  (``_root_pre_forward`` -> ``_wait_for_computation_stream``, lines 588-592 and 1543-1560):
+  (``_root_pre_forward`` -> ``_wait_for_computation_stream``):
   the first gather of a forward follows the compute before it (the optimizer, or the last
   micro-step's backward); every other gather waits only for its explicit dependencies, the
-  rate limiter's host wait (``event.synchronize()``, lines 297-303) and the collectives ahead
+  rate limiter's host wait (``_unshard``'s ``event.synchronize()``) and the collectives ahead
   of it on the process group's stream.  So with the host running ahead, unit ``u+1``'s
   gather overlaps unit ``u``'s forward even without ``forward_prefetch``.  FSDP2 is alike:
   its all-gather streams wait on the current stream only in the root's pre-forward
-  (``_fully_shard/_fsdp_state.py`` lines 147-154).
+  (``_fully_shard/_fsdp_state.py``, ``FSDPState._root_pre_forward``).
 * **reduce-scatters** run on the post-backward stream, which waits on the computation stream
-  right before each one (``_post_backward_hook``, lines 748-753): it follows the unit's
-  backward.  FSDP2's reduce-scatter stream does the same (``_fsdp_collectives.py`` line 607).
+  right before each one (``_post_backward_hook``): it follows the unit's
+  backward.  FSDP2's reduce-scatter stream does the same (``_fsdp_collectives.py``, ``foreach_reduce``).
 * **HSDP's all-reduce** runs on its own stream after waiting on the post-backward stream only
-  (``_reduce_grad``, lines 863-872): it follows its reduce-scatter, not the compute.
+  (``_reduce_grad``): it follows its reduce-scatter, not the compute.
 """
 
 from __future__ import annotations
@@ -159,16 +159,16 @@ class FSDPStep(Step):
 
     def setup(self) -> None:
         ctx, p = self.ctx, self.p
-        self.hybrid = ctx.knob("hybrid")
+        self.hybrid = ctx.knobs.hybrid
         self.group = "intra" if self.hybrid else "world"
         if self.hybrid:  # HSDP: states are sharded over the node's G GPUs and replicated across nodes
             self.n = ctx.gpus_per_node
-        param_dtype, reduce_dtype = ctx.knob("param_dtype"), ctx.knob("reduce_dtype")
+        param_dtype, reduce_dtype = ctx.knobs.param_dtype, ctx.knobs.reduce_dtype
         self.gather_bytes = DTYPE_BYTES[param_dtype] if param_dtype else p.param_bytes
         self.reduce_bytes = DTYPE_BYTES[reduce_dtype] if reduce_dtype else self.gather_bytes
-        self.reshard = ctx.knob("reshard_after_forward")
-        self.copies = ctx.knob("copies")
-        self.units = wrap_units(ctx, ctx.knob("wrap"), ctx.knob("root"))
+        self.reshard = ctx.knobs.reshard_after_forward
+        self.copies = ctx.knobs.copies
+        self.units = wrap_units(ctx, ctx.knobs.wrap, ctx.knobs.root)
         self.unit_of = {li: u for u in self.units for li in u.layers}
         self.blocks = [u for u in self.units if not u.is_root]  # forward order
         self.bwd_blocks = list(reversed(self.blocks))
@@ -199,7 +199,7 @@ class FSDPStep(Step):
         if layer.index == u.layers[0]:
             self.gather(u, FORWARD)
             nxt = self.next_unit(u, self.fwd_units)
-            if self.ctx.knob("forward_prefetch") and nxt is not None:
+            if self.ctx.knobs.forward_prefetch and nxt is not None:
                 self.gather(nxt, FORWARD, deps=self.landed(FORWARD, u))
             self.copy_out(u, FORWARD)
         return self.ready(FORWARD, u)
@@ -231,7 +231,7 @@ class FSDPStep(Step):
             if self.regathered(u):
                 self.gather(u, BACKWARD)  # no-op when prefetched
             nxt = self.next_unit(u, self.bwd_units)
-            if nxt is not None and self.ctx.knob("backward_prefetch") == "pre" and self.regathered(nxt):
+            if nxt is not None and self.ctx.knobs.backward_prefetch == "pre" and self.regathered(nxt):
                 self.gather(nxt, BACKWARD, deps=self.landed(BACKWARD, u))
             self.copy_out(u, BACKWARD)
         return self.ready(BACKWARD, u) or self.ready(FORWARD, u)
@@ -255,7 +255,7 @@ class FSDPStep(Step):
         if layer.index != u.layers[0] or u.numel == 0:
             return
         self.freed_by[(BACKWARD, u.index)] = op
-        if not u.is_root and self.ctx.knob("backward_prefetch") == "post":
+        if not u.is_root and self.ctx.knobs.backward_prefetch == "post":
             nxt = self.next_unit(u, self.bwd_blocks)
             if nxt is not None and self.regathered(nxt):
                 self.gather(nxt, BACKWARD, deps=(op,))
@@ -283,7 +283,7 @@ class FSDPStep(Step):
     def optimizer(self) -> None:
         """The local shard of every layer, once the last micro-step's reductions have landed
         (``after_backward``), or unit by unit as each one's reduction lands (``per_unit``)."""
-        if self.ctx.knob("update") == "after_backward":
+        if self.ctx.knobs.update == "after_backward":
             self.update_layers(tuple(self.reduces), share=1.0 / self.n)
             return
         for u, reduced in self.reduced:
@@ -307,7 +307,7 @@ class FSDPStep(Step):
         key = (phase, u.index)
         if key in self.gathers or u.numel == 0:
             return
-        if self.ctx.knob("limit_all_gathers"):
+        if self.ctx.knobs.limit_all_gathers:
             self.rate_limit(u, phase)
         first_of_forward = phase == FORWARD and not any(p == FORWARD for p, _ in self.gathers)
         self.gathers[key] = self.b.collective(
@@ -353,7 +353,7 @@ class FSDPStep(Step):
     def note(self) -> str:
         roots = [u for u in self.units if u.is_root]
         return (f"{len(self.units)} FSDP units ({len(roots)} root); reshard_after_forward={self.reshard}; "
-                f"backward_prefetch={self.ctx.knob('backward_prefetch')}; copies={self.copies}; "
+                f"backward_prefetch={self.ctx.knobs.backward_prefetch}; copies={self.copies}; "
                 f"{'hybrid: shard in node, all-reduce across nodes' if self.hybrid else 'full shard'}")
 
 
@@ -386,6 +386,6 @@ class FSDP(Strategy):
     Step = FSDPStep
 
     def validate(self, ctx: Context) -> None:
-        wrap_units(ctx, ctx.knob("wrap"), ctx.knob("root"))
-        if ctx.knob("hybrid") and ctx.nodes < 2:
+        wrap_units(ctx, ctx.knobs.wrap, ctx.knobs.root)
+        if ctx.knobs.hybrid and ctx.nodes < 2:
             raise StrategyError("--hybrid needs at least two nodes; raise --gpus or lower --gpus-per-node")

@@ -21,69 +21,49 @@ bucket's scratch buffer (DeepSpeed's reduce buckets) while its reduction runs.
 
 from __future__ import annotations
 
-from zero_sim.strategies.base import Alloc, Knob, Strategy, shard
-from zero_sim.strategies.buckets import BucketedStep
-from zero_sim.vocabulary import (
-    ALL_GATHER,
-    ALL_REDUCE,
-    BUFFERS,
-    GRADS,
-    OPTIMIZER,
-    PARAMS,
-    REDUCE_SCATTER,
-    opt,
-    wait,
-)
+from zero_sim.strategies.base import Knob, Step, Strategy
+from zero_sim.strategies.buckets import GradientBuckets, flat_bucket_states, update_slices_then_gather
+from zero_sim.system.workload import Layer
+from zero_sim.vocabulary import ALL_REDUCE, BUFFERS, REDUCE_SCATTER
 from zero_sim.vocabulary.buckets import DEFAULT_BUCKET_MB
 
 
-class ZeRO1Step(BucketedStep):
+class ZeRO1Step(Step):
     """Reduce buckets as DDP does; the step updates this rank's slice of each and gathers it."""
 
     stage = 1
 
-    @property
-    def kind(self) -> str:
-        return ALL_REDUCE if self.ctx.knob("zero1_reduce") == "all_reduce" else REDUCE_SCATTER
+    def setup(self) -> None:
+        self.buckets = GradientBuckets(self.ctx)
+        self.kind = ALL_REDUCE if self.ctx.knobs.zero1_reduce == "all_reduce" else REDUCE_SCATTER
 
     def shard_units(self) -> tuple[int, ...]:
         """Each gradient bucket is sharded on its own: rank r owns chunk r of every bucket."""
-        return tuple(bucket.numel for bucket in self.plan)
+        return tuple(bucket.numel for bucket in self.buckets.plan)
 
     def resident(self) -> dict[str, int]:
-        """The formula's states, with whatever is held whole (weights; gradients below stage 2)
-        kept in the buckets' flat buffers, each padded to a multiple of N so that its slices are
-        equal (DeepSpeed pads its flat groups for the same reason)."""
-        states = super().resident()
-        padded = sum(shard(u, self.n) * self.n for u in self.shard_units())
-        states[PARAMS] = self.p.param_bytes * padded
-        if self.stage < 2:
-            states[GRADS] = self.p.grad_bytes * padded
-        return states
+        return flat_bucket_states(self, self.shard_units())
 
-    def reduction_memory(self, nbytes: int) -> tuple[Alloc, Alloc]:
-        """The bucket is a scratch buffer held for its collective only (DeepSpeed's reduce buckets)."""
-        scratch = ((BUFFERS, nbytes),)
-        return scratch, scratch
+    def before_forward(self, layer: Layer) -> tuple[int, ...]:
+        return self.buckets.take_blocking()  # without overlap_comm, the reductions issued before it
+
+    def before_backward(self, layer: Layer) -> tuple[int, ...]:
+        return self.buckets.take_blocking()
+
+    def after_backward(self, layer: Layer, op: int) -> None:
+        """On the last micro-step (``no_sync`` before it), reduce each bucket the layer fills,
+        into a scratch buffer held for its collective only (DeepSpeed's reduce buckets)."""
+        if self.last_micro:
+            for bucket in self.buckets.filled_by(layer):
+                scratch = ((BUFFERS, self.buckets.nbytes(bucket)),)
+                self.buckets.reduce(self.b, self.kind, bucket, f"B{bucket.index}", (op,), scratch, scratch)
 
     def optimizer(self) -> None:
-        """Per bucket, in the order reductions were launched: update this rank's ``1/N`` once the
-        reduction lands, then all-gather the slice; ``step()`` returns when every gather is back."""
-        by_index = {bucket.index: bucket for bucket in self.plan}
-        gathers = []
-        for k, reduction in self.reductions.items():
-            bucket, name = by_index[k], self.label(by_index[k])
-            seconds = self.ctx.compute.optimizer_time(bucket.numel // self.ctx.world_size)
-            update = self.b.compute(opt(name), OPTIMIZER, seconds, layer=bucket.ready_after_layer,
-                                    deps=(reduction,))
-            gathers.append(self.b.collective(
-                ALL_GATHER, f"{ALL_GATHER} {name}", bucket.numel * self.p.param_bytes, OPTIMIZER,
-                layer=bucket.ready_after_layer, deps=(update,)))
-        self.b.sync(wait(ALL_GATHER), OPTIMIZER, tuple(gathers))
+        update_slices_then_gather(self, self.buckets, lambda bucket: f"B{bucket.index}")
 
     def note(self) -> str:
-        return (f"{len(self.plan)} gradient buckets reduced by {self.kind}; each bucket's slice updated and "
-                f"all-gathered as soon as its reduction lands")
+        return (f"{len(self.buckets.plan)} gradient buckets reduced by {self.kind}; each bucket's slice "
+                f"updated and all-gathered as soon as its reduction lands")
 
 
 class ZeRO1(Strategy):

@@ -32,33 +32,46 @@ plus the unsharded gradients that wait for their reduce-scatter (``buffers``): w
 
 from __future__ import annotations
 
-from zero_sim.strategies.base import Alloc, Knob, Strategy
-from zero_sim.strategies.buckets import Bucket
-from zero_sim.strategies.zero1 import ZeRO1Step
+from zero_sim.strategies.base import Alloc, Knob, Step, Strategy
+from zero_sim.strategies.buckets import Bucket, GradientBuckets, flat_bucket_states, update_slices_then_gather
 from zero_sim.system.workload import Layer
 from zero_sim.vocabulary import BUFFERS, REDUCE_SCATTER
 from zero_sim.vocabulary.buckets import DEFAULT_BUCKET_MB
 
 
-class ZeRO2Step(ZeRO1Step):
+class ZeRO2Step(Step):
     """ZeRO-1's step with reduce-scatters that free the unsharded gradients, launched per ``zero2_launch``."""
 
     stage = 2
-    kind = REDUCE_SCATTER
 
     def setup(self) -> None:
-        super().setup()
-        self.per_tensor = self.ctx.knob("bucket_mb") == 0  # DDP's plan at 0 MB: one unit per tensor
-        self.hook = self.ctx.knob("zero2_launch") == "hook"
-        self.compiled = self.ctx.knob("compiled_backward")
+        knobs = self.ctx.knobs
+        self.buckets = GradientBuckets(self.ctx)
+        self.per_tensor = knobs.bucket_mb == 0  # DDP's plan at 0 MB: one unit per tensor
+        self.hook = knobs.zero2_launch == "hook"
+        self.compiled = knobs.compiled_backward
+
+    def shard_units(self) -> tuple[int, ...]:
+        """Each unit is sharded on its own: rank r owns chunk r of every unit."""
+        return tuple(bucket.numel for bucket in self.buckets.plan)
+
+    def resident(self) -> dict[str, int]:
+        return flat_bucket_states(self, self.shard_units())
 
     def label(self, bucket: Bucket) -> str:
         """A per-tensor unit is named after its layer (``reduce_scatter L5``), a bucket ``B<k>``."""
-        return f"L{bucket.layers[0]}" if self.per_tensor else super().label(bucket)
+        return f"L{bucket.layers[0]}" if self.per_tensor else f"B{bucket.index}"
 
-    def reduce_in_backward(self) -> bool:
-        """From the hooks, every micro-step (DeepSpeed reduces each micro-batch), unless compiled."""
-        return self.hook and not self.compiled
+    def reduce(self, bucket: Bucket, deps: tuple[int, ...]) -> None:
+        """Reduce-scatter one unit; its unsharded gradient is freed once the collective has landed."""
+        freed = ((BUFFERS, self.buckets.nbytes(bucket)),)
+        self.buckets.reduce(self.b, REDUCE_SCATTER, bucket, self.label(bucket), deps, free=freed)
+
+    def before_forward(self, layer: Layer) -> tuple[int, ...]:
+        return self.buckets.take_blocking()  # without overlap_comm, the reductions issued before it
+
+    def before_backward(self, layer: Layer) -> tuple[int, ...]:
+        return self.buckets.take_blocking()
 
     def backward_allocs(self, layer: Layer) -> Alloc:
         """Unsharded gradients live until their reduce-scatter: every micro-step with hooks,
@@ -67,30 +80,32 @@ class ZeRO2Step(ZeRO1Step):
             return ((BUFFERS, layer.numel * self.p.grad_bytes),)
         return ()
 
-    def reduction_memory(self, nbytes: int) -> tuple[Alloc, Alloc]:
-        """The reduce-scatter frees the unsharded gradient once it has landed."""
-        return (), ((BUFFERS, nbytes),)
-
     def after_backward(self, layer: Layer, op: int) -> None:
+        """``hook`` launches: from the post-accumulate-grad hooks, every micro-step (DeepSpeed
+        reduces each micro-batch), unless the backward is compiled."""
         self.last_backward = op
-        super().after_backward(layer, op)
+        if self.hook and not self.compiled:
+            for bucket in self.buckets.filled_by(layer):
+                self.reduce(bucket, (op,))
 
     def micro_step(self) -> None:
         """A compiled backward runs the hooks, in the order they would have run, once it ends."""
         super().micro_step()
         if self.hook and self.compiled:
-            for unit in self.plan:
+            for unit in self.buckets.plan:
                 self.reduce(unit, (self.last_backward,))
 
     def optimizer(self) -> None:
-        """``step`` launches: every reduce-scatter at the start of step(), in parameter order."""
+        """``step`` launches every reduce-scatter at the start of step(), in parameter order;
+        then ZeRO-1's sliced update and all-gather, unit by unit in launch order."""
         if not self.hook:
-            for unit in reversed(self.plan):
+            for unit in reversed(self.buckets.plan):
                 self.reduce(unit, ())
-        super().optimizer()
+        update_slices_then_gather(self, self.buckets, self.label)
 
     def note(self) -> str:
-        return (f"{len(self.plan)} reduce-scatter units ({'per tensor' if self.per_tensor else 'buckets'}), "
+        return (f"{len(self.buckets.plan)} reduce-scatter units "
+                f"({'per tensor' if self.per_tensor else 'buckets'}), "
                 f"launched from {'backward hooks' if self.hook else 'step()'}"
                 + (" at the end of a compiled backward" if self.hook and self.compiled else ""))
 

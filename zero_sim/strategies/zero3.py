@@ -14,50 +14,57 @@ drops it again.  One step on one rank:
 3. **Optimizer** on the local slice only; nothing to gather afterwards (next forward does).
 
 DeepSpeed's rules, as its stage 3 runs them (DeepSpeed commit edaa722, ``deepspeed/runtime/zero/``;
-the defaults are ``config.py``'s, lines 102-244):
+the defaults are ``config.py``'s, ``DeepSpeedZeroConfig``):
 
-* **fetch** (``partitioned_param_coordinator.py``, ``_fetch_sub_module_impl``, lines 353-492):
+* **fetch** (``partitioned_param_coordinator.py``, ``fetch_sub_module``):
   DeepSpeed fetches per submodule.  It all-gathers the submodule's parameters that are not
   available, waits for them, then **prefetches**: it walks the parameter trace from where it
   stands and adds parameters (each whole, the last one may overshoot) while the elements
   added are fewer than ``min(max_live_params - elements available, prefetch_bucket_size)``
-  (lines 452-458); one coalesced all-gather per call.  ``prefetch_bucket_size`` 0 turns
+  (the prefetch loop of ``fetch_sub_module``); one coalesced all-gather per call.
+  ``prefetch_bucket_size`` 0 turns
   prefetch off.  The simulator's grain is a layer; its fetch makes one such call per
   gathered tensor of the layer (a transformer layer's weights sit in one submodule each),
   counting as available the layer's tensors from that call on (DeepSpeed releases a
   layer's submodules one by one as they compute) plus everything gathered ahead or kept.
-* **release** (``release_sub_module`` and ``__params_to_release``, lines 494-535 and
-  634-665): after a layer computes, its gathered tensors are freed unless the trace reuses
+* **release** (``release_sub_module`` and ``__params_to_release``): after a layer computes, its gathered
+  tensors are freed unless the trace reuses
   them within ``max_reuse_distance`` elements; with DeepSpeed's default (1e9) a model whose
   forward and backward together gather fewer elements than that keeps every layer from
   forward to backward and gathers nothing in backward.
-* **host throttle** (lines 400-411): after waiting on a gathered tensor the host records an
+* **host throttle** (``fetch_sub_module``, its wait on outstanding events): after waiting on a gathered
+  tensor the host records an
   event; with more than two outstanding it blocks on the oldest.
-* **persistence** (``parameter_offload.py`` line 319): tensors of at most
+* **persistence** (``parameter_offload.py``, ``persistence_threshold`` in ``DeepSpeedZeRoOffload``):
+  tensors of at most
   ``param_persistence_threshold`` elements stay whole on every rank and are never gathered.
 * **reduce** (``stage3.py``, ``reduce_independent_p_g_buckets_and_remove_grads`` and
-  ``__add_grad_to_ipg_bucket``, lines 1519-1568): gradients are copied into a resident bucket
-  of ``reduce_bucket_size`` elements (line 733); when the next gradient would overflow it,
+  ``__add_grad_to_ipg_bucket``): gradients are copied into a resident bucket
+  of ``reduce_bucket_size`` elements (``DeepSpeedZeroOptimizer_Stage3.__init__``); when the next gradient
+  would overflow it,
   the bucket is reduce-scattered (one coalesced collective).  A gradient bigger than the
   bucket is reduced on its own, from its own memory.  More than two reductions outstanding
-  block the host on the oldest (lines 1587-1589).  At the end of every backward the rest
+  block the host on the oldest (``__reduce_and_partition_ipg_grads``).  At the end of every backward the rest
   is reduced and the host synchronises with the reduce stream (``independent_gradient_
-  partition_epilogue``, lines 1357-1364).
+  partition_epilogue``).
 
-What each collective waits for (``overlap_comm``, default True for stage 3, ``config.py``
-lines 383-386):
+What each collective waits for (``overlap_comm``, default True for stage 3, ``config.py``,
+``DeepSpeedZeroConfig.overlap_comm_valid``):
 
-* an all-gather runs from DeepSpeed's allgather stream (``parameter_offload.py`` lines 189-190;
-  ``partitioned_param_coordinator.py`` lines 606-610), which never waits on the compute
+* an all-gather runs from DeepSpeed's allgather stream (``parameter_offload.py``,
+  ``DeepSpeedZeRoOffload.__init__``; ``partitioned_param_coordinator.py``, ``__all_gather_params``),
+  which never waits on the compute
   stream: it waits only for the collectives ahead of it on the process group's stream.  The
   first gather of a forward still follows the optimizer: ``_post_step`` all-gathers the
-  persistent parameters on the compute stream after the update (``stage3.py`` lines
-  2566-2573), and the next gathers queue behind that call;
+  persistent parameters on the compute stream after the update (``stage3.py``,
+  ``_post_step``), and the next gathers queue behind that call;
 * a reduce-scatter runs on ``reduce_and_partition_stream``, which waited on the compute
-  stream when the bucket's last gradient was added (``stage3.py`` line 1545): it follows the
-  backward that produced that gradient, not the compute issued since.
-* with ``overlap_comm`` off both streams are the compute stream itself (``stage3.py`` lines
-  335-336, ``parameter_offload.py`` lines 189-190): every collective follows the compute
+  stream when the bucket's last gradient was added (``stage3.py``,
+  ``__add_grad_to_ipg_bucket``): it follows the backward that produced that gradient, not
+  the compute issued since.
+* with ``overlap_comm`` off both streams are the compute stream itself (``stage3.py``,
+  ``DeepSpeedZeroOptimizer_Stage3.__init__``; ``parameter_offload.py``,
+  ``DeepSpeedZeRoOffload.__init__``): every collective follows the compute
   before it, and the compute after a reduce-scatter waits for it.
 
 What the Amazon Science article 'Making DeepSpeed ZeRO run efficiently on more-affordable
@@ -100,8 +107,8 @@ from zero_sim.vocabulary import (
 )
 
 Key = tuple[int, int]  # a partitioned tensor: (layer that owns it, its index in that layer)
-MAX_ONGOING_FETCH_EVENTS = 2  # partitioned_param_coordinator.py line 142
-MAX_PARAM_REDUCE_EVENTS = 2  # stage3.py line 449
+MAX_ONGOING_FETCH_EVENTS = 2  # partitioned_param_coordinator.py, __max_ongoing_fetch_events
+MAX_PARAM_REDUCE_EVENTS = 2  # stage3.py, __max_param_reduce_events
 
 
 @dataclass
@@ -125,16 +132,16 @@ class ZeRO3Step(Step):
 
     def setup(self) -> None:
         ctx, w = self.ctx, self.w
-        self.threshold = ctx.knob("param_persistence_threshold")
+        self.threshold = ctx.knobs.param_persistence_threshold
         self.persistent = sum(t.numel for layer in w.layers for t in layer.tensors
                               if t.numel <= self.threshold)
         self.size: dict[Key, int] = {(layer.index, i): t.numel for layer in w.layers
                                      for i, t in enumerate(layer.tensors) if t.numel > self.threshold}
         self.uses = {layer.index: self.gathered_keys(layer) for layer in w.layers}
-        self.fine = ctx.knob("fine_grained_sync")
-        self.batch = ctx.knob("batch_collectives")
-        self.overlap = ctx.knob("overlap_comm")
-        self.cap = ctx.knob("reduce_bucket_size")
+        self.fine = ctx.knobs.fine_grained_sync
+        self.batch = ctx.knobs.batch_collectives
+        self.overlap = ctx.knobs.overlap_comm
+        self.cap = ctx.knobs.reduce_bucket_size
         # The parameter trace of one forward and backward: module positions, and every use of a
         # partitioned tensor in order (DeepSpeed's prefetch queue).
         self.trace = [layer.index for layer in w.layers] + [layer.index for layer in reversed(w.layers)]
@@ -160,7 +167,7 @@ class ZeRO3Step(Step):
     def kept_after(self, pos: int) -> set[Key]:
         """Tensors the layer at trace position ``pos`` does not release: those the trace uses again
         within ``max_reuse_distance`` elements (``__params_to_release``)."""
-        limit, traversed, kept = self.ctx.knob("max_reuse_distance"), 0, set()
+        limit, traversed, kept = self.ctx.knobs.max_reuse_distance, 0, set()
         mine = set(self.uses[self.trace[pos]])
         for li in self.trace[pos + 1:]:
             if traversed >= limit:
@@ -171,7 +178,8 @@ class ZeRO3Step(Step):
 
     def resident(self) -> dict[str, int]:
         """Stage 3's shards, except that persistent tensors are held whole on every rank (only the
-        rest of the weights is sharded); plus the reduce bucket, allocated once (stage3.py line 733)."""
+        rest of the weights is sharded); plus the reduce bucket, allocated once (stage3.py,
+        DeepSpeedZeroOptimizer_Stage3.__init__)."""
         states = super().resident()
         psi, n, persistent = self.w.params, self.n, self.persistent
         states[PARAMS] += self.p.param_bytes * (persistent + shard(psi - persistent, n) - shard(psi, n))
@@ -287,8 +295,8 @@ class ZeRO3Step(Step):
         """Before a layer computes: decide what to fetch, gather what is missing, wait for it,
         prefetch, and return what its compute waits for."""
         ctx, li, phase = self.ctx, layer.index, self.phase
-        if not ctx.knob("precomputed_fetch"):  # Python walks the module tree, issuing nothing meanwhile
-            self.b.host(fetch(li), phase, ctx.knob("fetch_decision_us") * 1e-6, layer=li)
+        if not ctx.knobs.precomputed_fetch:  # Python walks the module tree, issuing nothing meanwhile
+            self.b.host(fetch(li), phase, ctx.knobs.fetch_decision_us * 1e-6, layer=li)
         missing = [key for key in self.uses[li] if key not in self.available]
         if missing:
             self.gather(missing)
@@ -321,11 +329,11 @@ class ZeRO3Step(Step):
     def prefetch(self, live: int) -> None:
         """One prefetch call: walk the trace, adding tensors not yet gathered until the elements added
         reach ``min(max_live_params - live, prefetch_bucket_size)``; gather them together."""
-        bucket_size = self.ctx.knob("prefetch_bucket_size")
+        bucket_size = self.ctx.knobs.prefetch_bucket_size
         if bucket_size <= 0:
             return
-        budget = min(self.ctx.knob("max_live_params") - live, bucket_size)
-        depth = self.ctx.knob("prefetch")
+        budget = min(self.ctx.knobs.max_live_params - live, bucket_size)
+        depth = self.ctx.knobs.prefetch
         chosen: list[Key] = []
         added = 0
         while self.next_in_queue < len(self.queue) and added < budget:
@@ -357,7 +365,7 @@ class ZeRO3Step(Step):
             self.issued.append(op)
 
     def note(self) -> str:
-        decided = "precomputed" if self.ctx.knob("precomputed_fetch") else "made in Python per layer"
+        decided = "precomputed" if self.ctx.knobs.precomputed_fetch else "made in Python per layer"
         return (f"{self.persistent:,} parameters persistent (<= {self.threshold:,} elements per tensor); "
                 f"{'batched' if self.batch else 'per-tensor'} collectives, "
                 f"{'fine-grained' if self.fine else 'whole-stream'} sync, "
