@@ -53,6 +53,7 @@ import torch.distributed as dist
 
 from zero_sim.vocabulary.files import write_json_atomic
 from zero_sim.vocabulary.model_states import formula
+from zero_sim.vocabulary.records import rank_file, run_file
 
 from .allocator import allocator_in_use
 from .gpu_stamp import gpu_stamp
@@ -154,25 +155,16 @@ def _versions() -> dict:
             if torch.cuda.is_available() else None}
 
 
-def train(args) -> dict | None:
-    out = Path(args.out)
-    # Before the ranks connect: a run that fails to start must not leave an old run looking complete.
+def _clear_previous_run(out: Path) -> None:
+    """Before the ranks connect: a run that fails to start must not leave an old run looking complete."""
     if int(os.environ.get("RANK", 0)) == 0:
         clear_outputs(out)
         with contextlib.suppress(OSError):  # the emptied traces folder of a previous run goes too
             (out / TRACES).rmdir()
-    rank, world, device = _init_distributed(args)
-    dist.barrier()
 
-    cfg = PRESETS[args.model]
-    model = build_model(cfg, args.seed, device)
-    n_params = count_params(model)
-    rec = Recorder(rank, device, labels=args.trace)
-    strategy = STRATEGIES[args.strategy](model, rec, AdamW(lr=args.lr), args.bucket_mb, args.precision)
-    strategy.record_model_states()
 
-    profiler = _start_profiler(args, out, rank, device) if args.trace else None
-
+def _run_steps(args, cfg, strategy, rec: Recorder, rank: int, world: int, device, profiler):
+    """Every training step, timed and recorded; returns (losses, step times in seconds)."""
     losses, step_times = [], []
     for step in range(args.steps):
         x, y = global_batch(cfg, args.seed, step, args.global_batch, args.seq_len)
@@ -190,9 +182,33 @@ def train(args) -> dict | None:
             print(progress_line(step + 1, args.steps, losses[-1], step_times[-1]), flush=True)
         if profiler is not None:
             profiler.step()  # ends ProfilerStep#<step>; after the last step the trace is written
-
     if profiler is not None:
         profiler.stop()
+    return losses, step_times
+
+
+def _save_state(out: Path, full: dict, moments: dict) -> None:
+    tmp = out / f".state.pt.{os.getpid()}.tmp"
+    torch.save({"params": {k: v.cpu() for k, v in full.items()},
+                "exp_avg": {k: m.cpu() for k, (m, _) in moments.items()},
+                "exp_avg_sq": {k: v.cpu() for k, (_, v) in moments.items()}}, tmp)
+    os.replace(tmp, out / "state.pt")
+
+
+def train(args) -> dict | None:
+    out = Path(args.out)
+    _clear_previous_run(out)
+    rank, world, device = _init_distributed(args)
+    dist.barrier()
+
+    cfg = PRESETS[args.model]
+    model = build_model(cfg, args.seed, device)
+    n_params = count_params(model)
+    rec = Recorder(rank, device, labels=args.trace)
+    strategy = STRATEGIES[args.strategy](model, rec, AdamW(lr=args.lr), args.bucket_mb, args.precision)
+    strategy.record_model_states()
+    profiler = _start_profiler(args, out, rank, device) if args.trace else None
+    losses, step_times = _run_steps(args, cfg, strategy, rec, rank, world, device, profiler)
 
     # Everything below is collective: gather the whole model back and agree on figures.
     full = strategy.full_params()
@@ -207,11 +223,10 @@ def train(args) -> dict | None:
     memory = dict(rec.peaks)
     memory.update(strategy.model_state_bytes())  # what is held between steps
     memory.update(cuda_memory_peaks(device))
-    write_json_atomic(out / f"rank{rank}.json", {
-        "rank": rank, "world_size": world, "strategy": args.strategy, "device": str(device),
-        "ops": rec.op_records(), "memory_timeline": rec.memory, "memory": memory,
-        "step_times_s": step_times, "losses": losses,
-    })
+    write_json_atomic(out / f"rank{rank}.json", rank_file(
+        rank=rank, world_size=world, strategy=args.strategy, device=str(device),
+        ops=rec.op_records(), memory_timeline=rec.memory, memory=memory,
+        step_times_s=step_times, losses=losses))
     per_rank = [None] * world
     dist.all_gather_object(per_rank, memory)
     rec.shutdown()
@@ -219,35 +234,36 @@ def train(args) -> dict | None:
     if rank != 0:
         return None
     if args.save_state:
-        tmp = out / f".state.pt.{os.getpid()}.tmp"
-        torch.save({"params": {k: v.cpu() for k, v in full.items()},
-                    "exp_avg": {k: m.cpu() for k, (m, _) in moments.items()},
-                    "exp_avg_sq": {k: v.cpu() for k, (_, v) in moments.items()}}, tmp)
-        os.replace(tmp, out / "state.pt")
+        _save_state(out, full, moments)
     missing = [r for r in range(world) if not (out / f"rank{r}.json").exists()]
     if missing:
         raise RuntimeError(f"rank files missing for ranks {missing}")
-    stage = STRATEGIES[args.strategy].stage
+    run = _run_record(args, cfg, n_params, world, device, out, times.tolist(), mean_loss.tolist(),
+                      param_l2, per_rank)
+    write_json_atomic(out / "run.json", run)
+    return run
+
+
+def _run_record(args, cfg, n_params: int, world: int, device, out: Path, times: list[float],
+                losses: list[float], param_l2: float, per_rank: list[dict]) -> dict:
+    """``run.json``: the run's settings, the slowest rank's step times, mean losses, memory per rank
+    and the ZeRO formula's model states beside the measured ones."""
     precision = PRECISIONS[args.precision]
-    model_states = formula(stage, n_params, world, elem_bytes=precision.param_bytes,
+    model_states = formula(STRATEGIES[args.strategy].stage, n_params, world, elem_bytes=precision.param_bytes,
                            k=precision.optimizer_bytes)
     model_states["measured"] = {
         str(r): m["params"] + m["grads"] + m["optimizer"] for r, m in enumerate(per_rank)}
-    run = {
-        "strategy": args.strategy, "world_size": world, "backend": dist.get_backend(),
-        "device": device.type, "model": args.model, "model_config": cfg.to_dict(), "params": n_params,
-        "precision": precision.name, "dtype": precision.dtype,
-        "global_batch": args.global_batch, "seq_len": args.seq_len,
-        "steps": args.steps, "seed": args.seed, "bucket_mb": args.bucket_mb, "lr": args.lr,
-        "step_times_s": times.tolist(), "median_step_s": statistics.median(times.tolist()),
-        "losses": mean_loss.tolist(), "final_loss": float(mean_loss[-1]), "param_l2": param_l2,
-        "memory": {str(r): m for r, m in enumerate(per_rank)}, "model_states_formula": model_states,
-        "versions": _versions(), "files": _outputs(out),
-    }
-    if device.type == "cuda":
-        run["gpu"] = gpu_stamp()
-    write_json_atomic(out / "run.json", run)
-    return run
+    return run_file(
+        strategy=args.strategy, world_size=world, backend=dist.get_backend(),
+        device=device.type, model=args.model, model_config=cfg.to_dict(), params=n_params,
+        precision=precision.name, dtype=precision.dtype,
+        global_batch=args.global_batch, seq_len=args.seq_len,
+        steps=args.steps, seed=args.seed, bucket_mb=args.bucket_mb, lr=args.lr,
+        step_times_s=times, median_step_s=statistics.median(times),
+        losses=losses, final_loss=float(losses[-1]), param_l2=param_l2,
+        memory={str(r): m for r, m in enumerate(per_rank)}, model_states_formula=model_states,
+        versions=_versions(), files=_outputs(out),
+        gpu=gpu_stamp() if device.type == "cuda" else None)
 
 
 def _lost_peer(e: Exception) -> bool:

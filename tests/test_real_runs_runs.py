@@ -20,12 +20,12 @@ from real_runs.launch import launch
 from real_runs.strategies import STRATEGIES
 from zero_sim.vocabulary import (
     MEMORY_CATEGORIES,
-    OP_FIELDS,
     REAL_STRATEGIES,
     STREAMS,
     parse_op_name,
 )
 from zero_sim.vocabulary.model_states import model_state_bytes
+from zero_sim.vocabulary.records import OP_FIELDS
 
 pytestmark = pytest.mark.slow
 TOL = 1e-5

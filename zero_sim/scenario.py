@@ -347,12 +347,7 @@ def _result(p: Prepared, program: Program, run: RunOutput, scenario: Scenario) -
                               allocator_reserve=scenario.hardware.allocator_reserve)
     # What a configuration file set, ignored (and why) or had overridden, beside the figures it produced.
     metrics["config_notes"] = reading.notes if reading is not None else []
-    ops = [
-        {"rank": r.rank, "stream": r.stream, "name": r.name, "start_s": r.start_s, "end_s": r.end_s,
-         "bytes": r.bytes, "layer": r.layer, "phase": r.phase, "step": r.step, "kind": r.kind,
-         "algorithm": r.algorithm}
-        for r in run.records
-    ]
+    ops = [r.to_dict() for r in run.records]
     memory = [{"rank": rank, "t_s": t, "category": cat, "bytes": b}
               for rank, events in run.memory.items() for t, cat, b in events]
     ends = run.step_ends[run.simulated_ranks[0]]

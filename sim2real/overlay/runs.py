@@ -1,6 +1,7 @@
 """A real run directory loaded whole: ``run.json`` and every rank's ops and memory.
 
-Everything :func:`load_run` uses is checked before it is used (the pydantic models below):
+Everything :func:`load_run` uses is checked before it is used (the file models of
+:mod:`zero_sim.vocabulary.records`, where both files are defined):
 types, finite times and sizes, a world size of at least one, every rank's file present and
 no other, and the same number of steps on every rank.  A directory that fails a check is
 refused with one :class:`OverlayError` sentence naming the file and the field; so is one
@@ -13,26 +14,23 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any
 
 import pandas as pd
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ValidationError
 
 from real_runs.launch import FAILED_FILE
 from sim2real.overlay.base import OverlayError, op_kind
 from sim2real.overlay.traces import collectives_from_trace, trace_file
-from zero_sim.vocabulary import (
-    COMM,
-    MEMORY_CATEGORIES,
-    OP_FIELDS,
-)
+from zero_sim.vocabulary import COMM
+from zero_sim.vocabulary.records import OP_FIELDS, RankFile, RunFile
 
 
 @dataclass
 class MeasuredRun:
     """What a real run recorded, every rank in one place.
 
-    ``ops`` has one row per op with the fields of :data:`zero_sim.vocabulary.OP_FIELDS`
+    ``ops`` has one row per op with the fields of :data:`zero_sim.vocabulary.records.OP_FIELDS`
     plus ``kind`` and ``source`` (``record`` or ``trace``); ``memory`` one row per memory
     sample (``rank, step, t_s, category, bytes``); ``peaks`` maps rank -> category ->
     bytes as ``run.json`` reports them (resident model states, peak activations and
@@ -51,58 +49,6 @@ class MeasuredRun:
 
 # --- what the files must hold -------------------------------------------------------------
 
-Finite = Annotated[float, Field(allow_inf_nan=False)]
-Seconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]
-Bytes = Annotated[int, Field(ge=0)]
-RankKey = Annotated[str, Field(pattern=r"^(0|[1-9][0-9]{0,5})$")]
-
-
-class _Record(BaseModel):
-    # Strict: a string where a number belongs is a damaged file, not something to convert.
-    # Extra fields are allowed: the files carry more than the overlay reads.
-    model_config = ConfigDict(strict=True, extra="allow")
-
-
-class RunFile(_Record):
-    """The fields of ``run.json`` that loading and comparing read."""
-
-    world_size: int = Field(ge=1)
-    strategy: str
-    step_times_s: list[Seconds] = []
-    memory: dict[RankKey, dict[str, Bytes]] | None = None
-
-
-class OpRecord(_Record):
-    """One op of a rank file, as :class:`real_runs.record.Recorder` writes it."""
-
-    rank: int
-    stream: str
-    name: str
-    start_s: Finite
-    end_s: Finite | None
-    bytes: Bytes
-    layer: int | None
-    phase: str | None
-    step: int
-
-
-class MemorySample(_Record):
-    step: int
-    t_s: Finite
-    category: Literal[MEMORY_CATEGORIES]
-    bytes: Bytes
-
-
-class RankFile(_Record):
-    """The fields of ``rank<r>.json`` that loading and comparing read."""
-
-    rank: int
-    world_size: int
-    ops: list[OpRecord]
-    memory_timeline: list[MemorySample]
-    step_times_s: list[Seconds]
-
-
 def _where(loc: tuple) -> str:
     """A pydantic location as a field path: ``ops[3].start_s``, ``memory.0.params``."""
     out = ""
@@ -111,7 +57,7 @@ def _where(loc: tuple) -> str:
     return out
 
 
-def _checked(model: type[_Record], data: Any, file: Path) -> _Record:
+def _checked(model: type[BaseModel], data: Any, file: Path) -> BaseModel:
     """``data`` as ``model``, or OverlayError naming ``file`` and the first field that is wrong."""
     if not isinstance(data, dict):
         raise OverlayError(f"{file} holds a JSON {type(data).__name__}, not an object, "

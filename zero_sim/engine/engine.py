@@ -44,10 +44,11 @@ from zero_sim.engine.groups import group_index, process_groups
 from zero_sim.engine.network import FluidNetwork
 from zero_sim.engine.program import Op, Program
 from zero_sim.engine.rank_kinds import Backend
-from zero_sim.engine.run_types import EngineConfig, OpRecord, RunOutput
+from zero_sim.engine.run_types import EngineConfig, RunOutput
 from zero_sim.system.collectives import CollectiveModel, CollectivePlan
 from zero_sim.system.topology import Topology
 from zero_sim.vocabulary import HOST, MEMORY_CATEGORIES
+from zero_sim.vocabulary.records import OpRecord
 
 
 class _Stream:

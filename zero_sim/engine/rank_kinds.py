@@ -17,19 +17,17 @@ or between NCCL and gloo, plugs in beside it, the way a simpy resource subclass 
   :class:`~zero_sim.engine.gloo_backend.GlooBackend` is gloo's.
 
 The base classes are the plain behaviour: compute takes its own time, a latency is a plain
-wait, and one collective of a stream runs at a time.
+wait, and one collective of a stream runs at a time.  ``attach(engine)`` hands each plug-in
+the :class:`~zero_sim.engine.engine.Engine` it serves (its ``env``, ``ranks``, ``comm_busy``,
+``net``, ``device`` and ``collective()``).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import simpy
 
-if TYPE_CHECKING:
-    from zero_sim.engine.engine import Engine
-    from zero_sim.engine.program import Op
-    from zero_sim.system.collectives import Stage
+from zero_sim.engine.program import Op
+from zero_sim.system.collectives import Stage
 
 
 class Device:
@@ -38,7 +36,7 @@ class Device:
     host_runs_compute = False  # True: the host thread waits for each compute op (CPU training)
     overlap_slowdown = 0.0  # reported with the scenario; each kind applies it its own way
 
-    def attach(self, engine: Engine) -> None:
+    def attach(self, engine) -> None:
         """Called once by the engine before it runs: keep what the rules below need."""
         self.engine, self.env = engine, engine.env
 
@@ -65,7 +63,7 @@ class Backend:
     # (``Op.after_compute``): torch's NCCL process group makes its stream wait on the current one.
     always_after_compute = False
 
-    def attach(self, engine: Engine) -> None:
+    def attach(self, engine) -> None:
         self.engine, self.env = engine, engine.env
 
     def stream_slots(self) -> simpy.Resource | None:

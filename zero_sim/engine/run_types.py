@@ -1,5 +1,6 @@
 """What the engine is given besides its program (:class:`EngineConfig`, :class:`Straggler`)
-and what it gives back (:class:`OpRecord` per op, :class:`RunOutput` per run).
+and what it gives back (:class:`RunOutput` per run, holding an
+:class:`~zero_sim.vocabulary.records.OpRecord` per op).
 
 The fields' meanings are the engine's rules (:mod:`zero_sim.engine.engine`); they live
 here so that callers can build a configuration and read a result without the engine.
@@ -12,6 +13,7 @@ from dataclasses import dataclass, field
 from zero_sim.engine.gpu_device import GpuDevice
 from zero_sim.engine.rank_kinds import Device
 from zero_sim.system.collectives import CollectivePlan
+from zero_sim.vocabulary.records import OpRecord
 
 
 @dataclass(frozen=True)
@@ -32,21 +34,6 @@ class EngineConfig:
     # What the ranks are: a GPU (compute slowed beside collectives) or a CPU (cores shared with
     # communication); see zero_sim.engine.rank_kinds.
     device: Device = field(default_factory=GpuDevice)
-
-
-@dataclass
-class OpRecord:
-    rank: int
-    stream: str
-    name: str
-    start_s: float
-    end_s: float
-    bytes: float
-    layer: int | None
-    phase: str
-    step: int
-    kind: str
-    algorithm: str = ""
 
 
 @dataclass

@@ -208,7 +208,7 @@ def save_figure(fig, path, **savefig_kwargs) -> None:
 def plot_measured_step(ops, ax=None, step: int | None = None, rank: int = 0, heading: str = "measured"):
     """Gantt of one rank's streams in one measured step (the last by default), times from its start.
 
-    ``ops`` are op records (:data:`zero_sim.vocabulary.OP_FIELDS`) of any ranks; the title
+    ``ops`` are op records (:data:`zero_sim.vocabulary.records.OP_FIELDS`) of any ranks; the title
     is ``heading`` followed by the step shown."""
     import matplotlib.pyplot as plt
 

@@ -8,8 +8,8 @@ streams, phases, memory categories, strategies, and the op names
 Both halves of the project build op names with these helpers and read them back with
 :func:`parse_op_name`; neither invents its own spelling.
 
-An op record, as written by the simulator (``SimResult.ops``) and by the real runs
-(``rank<r>.json``), is a flat dict with the fields in :data:`OP_FIELDS`.
+The records themselves (an op, a rank file, ``run.json``) are defined once in
+:mod:`zero_sim.vocabulary.records`.
 """
 
 from __future__ import annotations
@@ -53,8 +53,6 @@ ALL_GATHER = "all_gather"
 BROADCAST = "broadcast"
 COLLECTIVES = (ALL_REDUCE, REDUCE_SCATTER, ALL_GATHER, BROADCAST)
 
-# Fields of one op record.  Times are seconds from the start of the recorded step.
-OP_FIELDS = ("rank", "stream", "name", "start_s", "end_s", "bytes", "layer", "phase", "step")
 
 
 def fwd(layer: int) -> str:
