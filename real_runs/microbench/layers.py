@@ -32,6 +32,65 @@ from .device import CPU, Bench
 LAYER_KINDS = ("embedding", "block", "head")
 
 
+def _pass(layers, x, y, bench: Bench, times: dict | None) -> None:
+    """One forward and backward, layer by layer; each layer's times appended to ``times`` if given."""
+    inputs, outputs = [], []
+    h = x
+    for i, layer in enumerate(layers):
+        h = h.detach().requires_grad_(h.is_floating_point())
+        inputs.append(h)
+        t0 = bench.now()
+        h = layer(h, y) if i == len(layers) - 1 else layer(h)
+        if times is not None:
+            times[i]["fwd"].append(bench.now() - t0)
+        outputs.append(h)
+    grad = None
+    for i in reversed(range(len(layers))):
+        t0 = bench.now()
+        outputs[i].backward(grad)
+        if times is not None:
+            times[i]["bwd"].append(bench.now() - t0)
+        grad = inputs[i].grad
+
+
+def _slowest_rank_factor(layers, x, y, bench: Bench, iters: int, world: int) -> float:
+    """A step waits on its slowest rank, and ranks that share cores do not finish a pass together
+    even when they start it together, as every step does after its last collective.  So whole
+    passes are timed from a barrier, and the median over passes of (slowest rank's pass / the
+    mean rank's) is kept: the per-layer mean is a rank's pace, this ratio is how much later than
+    that pace the last rank ends."""
+    passes = []
+    for _ in range(iters):
+        dist.barrier()
+        t0 = bench.now()
+        _pass(layers, x, y, bench, None)
+        passes.append(bench.now() - t0)
+    gathered = [torch.zeros(iters, dtype=torch.float64, device=bench.device) for _ in range(world)]
+    dist.all_gather(gathered, torch.tensor(passes, dtype=torch.float64, device=bench.device))
+    by_pass = torch.stack(gathered)  # ranks x passes
+    return float((by_pass.max(0).values / by_pass.mean(0)).median())
+
+
+def _optimizer_times(model, precision: str, bench: Bench, iters: int) -> list[float]:
+    """The update's time, each from a barrier, after one update that creates the moments."""
+    params = list(model.parameters())
+    if precision == "bf16":
+        # The update bf16 runs make: fp32 masters and moments of one flat buffer (AdamState).
+        flat = torch.cat([p.detach().flatten() for p in params])
+        state, grad = AdamState(flat, AdamW()), torch.full_like(flat, 1e-3)
+        update = lambda: state.update(flat, grad)  # noqa: E731
+    else:
+        update = AdamW().torch_optimizer(params).step
+    update()
+    times = []
+    for _ in range(iters):
+        dist.barrier()
+        t0 = bench.now()
+        update()
+        times.append(bench.now() - t0)
+    return times
+
+
 def layer_timings(model_name: str, micro_batch: int, seq_len: int, iters: int, bench: Bench = CPU,
                   precision: str = "fp32") -> dict:
     cfg = PRESETS[model_name]
@@ -43,63 +102,14 @@ def layer_timings(model_name: str, micro_batch: int, seq_len: int, iters: int, b
     x, y = rank_shard(x, rank, world).to(bench.device), rank_shard(y, rank, world).to(bench.device)
     layers = list(model.layers)
     times: dict[int, dict[str, list[float]]] = {i: {"fwd": [], "bwd": []} for i in range(len(layers))}
-
-    def one_pass(record: bool) -> None:
-        inputs, outputs = [], []
-        h = x
-        for i, layer in enumerate(layers):
-            h = h.detach().requires_grad_(h.is_floating_point())
-            inputs.append(h)
-            t0 = bench.now()
-            h = layer(h, y) if i == len(layers) - 1 else layer(h)
-            if record:
-                times[i]["fwd"].append(bench.now() - t0)
-            outputs.append(h)
-        grad = None
-        for i in reversed(range(len(layers))):
-            t0 = bench.now()
-            outputs[i].backward(grad)
-            if record:
-                times[i]["bwd"].append(bench.now() - t0)
-            grad = inputs[i].grad
-
     # One barrier, then back-to-back passes: every rank stays busy, as in a training step,
     # instead of the fastest ones idling at a per-pass barrier and leaving the others more cores.
     dist.barrier()
     for it in range(iters + 1):  # the first pass warms up allocations and is dropped
-        one_pass(record=it > 0)
-    # A step waits on its slowest rank, and ranks that share cores do not finish a pass
-    # together even when they start it together, as every step does after its last
-    # collective.  So whole passes are also timed from a barrier, and the median over
-    # passes of (slowest rank's pass / the mean rank's) is kept: the mean above is a rank's
-    # pace, this ratio is how much later than that pace the last rank ends.
-    passes = []
-    for _ in range(iters):
-        dist.barrier()
-        t0 = bench.now()
-        one_pass(record=False)
-        passes.append(bench.now() - t0)
-    gathered = [torch.zeros(iters, dtype=torch.float64, device=bench.device) for _ in range(world)]
-    dist.all_gather(gathered, torch.tensor(passes, dtype=torch.float64, device=bench.device))
-    by_pass = torch.stack(gathered)  # ranks x passes
-    slowest_rank_factor = float((by_pass.max(0).values / by_pass.mean(0)).median())
-    params = [p for p in model.parameters()]
-    if precision == "bf16":
-        # The update bf16 runs make: fp32 masters and moments of one flat buffer (AdamState).
-        flat = torch.cat([p.detach().flatten() for p in params])
-        state, grad = AdamState(flat, AdamW()), torch.full_like(flat, 1e-3)
-        update = lambda: state.update(flat, grad)  # noqa: E731
-    else:
-        opt = AdamW().torch_optimizer(params)
-        update = opt.step
-    update()  # creates the moments
-    opt_times = []
-    for _ in range(iters):
-        dist.barrier()
-        t0 = bench.now()
-        update()
-        opt_times.append(bench.now() - t0)
-    n_params = sum(p.numel() for p in params)
+        _pass(layers, x, y, bench, times if it > 0 else None)
+    slowest_rank_factor = _slowest_rank_factor(layers, x, y, bench, iters, world)
+    opt_times = _optimizer_times(model, precision, bench, iters)
+    n_params = sum(p.numel() for p in model.parameters())
     kinds = ["embedding", *["block"] * cfg.n_layer, "head"]
     # Each rank's mean (module docstring), averaged over the ranks: ranks that share cores do
     # not share them evenly over one short measurement, and a step waits on all of them.

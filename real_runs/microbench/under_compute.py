@@ -70,6 +70,78 @@ class ComputeLoad:
         return (self.done - start) / (time.perf_counter() - t0)
 
 
+class _Products:
+    """The compute a rank runs under a queue: matrix products the size of a small model's."""
+
+    def __init__(self):
+        self.a, self.b = torch.randn(512, 256), torch.randn(256, 1024)
+        self.out = torch.empty(512, 1024)
+
+    def one(self) -> None:
+        torch.mm(self.a, self.b, out=self.out)
+
+    def rate(self, seconds: float) -> float:
+        """Products per second, alone, over ``seconds``."""
+        n, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            self.one()
+            n += 1
+        return n / (time.perf_counter() - t0)
+
+
+def _one_queue(calls, products: _Products, loaded: bool) -> tuple[float, float]:
+    """Launch every call, wait for them in launch order off the main thread (as a training step
+    does), and compute on the main thread meanwhile when ``loaded``: (queue time, product rate)."""
+    dist.barrier()
+    finished = []
+    t0 = time.perf_counter()
+    works = [call() for call in calls]
+
+    def watch():
+        for w in works:
+            w.wait()
+        finished.append(time.perf_counter())
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    count, c0 = 0, time.perf_counter()  # the compute's own window: launching is not computing
+    while loaded and not finished:
+        products.one()
+        count += 1
+    c1 = time.perf_counter()
+    watcher.join()
+    return finished[0] - t0, count / max(c1 - c0, 1e-9)
+
+
+def _queue_row(kind: str, name: str, sizes, world: int, products: _Products, repeats: int) -> dict:
+    """One collective's queue timed idle and under compute, and the compute's slowdown under it."""
+    # Every size a multiple of 4 * world bytes, so each rank's chunk is whole fp32 elements.
+    queue = [size // (4 * world) * 4 * world for size in sizes]
+    probe = [launcher(kind, size, world, 1) for size in queue]
+    _one_queue(probe, products, False)  # warm-up: connections
+    # Long enough (0.15 s idle) that the compute rate under it is not a handful of products.
+    idle_once = _one_queue(probe, products, False)[0]
+    reps = torch.tensor([math.ceil(0.15 / max(idle_once, 1e-3))], dtype=torch.float64)
+    dist.all_reduce(reps, op=dist.ReduceOp.MAX)  # every rank must launch the same calls
+    reps = int(min(8, reps.item()))
+    # Each launcher cycles over ``reps`` buffers: no two calls in flight share one.
+    launchers = [launcher(kind, size, world, reps) for size in queue]
+    calls = launchers * reps
+    _one_queue(calls, products, False)  # warm-up: first touch of the buffers
+    alone = products.rate(0.3)
+    idle = [_one_queue(calls, products, False)[0] for _ in range(repeats)]
+    loaded = [_one_queue(calls, products, True) for _ in range(repeats)]
+    times = torch.tensor([statistics.median(idle), statistics.median(t for t, _ in loaded)],
+                         dtype=torch.float64)
+    dist.all_reduce(times, op=dist.ReduceOp.MAX)  # every rank waits for the slowest
+    loaded_rate = statistics.median(r for _, r in loaded)
+    slowdown = torch.tensor([max(0.0, alone / max(loaded_rate, 1e-9) - 1.0)], dtype=torch.float64)
+    dist.all_reduce(slowdown)
+    return {"collective": kind, "queue": name, "calls": len(calls), "bytes": sum(queue) * reps,
+            "idle_s": float(times[0]), "loaded_s": float(times[1]),
+            "compute_slowdown": float(slowdown) / world}
+
+
 def queue_under_compute(kinds, repeats: int = 3) -> list[dict]:
     """Per collective and queue (:data:`QUEUES`): the queue's time with every rank idle, and
     while every rank's main thread computes (matrix products the size of a small model's, as
@@ -78,64 +150,6 @@ def queue_under_compute(kinds, repeats: int = 3) -> list[dict]:
 
     The two sides of ranks sharing cores with their communication: how fast collectives
     progress while the cores compute (``idle_s / loaded_s``), and how much compute they take."""
-    world = dist.get_world_size()
-    a, b = torch.randn(512, 256), torch.randn(256, 1024)
-    out = torch.empty(512, 1024)
-
-    def product_rate(seconds: float) -> float:
-        n, t0 = 0, time.perf_counter()
-        while time.perf_counter() - t0 < seconds:
-            torch.mm(a, b, out=out)
-            n += 1
-        return n / (time.perf_counter() - t0)
-
-    def one_queue(calls, loaded: bool) -> tuple[float, float]:
-        dist.barrier()
-        finished = []
-        t0 = time.perf_counter()
-        works = [call() for call in calls]
-
-        def watch():  # waits in launch order, as a training step does, off the computing thread
-            for w in works:
-                w.wait()
-            finished.append(time.perf_counter())
-
-        watcher = threading.Thread(target=watch)
-        watcher.start()
-        products, c0 = 0, time.perf_counter()  # the compute's own window: launching is not computing
-        while loaded and not finished:
-            torch.mm(a, b, out=out)
-            products += 1
-        c1 = time.perf_counter()
-        watcher.join()
-        return finished[0] - t0, products / max(c1 - c0, 1e-9)
-
-    rows = []
-    for kind in kinds:
-        for name, sizes in QUEUES.items():
-            # Every size a multiple of 4 * world bytes, so each rank's chunk is whole fp32 elements.
-            queue = [size // (4 * world) * 4 * world for size in sizes]
-            probe = [launcher(kind, size, world, 1) for size in queue]
-            one_queue(probe, False)  # warm-up: connections
-            # Long enough (0.15 s idle) that the compute rate under it is not a handful of products.
-            idle_once = one_queue(probe, False)[0]
-            reps = torch.tensor([math.ceil(0.15 / max(idle_once, 1e-3))], dtype=torch.float64)
-            dist.all_reduce(reps, op=dist.ReduceOp.MAX)  # every rank must launch the same calls
-            reps = int(min(8, reps.item()))
-            # Each launcher cycles over ``reps`` buffers: no two calls in flight share one.
-            launchers = [launcher(kind, size, world, reps) for size in queue]
-            calls = launchers * reps
-            one_queue(calls, False)  # warm-up: first touch of the buffers
-            alone = product_rate(0.3)
-            idle = [one_queue(calls, False)[0] for _ in range(repeats)]
-            loaded = [one_queue(calls, True) for _ in range(repeats)]
-            times = torch.tensor([statistics.median(idle), statistics.median(t for t, _ in loaded)],
-                                 dtype=torch.float64)
-            dist.all_reduce(times, op=dist.ReduceOp.MAX)  # every rank waits for the slowest
-            loaded_rate = statistics.median(r for _, r in loaded)
-            slowdown = torch.tensor([max(0.0, alone / max(loaded_rate, 1e-9) - 1.0)], dtype=torch.float64)
-            dist.all_reduce(slowdown)
-            rows.append({"collective": kind, "queue": name, "calls": len(calls), "bytes": sum(queue) * reps,
-                         "idle_s": float(times[0]), "loaded_s": float(times[1]),
-                         "compute_slowdown": float(slowdown) / world})
-    return rows
+    world, products = dist.get_world_size(), _Products()
+    return [_queue_row(kind, name, sizes, world, products, repeats)
+            for kind in kinds for name, sizes in QUEUES.items()]
