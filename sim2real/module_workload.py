@@ -15,27 +15,20 @@ from torch.utils.flop_counter import FlopCounterMode
 from zero_sim.system.workload import Layer, Tensor, Workload, WorkloadError
 
 
-def workload_from_module(module, example_input, *, layers=None, name: str | None = None,
-                         micro_batch: int | None = None, recompute: str = "none") -> Workload:
-    """Read a workload off a ``torch.nn.Module`` (ideally on the meta device, so nothing is allocated).
+def _default_layers(module) -> list:
+    """The module's children, with ``ModuleList`` / ``Sequential`` children expanded."""
+    layers = []
+    for child in module.children():
+        if isinstance(child, (torch.nn.ModuleList, torch.nn.Sequential)):
+            layers.extend(child.children())
+        else:
+            layers.append(child)
+    return layers
 
-    ``layers`` lists the child modules that are layers, in forward order; by default the
-    module's children are used, with ``ModuleList`` / ``Sequential`` children expanded.
-    ``example_input`` is one micro-batch (e.g. ``torch.empty(b, s, dtype=torch.long, device='meta')``).
-    FLOPs come from ``torch.utils.flop_counter.FlopCounterMode``; saved-activation bytes
-    from ``torch.autograd.graph.saved_tensors_hooks`` while each layer runs forward.
-    """
-    if layers is None:
-        layers = []
-        for child in module.children():
-            if isinstance(child, (torch.nn.ModuleList, torch.nn.Sequential)):
-                layers.extend(child.children())
-            else:
-                layers.append(child)
-    layers = list(layers)
-    if not layers:
-        raise WorkloadError("the module has no child layers to simulate; pass layers=[...] explicitly")
 
+def _forward_measured(module, example_input, layers: list) -> tuple[dict[int, int], dict]:
+    """Run one forward: the bytes each layer saves for backward (a saved-tensors hook charges
+    each saved tensor to the innermost layer running), and FlopCounterMode's counts by module."""
     saved: dict[int, int] = {i: 0 for i in range(len(layers))}
     current: list[int] = []
 
@@ -63,8 +56,23 @@ def workload_from_module(module, example_input, *, layers=None, name: str | None
     finally:
         for h in handles:
             h.remove()
+    return saved, flop_counter.get_flop_counts()
 
-    flops_by_module = flop_counter.get_flop_counts()
+
+def workload_from_module(module, example_input, *, layers=None, name: str | None = None,
+                         micro_batch: int | None = None, recompute: str = "none") -> Workload:
+    """Read a workload off a ``torch.nn.Module`` (ideally on the meta device, so nothing is allocated).
+
+    ``layers`` lists the child modules that are layers, in forward order; by default the
+    module's children are used, with ``ModuleList`` / ``Sequential`` children expanded.
+    ``example_input`` is one micro-batch (e.g. ``torch.empty(b, s, dtype=torch.long, device='meta')``).
+    FLOPs come from ``torch.utils.flop_counter.FlopCounterMode``; saved-activation bytes
+    from ``torch.autograd.graph.saved_tensors_hooks`` while each layer runs forward.
+    """
+    layers = list(layers) if layers is not None else _default_layers(module)
+    if not layers:
+        raise WorkloadError("the module has no child layers to simulate; pass layers=[...] explicitly")
+    saved, flops_by_module = _forward_measured(module, example_input, layers)
     # FlopCounterMode names modules "<RootClass>.<path>" (e.g. "GPT.blocks.0").
     root = type(module).__name__
     names = {id(m): (f"{root}.{n}" if n else root) for n, m in module.named_modules()}
