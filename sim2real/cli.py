@@ -30,7 +30,7 @@ from sim2real import measure
 from sim2real import validate as v
 from sim2real.gpu_grid import gpu_grid
 from sim2real.repredict import format_repredicted, repredict
-from sim2real.sampling import sample_cases
+from sim2real.sampling import FULL_GRID, QUICK_GRID, sample_cases
 from sim2real.validate_report import headline
 from zero_sim import cli
 from zero_sim.calibration import Calibration, fit_nccl_tests_text, topology_from_imports
@@ -201,7 +201,7 @@ def _chosen_cases(args, say) -> tuple[tuple, dict | None]:
     if args.sample is None:
         if args.seed is not None:
             raise v.ValidationError("--seed draws a --sample; give --sample K too")
-        return (v.QUICK_GRID if args.quick else v.FULL_GRID), None
+        return (QUICK_GRID if args.quick else FULL_GRID), None
     if args.quick:
         raise v.ValidationError("--quick is a fixed small sample; give either --quick or --sample K")
     seed = args.seed if args.seed is not None else secrets.randbelow(10**6)

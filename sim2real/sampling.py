@@ -122,3 +122,26 @@ def _dealt_strategies(rng: random.Random, k: int) -> list[str]:
         rng.shuffle(round_)
         dealt += round_
     return dealt[:k]
+
+
+# The judged grid: every strategy that records its collectives, two rank counts, two
+# bandwidths at which the small model's gradient all-reduce takes about as long as a CPU
+# step's compute or longer (so communication is exposed), and two bucket sizes where
+# buckets exist.
+FULL_GRID = tuple(
+    Case(s, n, bw, b)
+    for n in (2, 4) for bw in (0.5, 2.0)
+    for s, buckets in (("ddp", (25.0, 4.0)), ("zero1", (25.0,)), ("zero2", (25.0, 4.0)),
+                       ("zero2-step", (None,)), ("zero2-hook", (None,)), ("fsdp", (None,)))
+    for b in buckets
+)
+# Small enough for CI: three cases once drawn from the sampled space, from the two smaller
+# models so that they run in minutes, and chosen for breadth: three strategies (two of them
+# sharded) on three cluster shapes, one with more ranks than a 2-core machine has cores.
+# That one runs 3 ranks, not 4: four ranks' collective sweep is the slowest piece of CI.
+# They are written out so that the regression grid stays put when the sampler changes.
+QUICK_GRID = (
+    Case("ddp", 2, 2.8, 11.6, model="small", shape="uniform", global_batch=6),
+    Case("fsdp", 2, 1.6, None, model="tiny", shape="two-nodes", global_batch=6),
+    Case("zero1", 3, 1.8, 3.8, model="small", shape="shared-bus", global_batch=6),
+)

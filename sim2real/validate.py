@@ -24,7 +24,7 @@ which know nothing of strategies or buckets.  ``error = (predicted - measured) /
 measured``.  With ``--report DIR`` a markdown report with the calibration, the table
 and an overlay figure per case is written there (:mod:`sim2real.validate_report`).
 
-Which cases: the fixed grids (:data:`FULL_GRID`, :data:`QUICK_GRID`) stay for regression;
+Which cases: the fixed grids (:data:`sim2real.sampling.FULL_GRID`, ``QUICK_GRID``) stay for regression;
 the judge is a random sample of the whole space this machine supports
 (:mod:`sim2real.sampling`, ``--sample K --seed S``): every recorded strategy, N in 2-4,
 every cluster shape, bandwidths, bucket sizes and three model sizes.  Each case also
@@ -78,29 +78,6 @@ from zero_sim.vocabulary.buckets import DEFAULT_BUCKET_MB
 
 class ValidationError(ValueError):
     """Bad validation input; one sentence saying how to fix it."""
-
-
-# The judged grid: every strategy that records its collectives, two rank counts, two
-# bandwidths at which the small model's gradient all-reduce takes about as long as a CPU
-# step's compute or longer (so communication is exposed), and two bucket sizes where
-# buckets exist.
-FULL_GRID = tuple(
-    Case(s, n, bw, b)
-    for n in (2, 4) for bw in (0.5, 2.0)
-    for s, buckets in (("ddp", (25.0, 4.0)), ("zero1", (25.0,)), ("zero2", (25.0, 4.0)),
-                       ("zero2-step", (None,)), ("zero2-hook", (None,)), ("fsdp", (None,)))
-    for b in buckets
-)
-# Small enough for CI: three cases once drawn from the sampled space, from the two smaller
-# models so that they run in minutes, and chosen for breadth: three strategies (two of them
-# sharded) on three cluster shapes, one with more ranks than a 2-core machine has cores.
-# That one runs 3 ranks, not 4: four ranks' collective sweep is the slowest piece of CI.
-# They are written out so that the regression grid stays put when the sampler changes.
-QUICK_GRID = (
-    Case("ddp", 2, 2.8, 11.6, model="small", shape="uniform", global_batch=6),
-    Case("fsdp", 2, 1.6, None, model="tiny", shape="two-nodes", global_batch=6),
-    Case("zero1", 3, 1.8, 3.8, model="small", shape="shared-bus", global_batch=6),
-)
 
 
 @dataclass(frozen=True)
@@ -254,18 +231,50 @@ def run_files(workdir: str | os.PathLike | None, keep: bool, say: Callable[[str]
                 shutil.rmtree(path, ignore_errors=True)
 
 
-def _run_grid(cases: list[Case], opts: Options, workdir: Path, report_dir: str | os.PathLike | None,
-              say: Callable[[str], None]) -> dict:
+# What a validation measures to predict its cases, as its report states it.
+CALIBRATED_INPUTS = (
+    "compute: per-layer forward/backward and optimizer times of the real model, measured with all N "
+    "ranks computing at once on this machine (real_runs.microbench layers), just before each case "
+    "(each case's row has its own under 'compute'), with how much later than the mean rank the "
+    "slowest ends a pass started together (slowest_rank_factor, which stretches forward and "
+    "backward); network: latency and bus bandwidth of all_reduce, reduce_scatter, all_gather fitted "
+    "to a size sweep in the same emulated cluster (real_runs.microbench collectives); cpu: compute "
+    "time lost per collective and compute slowdown while collectives stream and how fast collectives "
+    "progress while the ranks compute, from the CPU time the same sweep's calls used and a queue of "
+    "its collectives timed idle and while every rank computed. "
+    "Nothing else was fitted; no case's measurement was used.")
+
+
+def _cases_to_run(cases: list[Case], opts: Options, say: Callable[[str], None]):
+    """The cases as they will run: on the emulated cluster where it can be made, else on plain
+    loopback with their link settings dropped (and duplicates with them).  Returns (cases, the
+    reason there is no emulation or None)."""
     reason = (emu.unavailable_reason() if opts.device == "cpu"
               else "GPUs are not emulated: their own links run")
-    emulated = reason is None
     cases = [resolved(c, opts) for c in cases]
-    if not emulated and opts.device == "cpu":
+    if reason is not None and opts.device == "cpu":
         say(f"emulated cluster unavailable ({reason}); running every case on plain loopback")
-    if not emulated:
+    if reason is not None:
         cases = list(dict.fromkeys(replace(c, bandwidth_gbps=None, shape=None, latency_ms=0.0)
                                    for c in cases))
+    return cases, reason
 
+
+def _network_calibration(cluster, n: int, key: str, workdir: Path, opts: Options,
+                         emulated: bool) -> Calibration:
+    """Collective fits and CPU figures measured on the cluster the cases will run on."""
+    where = cluster.describe()
+    fits, cpu, _ = (measure_network(cluster, n, workdir, opts.sweep_max_bytes, opts.sweep_budget_s,
+                                    opts.timeout_s, label=key, device=opts.device)
+                    if n > 1 or opts.device == "cpu" else ({}, None, {}))
+    return Calibration(fits, None, "nccl" if opts.device == "cuda" else "gloo",
+                       machine_facts(ranks=n, network=where, emulated=emulated, device=opts.device), cpu=cpu)
+
+
+def _run_grid(cases: list[Case], opts: Options, workdir: Path, report_dir: str | os.PathLike | None,
+              say: Callable[[str], None]) -> dict:
+    cases, reason = _cases_to_run(cases, opts, say)
+    emulated = reason is None
     t_start = time.monotonic()
     # A bar over the cases on a terminal (none in logs: disable=None means "only on a TTY"); each
     # line said meanwhile is written above it.
@@ -275,7 +284,6 @@ def _run_grid(cases: list[Case], opts: Options, workdir: Path, report_dir: str |
     # One rank alone, once per (model, micro-batch): only to report how much of each case's
     # compute time is ranks sharing cores.
     alone: dict[tuple[str, int], object] = {}
-
     # Cases that run on the same cluster (N, shape, bandwidth, latency) share one network calibration.
     groups: dict[tuple, list[Case]] = {}
     for c in cases:
@@ -285,15 +293,8 @@ def _run_grid(cases: list[Case], opts: Options, workdir: Path, report_dir: str |
         ctx = emu.EmulatedCluster(n, shape, on_line=say) if shape is not None else Loopback(n)
         key = f"n{n}_{shape_kind}_bw{bw}" + (f"_lat{latency}" if latency else "")
         with ctx as cluster:
-            where = cluster.describe()
-            say(f"calibrating the network: {where}")
-            fits, cpu, _ = (measure_network(cluster, n, workdir, opts.sweep_max_bytes, opts.sweep_budget_s,
-                                            opts.timeout_s, label=key, device=opts.device)
-                            if n > 1 or opts.device == "cpu" else ({}, None, {}))
-            network = Calibration(fits, None, "nccl" if opts.device == "cuda" else "gloo",
-                                  machine_facts(ranks=n, network=where, emulated=emulated,
-                                                device=opts.device),
-                                  cpu=cpu)
+            say(f"calibrating the network: {cluster.describe()}")
+            network = _network_calibration(cluster, n, key, workdir, opts, emulated)
             calibrations[key] = network.to_dict() | {"summary": network.describe()}
             record = cluster.cluster_record() if shape is not None else None
             for c in group:
@@ -301,27 +302,15 @@ def _run_grid(cases: list[Case], opts: Options, workdir: Path, report_dir: str |
                                          report_dir, say))
                 bar.update(1)
     bar.close()
-
-    summary = {
+    return {
         "cases": results,
         **error_summary(results),
         "emulated": emulated, "emulation_note": reason, "model": opts.model,
         "global_batch": opts.global_batch,
         "steps": opts.steps, "shape": opts.shape if emulated else None,
         "calibrations": calibrations, "machine": machine_facts(), "wall_s": time.monotonic() - t_start,
-        "calibrated_inputs": (
-            "compute: per-layer forward/backward and optimizer times of the real model, measured with all N "
-            "ranks computing at once on this machine (real_runs.microbench layers), just before each case "
-            "(each case's row has its own under 'compute'), with how much later than the mean rank the "
-            "slowest ends a pass started together (slowest_rank_factor, which stretches forward and "
-            "backward); network: latency and bus bandwidth of all_reduce, reduce_scatter, all_gather fitted "
-            "to a size sweep in the same emulated cluster (real_runs.microbench collectives); cpu: compute "
-            "time lost per collective and compute slowdown while collectives stream and how fast collectives "
-            "progress while the ranks compute, from the CPU time the same sweep's calls used and a queue of "
-            "its collectives timed idle and while every rank computed. "
-            "Nothing else was fitted; no case's measurement was used."),
+        "calibrated_inputs": CALIBRATED_INPUTS,
     }
-    return summary
 
 
 def _run_case(c: Case, opts: Options, cluster, network: Calibration, record: dict | None, key: str,

@@ -17,6 +17,7 @@ from real_runs.cluster import Stopped
 from real_runs.launch import RunFailed, run_module
 from real_runs.microbench import main as microbench_main
 from sim2real import validate as v
+from sim2real.sampling import QUICK_GRID
 
 
 def zero_sim_command(*args, timeout=900):
@@ -172,7 +173,7 @@ def test_quick_validation_predicts_every_case_before_running_it_and_reports_the_
     cases = result["cases"]
     # The quick grid is fixed, not drawn, and the result says so.
     assert result["sample"] is None and "Cases: a fixed grid." in (tmp_path / "report.md").read_text()
-    assert len(cases) == len(v.QUICK_GRID) == 3
+    assert len(cases) == len(QUICK_GRID) == 3
     for c in cases:
         assert set(c) >= {"strategy", "gpus", "bandwidth_gbps", "bucket_mb", "model", "shape", "global_batch",
                           "predicted_step_s", "measured_step_s", "error", "noise_band",

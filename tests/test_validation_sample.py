@@ -12,6 +12,7 @@ from sim2real.sampling import (
     BANDWIDTH_GBPS,
     BUCKET_MB,
     BUCKETED_REAL,
+    QUICK_GRID,
     SAMPLED_MODELS,
     SAMPLED_RANKS,
     SAMPLED_SHAPES,
@@ -74,10 +75,10 @@ def test_without_netem_no_case_asks_for_latency():
 
 
 def test_the_quick_grid_is_broad_keeps_to_the_smaller_models_and_could_have_been_drawn():
-    assert {c.model for c in v.QUICK_GRID} <= {"tiny", "small"}
-    assert len({c.strategy for c in v.QUICK_GRID}) == len({c.shape for c in v.QUICK_GRID}) == 3
-    v.check_grid(v.QUICK_GRID, v.Options())
-    for c in v.QUICK_GRID:  # every setting lies inside the sampled space
+    assert {c.model for c in QUICK_GRID} <= {"tiny", "small"}
+    assert len({c.strategy for c in QUICK_GRID}) == len({c.shape for c in QUICK_GRID}) == 3
+    v.check_grid(QUICK_GRID, v.Options())
+    for c in QUICK_GRID:  # every setting lies inside the sampled space
         assert c.strategy in SAMPLED_STRATEGIES and c.gpus in SAMPLED_RANKS and c.shape in SAMPLED_SHAPES
         assert BANDWIDTH_GBPS[0] <= c.bandwidth_gbps <= BANDWIDTH_GBPS[1]
         assert (c.bucket_mb is not None) == (c.strategy in BUCKETED_REAL)
