@@ -14,10 +14,11 @@ from zero_sim.cli import main
 from zero_sim.published import load_points
 from zero_sim.scenario import ScenarioError, resolve
 from zero_sim.system.elementwise import ELEMENTWISE_BYTES
+from zero_sim.system.gpt_layers import gpt_workload
 from zero_sim.system.gpus import GPUS
 from zero_sim.system.hardware import MEMORY_BWD_OVER_FWD, ComputeModel
 from zero_sim.system.model_presets import PRESETS, preset
-from zero_sim.system.workload import WorkloadError, gpt_workload
+from zero_sim.system.workload import WorkloadError
 
 # torchtitan's (and Meta's reference) eager RMSNorm, step by step: (bytes read, bytes written)
 # per element of the hidden state, bf16 in and out; the per-row mean and rsqrt are negligible.

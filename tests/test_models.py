@@ -12,8 +12,9 @@ import pytest
 from zero_sim import simulate
 from zero_sim.cli import main
 from zero_sim.scenario import ScenarioError, resolve
+from zero_sim.system.gpt_layers import GPTShape, gpt_workload
 from zero_sim.system.model_presets import PRESET_SOURCES, PRESETS, parse_count, preset, published_params
-from zero_sim.system.workload import GPTShape, block_activation_bytes, gpt_workload
+from zero_sim.system.workload import block_activation_bytes
 
 NEW_PRESETS = ("llama2-7b llama2-13b llama2-70b llama3-8b llama3-70b mistral-7b mpt-7b mpt-30b "
                "gpt3-125m gpt3-350m gpt3-760m gpt3-1.3b gpt3-2.7b gpt3-6.7b gpt3-13b gpt3-175b "

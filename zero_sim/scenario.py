@@ -39,17 +39,14 @@ from zero_sim.settings import ScenarioError, check_settings
 from zero_sim.strategies import PRECISIONS, Context, all_knobs, get_strategy
 from zero_sim.strategies.base import Precision, Strategy, StrategyError
 from zero_sim.system.collectives import CollectiveModel
+from zero_sim.system.gpt_layers import gpt_workload
 from zero_sim.system.gpu_spread import GPU_SPEED_SIGMA, slowest_gpu_factor
 from zero_sim.system.gpus import GPUS
 from zero_sim.system.hardware import ComputeModel, default_overlap_slowdown
 from zero_sim.system.model_presets import PRESETS, human_params, preset, synthesize_shape
 from zero_sim.system.topology import PRESETS as TOPOLOGIES
 from zero_sim.system.topology import Topology, build_topology
-from zero_sim.system.workload import (
-    Workload,
-    WorkloadError,
-    gpt_workload,
-)
+from zero_sim.system.workload import Workload, WorkloadError
 
 
 def _resolve_workload(s: CommonSettings) -> Workload:

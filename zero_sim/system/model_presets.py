@@ -1,6 +1,6 @@
 """Choosing a model: by name (presets, the shapes of published models, each with where its shape
 and parameter count come from) or by size (a GPT shape synthesised for a parameter count, read
-from ``7.5e9``, ``7.5B`` or ``350M``).  Plain data over :class:`zero_sim.system.workload.GPTShape`;
+from ``7.5e9``, ``7.5B`` or ``350M``).  Plain data over :class:`zero_sim.system.gpt_layers.GPTShape`;
 ``preset(name)`` builds the workload of one.  ``docs/models.md`` lists the presets and sources.
 """
 
@@ -9,14 +9,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from zero_sim.system.gpt_layers import GPTShape, gpt_workload
 from zero_sim.system.workload import (
     DEFAULT_ATTENTION,
     DEFAULT_ELEMENTWISE,
-    GPTShape,
     Workload,
     WorkloadError,
     check_positive,
-    gpt_workload,
 )
 
 
