@@ -2,13 +2,9 @@
 
 import pytest
 
+from zero_sim.system.gpt_layers import GPTShape, gpt_workload
 from zero_sim.system.model_presets import PRESETS, preset, synthesize_shape
-from zero_sim.system.workload import (
-    GPTShape,
-    WorkloadError,
-    block_activation_bytes,
-    gpt_workload,
-)
+from zero_sim.system.workload import WorkloadError, block_activation_bytes
 
 
 def test_gpt2_presets_have_their_published_sizes():
