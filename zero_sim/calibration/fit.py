@@ -53,48 +53,61 @@ def fit_sweep(rows: list[dict], world_size: int, min_bytes: int = 0) -> dict[str
     for kind in FITTED_COLLECTIVES:
         mine = sorted((r for r in rows if r["collective"] == kind), key=lambda r: r["size_bytes"])
         factor = bus_factor(kind, world_size)
-        small = [(r["size_bytes"], r["time_us"] * 1e-6) for r in mine if r["size_bytes"] <= LATENCY_MAX_BYTES]
-        large = [(r["size_bytes"], r["time_us"] * 1e-6) for r in mine
-                 if r["size_bytes"] >= BANDWIDTH_MIN_BYTES]
-        if len(small) >= 2 and len(large) >= 2 and factor > 0:
-            # Alternate: latency is what the small sizes take beyond their bytes; 1/busbw then
-            # minimises sum(((latency + factor*S/busbw) - t) / t)^2 over the large sizes (closed form).
-            inv_bw = 0.0
-            for _ in range(3):
-                latency = max(0.0, _trimmed_mean([t - factor * sz * inv_bw for sz, t in small]))
-                num = sum(factor * sz / t * (1.0 - latency / t) for sz, t in large)
-                den = sum((factor * sz / t) ** 2 for sz, t in large)
-                inv_bw = num / den if num > 0 else 0.0
-            queued = [(r["size_bytes"], r["queued_time_us"] * 1e-6) for r in mine
-                      if r["size_bytes"] <= LATENCY_MAX_BYTES and "queued_time_us" in r]
-            queued_latency = (max(0.0, _trimmed_mean([t - factor * sz * inv_bw for sz, t in queued]))
-                              if len(queued) >= 2 else None)
-            if inv_bw > 0:
-                fit = CollectiveFit(kind, world_size, latency, 1.0 / inv_bw, 0.0,
-                                    tuple(r["size_bytes"] for r in mine),
-                                    tuple(r["time_us"] * 1e-6 for r in mine), queued_latency)
-                worst = max(abs(fit.time(r["size_bytes"]) / (r["time_us"] * 1e-6) - 1) for r in mine)
-                fits[kind] = replace(fit, max_rel_error=worst)
-                continue
-        mine = [r for r in mine if r["size_bytes"] >= min_bytes]
-        if len(mine) < 2:
-            continue
-        table = NcclTestsTable(tuple(NcclTestsRow(int(r["size_bytes"]), float(r["time_us"]),
-                                                  float(r["algbw_gbps"]), float(r["busbw_gbps"]) or 1e-12)
-                                     for r in mine),
-                               world_size, factor)
-        try:
-            fits[kind] = _from_lbfit(kind, world_size, fit_nccl_tests(table), table)
-        except CollectiveError as exc:  # a sweep that no line fits: say which collective, in one sentence
-            largest = max(r["size_bytes"] for r in mine)
-            if largest < BANDWIDTH_MIN_BYTES:  # only latency-bound sizes: no bandwidth to read
-                raise CalibrationError(f"the {kind} sweep reaches only {largest:,} bytes, where a call costs "
-                                       f"its latency alone; sweep up to at least 1M (--max-bytes)") from None
-            raise CalibrationError(f"the {kind} sweep cannot be fitted: {exc}") from None
+        fit = _two_regime_fit(kind, world_size, mine, factor)
+        if fit is None:
+            wide = [r for r in mine if r["size_bytes"] >= min_bytes]
+            fit = _single_line_fit(kind, world_size, wide, factor)
+        if fit is not None:
+            fits[kind] = fit
     if not fits:
         raise CalibrationError("the sweep has fewer than two sizes of any collective; "
                                "sweep a wider size range")
     return fits
+
+
+def _two_regime_fit(kind: str, world_size: int, mine: list[dict], factor: float) -> CollectiveFit | None:
+    """Latency from the small sizes, busbw from the large ones, refined in turn (see
+    :func:`fit_sweep`); None when the sweep lacks either regime."""
+    small = [(r["size_bytes"], r["time_us"] * 1e-6) for r in mine if r["size_bytes"] <= LATENCY_MAX_BYTES]
+    large = [(r["size_bytes"], r["time_us"] * 1e-6) for r in mine if r["size_bytes"] >= BANDWIDTH_MIN_BYTES]
+    if len(small) < 2 or len(large) < 2 or factor <= 0:
+        return None
+    # Alternate: latency is what the small sizes take beyond their bytes; 1/busbw then
+    # minimises sum(((latency + factor*S/busbw) - t) / t)^2 over the large sizes (closed form).
+    inv_bw = 0.0
+    for _ in range(3):
+        latency = max(0.0, _trimmed_mean([t - factor * sz * inv_bw for sz, t in small]))
+        num = sum(factor * sz / t * (1.0 - latency / t) for sz, t in large)
+        den = sum((factor * sz / t) ** 2 for sz, t in large)
+        inv_bw = num / den if num > 0 else 0.0
+    if inv_bw <= 0:
+        return None
+    queued = [(r["size_bytes"], r["queued_time_us"] * 1e-6) for r in mine
+              if r["size_bytes"] <= LATENCY_MAX_BYTES and "queued_time_us" in r]
+    queued_latency = (max(0.0, _trimmed_mean([t - factor * sz * inv_bw for sz, t in queued]))
+                      if len(queued) >= 2 else None)
+    fit = CollectiveFit(kind, world_size, latency, 1.0 / inv_bw, 0.0, tuple(r["size_bytes"] for r in mine),
+                        tuple(r["time_us"] * 1e-6 for r in mine), queued_latency)
+    worst = max(abs(fit.time(r["size_bytes"]) / (r["time_us"] * 1e-6) - 1) for r in mine)
+    return replace(fit, max_rel_error=worst)
+
+
+def _single_line_fit(kind: str, world_size: int, mine: list[dict], factor: float) -> CollectiveFit | None:
+    """One relative least-squares line over every size (nccl-tests' fit); None below two sizes."""
+    if len(mine) < 2:
+        return None
+    table = NcclTestsTable(tuple(NcclTestsRow(int(r["size_bytes"]), float(r["time_us"]),
+                                              float(r["algbw_gbps"]), float(r["busbw_gbps"]) or 1e-12)
+                                 for r in mine),
+                           world_size, factor)
+    try:
+        return _from_lbfit(kind, world_size, fit_nccl_tests(table), table)
+    except CollectiveError as exc:  # a sweep that no line fits: say which collective, in one sentence
+        largest = max(r["size_bytes"] for r in mine)
+        if largest < BANDWIDTH_MIN_BYTES:  # only latency-bound sizes: no bandwidth to read
+            raise CalibrationError(f"the {kind} sweep reaches only {largest:,} bytes, where a call costs "
+                                   f"its latency alone; sweep up to at least 1M (--max-bytes)") from None
+        raise CalibrationError(f"the {kind} sweep cannot be fitted: {exc}") from None
 
 
 def _trimmed_mean(values: list[float]) -> float:
