@@ -10,9 +10,8 @@ are declared beside the strategy (:mod:`zero_sim.strategies`).
 from __future__ import annotations
 
 import os
-from dataclasses import make_dataclass
 
-from zero_sim.settings import Setting
+from zero_sim.settings import Setting, settings_record
 from zero_sim.strategies import PRECISIONS
 from zero_sim.system.collectives import ALGORITHMS, BACKENDS
 from zero_sim.system.gpus import GPUS
@@ -130,14 +129,6 @@ COMMON_NAMES = {s.name for s in COMMON}
 
 
 
-def _common_settings_class() -> type:
-    # One frozen field per common setting, schema order; None where a setting was not given.
-    fields = [(s.name, s.kind | None if s.default is None else s.kind) for s in COMMON]
-    klass = make_dataclass("CommonSettings", fields, frozen=True, slots=True)
-    klass.__module__ = __name__
-    klass.__doc__ = ("Every common setting as given or defaulted, before the simulator resolves what was "
-                     "left to it; read by attribute (``settings.gpus``).")
-    return klass
-
-
-CommonSettings = _common_settings_class()
+# Every common setting as given or defaulted, before the simulator resolves what was left to
+# it; read by attribute (``settings.gpus``).
+CommonSettings = settings_record("CommonSettings", COMMON, module=__name__)

@@ -16,10 +16,11 @@ have always carried, with the same keys in the same order.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, make_dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from zero_sim.scenario_settings import COMMON
+from zero_sim.settings import settings_record
 
 SECTIONS = ("workload", "training", "cluster", "hardware", "simulation", "inputs")
 
@@ -38,16 +39,13 @@ DERIVED: dict[str, tuple[tuple[str, Any], ...]] = {
 }
 DERIVED_ORDER = ("config_file", "collective_cpu_us", "slowest_rank_factor", "comm_rate_while_computing",
                  "comm_bytes_rate_while_computing", "topology_description", "workload_description")
+_SECTION_OF_DERIVED = {name: section for section, values in DERIVED.items() for name, _ in values}
 
 
 def _section_class(section: str) -> type:
     """A frozen dataclass: one field per setting of ``section`` (schema order), then its derived values."""
-    declared = [(s.name, s.kind | None if s.default is None else s.kind)
-                for s in COMMON if s.section == section]
-    klass = make_dataclass(f"{section.capitalize()}Settings", declared + list(DERIVED.get(section, ())),
-                           frozen=True, slots=True)
-    klass.__module__ = __name__
-    return klass
+    return settings_record(f"{section.capitalize()}Settings", [s for s in COMMON if s.section == section],
+                           DERIVED.get(section, ()), module=__name__)
 
 
 WorkloadSettings = _section_class("workload")  # model preset or shape, sequence, attention, element-wise
@@ -96,6 +94,5 @@ class Scenario:
         flat = {s.name: getattr(getattr(self, s.section), s.name) for s in COMMON}
         flat |= _knob_values(self.knobs)
         for name in DERIVED_ORDER:
-            section = next(sec for sec, derived in DERIVED.items() if name in dict(derived))
-            flat[name] = getattr(getattr(self, section), name)
+            flat[name] = getattr(getattr(self, _SECTION_OF_DERIVED[name]), name)
         return flat

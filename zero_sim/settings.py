@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, make_dataclass
 from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, ConfigDict, Field, ValidationError, create_model
@@ -167,3 +167,14 @@ def _shown(value) -> str:
 def is_finite_number(value) -> bool:
     """True for an int or float that is neither NaN nor infinite (and not a bool)."""
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def settings_record(name: str, settings: Iterable[Setting], extra: Iterable[tuple[str, Any]] = (),
+                    module: str = __name__) -> type:
+    """A frozen dataclass holding resolved values: one field per setting, in order, typed as the
+    schema says (``| None`` where the default leaves it to the simulator), then ``extra``
+    (name, type) fields for values no setting names.  Read by attribute; built once per schema."""
+    fields = [(s.name, s.kind | None if s.default is None else s.kind) for s in settings]
+    record = make_dataclass(name, fields + list(extra), frozen=True, slots=True)
+    record.__module__ = module
+    return record

@@ -28,11 +28,11 @@ rank's share of ``n`` elements, padded as collectives require).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, make_dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from zero_sim.engine.program import Program, ProgramBuilder
-from zero_sim.settings import Setting
+from zero_sim.settings import Setting, settings_record
 from zero_sim.system.hardware import ComputeModel
 from zero_sim.system.workload import Layer, Workload, ceil_div
 from zero_sim.vocabulary import (
@@ -251,14 +251,6 @@ class Step:
                                layer=layer.index, deps=deps) for layer in (layers or self.w.layers)]
 
 
-def knobs_class(name: str, knobs: tuple[Knob, ...]) -> type:
-    """A frozen dataclass with one field per knob, in declaration order, typed as the schema says."""
-    fields = [(k.name, k.kind | None if k.default is None else k.kind) for k in knobs]
-    klass = make_dataclass(name, fields, frozen=True, slots=True)
-    klass.__module__ = __name__
-    return klass
-
-
 class Strategy:
     """What the CLI and ``simulate()`` see: ``name``, ``summary``, ``knobs``, ``validate``, ``build``.
 
@@ -270,11 +262,11 @@ class Strategy:
     summary: str = ""
     knobs: tuple[Knob, ...] = ()
     Step: type[Step] = Step
-    Knobs: type = knobs_class("Knobs", ())
+    Knobs: type = settings_record("Knobs", ())
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
-        cls.Knobs = knobs_class(f"{cls.__name__}Knobs", cls.knobs)
+        cls.Knobs = settings_record(f"{cls.__name__}Knobs", cls.knobs, module=cls.__module__)
 
     def knob_values(self, values: dict[str, Any]) -> Any:
         """The strategy's typed knobs from checked values (defaults for those missing)."""
