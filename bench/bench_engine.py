@@ -46,7 +46,7 @@ def time_case(model: str, gpus: int, strategy: str, repeats: int = 3):
         times.append(time.perf_counter() - t0)
         events = r.events
     wall = statistics.median(times)
-    steps = r.scenario["steps"]
+    steps = r.scenario.simulation.steps
     return wall / steps, events / wall, r
 
 
