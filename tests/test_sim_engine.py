@@ -8,6 +8,7 @@ from zero_sim.engine.engine import Engine
 from zero_sim.engine.gpu_device import GpuDevice
 from zero_sim.engine.program import ProgramBuilder
 from zero_sim.engine.run_types import EngineConfig, Straggler
+from zero_sim.engine.shared_cores import SharedCores
 from zero_sim.scenario import simulate
 from zero_sim.system.collectives import CollectiveModel
 from zero_sim.system.topology import build_topology
@@ -119,6 +120,17 @@ def test_on_a_cpu_an_op_that_starts_beside_a_collective_is_slowed_whole():
     assert slowed[(0, "bwd L0")].end_s - slowed[(0, "bwd L0")].start_s == pytest.approx(0.075)
 
 
+def test_shared_cores_add_their_costs_but_keep_the_wrapped_devices_slowdown_rule():
+    b = ProgramBuilder()
+    b.collective("all_reduce", "all_reduce B0", 5e8, "backward")
+    b.compute("bwd L0", "backward", 0.050, deps=())
+    alone, _ = run(b.build(), device=GpuDevice(overlap_slowdown=0.5))
+    wrapped, _ = run(b.build(), device=SharedCores(GpuDevice(overlap_slowdown=0.5)))
+    charged, _ = run(b.build(), device=SharedCores(GpuDevice(overlap_slowdown=0.5), collective_cpu_s=0.002))
+    assert wrapped == alone
+    assert charged[(0, "bwd L0")].end_s == pytest.approx(alone[(0, "bwd L0")].end_s + 0.002)
+
+
 def test_gpus_are_slowed_by_communication_by_default_and_cpu_ranks_are_not():
     gpu = simulate(model="gpt2-124m", strategy="fsdp", gpus=8, topology="dgx-a100", steps=1)
     told = simulate(model="gpt2-124m", strategy="fsdp", gpus=8, topology="dgx-a100", steps=1,
@@ -135,7 +147,7 @@ def test_each_collective_takes_the_calibrated_cpu_time_from_the_compute_it_runs_
     b.collective("all_reduce", "all_reduce B1", 1e9, "backward")
     b.compute("bwd L0", "backward", 0.010)
     plain, _ = run(b.build())
-    charged, _ = run(b.build(), device=CpuDevice(collective_cpu_s=0.002))
+    charged, _ = run(b.build(), device=SharedCores(CpuDevice(), collective_cpu_s=0.002))
 
     def took(records):
         return records[(0, "bwd L0")].end_s - records[(0, "bwd L0")].start_s
@@ -152,7 +164,7 @@ def test_a_short_compute_op_loses_at_most_its_own_time_to_the_collectives_beside
     b.collective("all_reduce", "all_reduce B0", 1e3, "backward")
     b.collective("all_reduce", "all_reduce B1", 1e9, "backward")
     b.compute("bwd L0", "backward", 0.001)
-    charged, _ = run(b.build(), device=CpuDevice(collective_cpu_s=0.002))
+    charged, _ = run(b.build(), device=SharedCores(CpuDevice(), collective_cpu_s=0.002))
     assert charged[(0, "bwd L0")].end_s - charged[(0, "bwd L0")].start_s == pytest.approx(0.002)
 
 
@@ -162,7 +174,7 @@ def test_a_collective_that_runs_while_nothing_computes_costs_no_compute():
     b.sync("wait all_reduce B0", "optimizer", deps=(c,))
     b.compute("fwd L0", "forward", 0.001)
     plain, _ = run(b.build())
-    charged, _ = run(b.build(), device=CpuDevice(collective_cpu_s=0.002))
+    charged, _ = run(b.build(), device=SharedCores(CpuDevice(), collective_cpu_s=0.002))
     assert charged[(0, "fwd L0")].end_s == pytest.approx(plain[(0, "fwd L0")].end_s)
 
 
@@ -173,7 +185,8 @@ def test_a_collective_crawls_while_its_ranks_compute_and_resumes_its_pace_when_t
     b.collective("all_reduce", "all_reduce B0", 1e9, "backward")
     b.compute("bwd L0", "backward", 0.010)
     plain, _ = run(b.build(), explicit_ranks=explicit)
-    throttled, _ = run(b.build(), explicit_ranks=explicit, device=CpuDevice(comm_rate_while_computing=0.25))
+    cores = SharedCores(CpuDevice(), comm_rate_while_computing=0.25)
+    throttled, _ = run(b.build(), explicit_ranks=explicit, device=cores)
     alone = plain[(0, "all_reduce B0")].end_s
     assert alone > 0.0025  # still in flight when the compute ends, even at a quarter of its pace
     # During the 10 ms of compute it does 2.5 ms of its work; the rest at full pace after.
@@ -186,7 +199,7 @@ def test_a_latency_also_stretches_while_the_ranks_compute():
     b.collective("all_reduce", "all_reduce B0", 1.0, "backward")  # 1 byte: nearly all latency
     b.compute("bwd L0", "backward", 1.0)
     plain, _ = run(b.build())
-    throttled, _ = run(b.build(), device=CpuDevice(comm_rate_while_computing=0.5))
+    throttled, _ = run(b.build(), device=SharedCores(CpuDevice(), comm_rate_while_computing=0.5))
     took = plain[(0, "all_reduce B0")].end_s
     assert throttled[(0, "all_reduce B0")].end_s == pytest.approx(2 * took, rel=1e-6)
 
@@ -198,7 +211,7 @@ def test_a_collectives_bytes_keep_their_pace_while_its_per_call_work_waits_for_a
         b = ProgramBuilder()
         b.collective("all_reduce", "all_reduce B0", nbytes, "backward")
         b.compute("bwd L0", "backward", 100.0)  # computing for as long as the call runs
-        return run(b.build(), device=CpuDevice(**rates))[0][(0, "all_reduce B0")].end_s
+        return run(b.build(), device=SharedCores(CpuDevice(), **rates))[0][(0, "all_reduce B0")].end_s
 
     def at(per_call, nbytes_pace, nbytes=1e9):
         return took(nbytes, comm_rate_while_computing=per_call, comm_bytes_rate_while_computing=nbytes_pace)

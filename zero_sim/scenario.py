@@ -25,6 +25,7 @@ from zero_sim.engine.engine import Engine
 from zero_sim.engine.gpu_device import GpuDevice
 from zero_sim.engine.program import Program
 from zero_sim.engine.run_types import EngineConfig, RunOutput, Straggler
+from zero_sim.engine.shared_cores import SharedCores
 from zero_sim.results import SimResult, allocator_reserve, compute_metrics, context_gb
 from zero_sim.scenario_settings import (
     COMMON,
@@ -279,12 +280,11 @@ class RankFigures:
 
 
 def rank_figures(p: Prepared) -> RankFigures:
-    """The calibration's CPU figures when it measured this many CPU ranks (they describe cores
-    shared with gloo's threads, so GPU ranks never take them); an explicit ``--overlap-slowdown``
-    still wins, and without either the GPU's default applies."""
+    """The calibration's CPU figures when it measured this many ranks; an explicit
+    ``--overlap-slowdown`` still wins, and without either the GPU's default applies."""
     s, calibration = p.settings, p.calibration
     cpu = calibration.cpu if calibration is not None else None
-    if cpu is not None and cpu.ranks == s.gpus and p.gpu.name == "CPU":
+    if cpu is not None and cpu.ranks == s.gpus:
         slowdown = s.overlap_slowdown if s.overlap_slowdown is not None else cpu.overlap_slowdown
         return RankFigures(slowdown, cpu.collective_cpu_s, cpu.comm_rate_while_computing, cpu.bytes_pace)
     slowdown = s.overlap_slowdown
@@ -305,11 +305,12 @@ def _engine(p: Prepared, program: Program, figures: RankFigures) -> Engine:
     straggler = None
     if s.straggler_prob > 0 and s.straggler_ms > 0:
         straggler = Straggler(s.straggler_prob, s.straggler_ms * 1e-3, s.seed)
-    if p.gpu.name == "CPU":
-        device = CpuDevice(figures.overlap_slowdown, figures.collective_cpu_s,
-                           figures.comm_rate_while_computing, figures.comm_bytes_rate_while_computing)
-    else:
-        device = GpuDevice(figures.overlap_slowdown)
+    device = (CpuDevice if p.gpu.name == "CPU" else GpuDevice)(figures.overlap_slowdown)
+    shared = (figures.collective_cpu_s, figures.comm_rate_while_computing,
+              figures.comm_bytes_rate_while_computing)
+    if shared != (0.0, 1.0, 1.0):
+        # The calibration's CPU figures apply to whatever device the scenario names.
+        device = SharedCores(device, *shared)
     config = EngineConfig(steps=s.steps, host_overhead_s=s.host_overhead_us * 1e-6,
                           explicit_ranks=explicit_ranks(s), straggler=straggler, device=device)
     collectives = CollectiveModel(p.topology, s.backend, s.algorithm, p.calibration)

@@ -1,4 +1,4 @@
-"""A CPU rank (the emulated cluster, gloo): compute and communication share the cores.
+"""A CPU rank (the emulated cluster): the host thread computes, and gloo's threads take cores.
 
 On a CPU the rules differ from a GPU's, and each comes from what the CPU calibration
 measures (:mod:`zero_sim.calibration`, ``cpu`` section):
@@ -6,23 +6,14 @@ measures (:mod:`zero_sim.calibration`, ``cpu`` section):
 * the host thread *is* the compute stream: it runs each compute op itself, so it cannot issue
   ahead of it (communication still runs on gloo's own threads);
 * a compute op that *starts* while a collective is in flight runs ``1 + overlap_slowdown``
-  times longer: gloo's threads take cores from it;
-* every collective takes ``collective_cpu_s`` from the first compute op that runs while it is
-  in flight (the per-call work of its threads); a collective that runs while its rank computes
-  nothing costs nothing.  An op loses at most its own time to them: a fair scheduler leaves
-  the compute thread half its core, and the rest of that work runs once the rank stops
-  computing;
-* the other way round, while a member rank computes, a collective's per-call work (its
-  latency) moves at ``comm_rate_while_computing`` of its pace and its bytes at
-  ``comm_bytes_rate_while_computing``: with more ranks than cores, gloo's threads wait for a
-  core at every hand-off until the compute pauses, while streaming needs only the share of a
-  core a fair scheduler grants (calibrated from a queue timed idle and under compute, and
-  from the CPU the sweep's large calls used).
+  times longer: gloo's threads take cores from it for the whole op, not only for the part
+  that overlaps (the rule the calibration's ``overlap_slowdown`` is fitted with).
+
+The calibration's other CPU figures (per-collective CPU time, communication's pace while the
+ranks compute) are cores shared with communication: :mod:`zero_sim.engine.shared_cores`.
 """
 
 from __future__ import annotations
-
-import simpy
 
 from zero_sim.engine.rank_kinds import Device
 
@@ -30,67 +21,11 @@ from zero_sim.engine.rank_kinds import Device
 class CpuDevice(Device):
     host_runs_compute = True
 
-    def __init__(self, overlap_slowdown: float = 0.0, collective_cpu_s: float = 0.0,
-                 comm_rate_while_computing: float = 1.0,
-                 comm_bytes_rate_while_computing: float | None = None):
-        rho = comm_rate_while_computing
-        rho_bytes = rho if comm_bytes_rate_while_computing is None else comm_bytes_rate_while_computing
-        for name, value in (("comm_rate_while_computing", rho),
-                            ("comm_bytes_rate_while_computing", rho_bytes)):
-            if not 0 < value <= 1:
-                raise ValueError(f"{name} must be in (0, 1], got {value}")
-        self.overlap_slowdown, self.collective_cpu_s = overlap_slowdown, collective_cpu_s
-        self.rho, self.rho_bytes = rho, rho_bytes
+    def __init__(self, overlap_slowdown: float = 0.0):
+        self.overlap_slowdown = overlap_slowdown
 
-    def attach(self, engine) -> None:
-        super().attach(engine)
-        self.net = engine.net
-        self.computing: dict[int, bool] = {r: False for r in engine.ranks}
-        # Collectives in flight not yet charged to any compute, and what the compute op running
-        # now owes on top of its own time.
-        self.uncharged: dict[int, set] = {r: set() for r in engine.ranks}
-        self.owed: dict[int, float] = {r: 0.0 for r in engine.ranks}
-        self.throttled = self.rho < 1 or self.rho_bytes < 1
-        if self.throttled:
-            rho, rho_bytes, computing = self.rho, self.rho_bytes, self.computing
-            self.net.throttle = lambda ranks, streams: (
-                (rho_bytes if streams else rho) if any(computing[r] for r in ranks) else 1.0)
-
-    def compute(self, rank: int, op):
-        env = self.env
+    def duration(self, rank: int, op) -> float:
         seconds = op.seconds
         if self.overlap_slowdown and self.engine.comm_busy[rank]:
             seconds *= 1.0 + self.overlap_slowdown
-        self.computing[rank] = True
-        if self.throttled:
-            self.net.reshare()
-        self.owed[rank] = len(self.uncharged[rank]) * self.collective_cpu_s
-        self.uncharged[rank].clear()
-        if seconds > 0:
-            yield env.timeout(seconds)
-        # Collectives that ran alongside took their share of the core, but at most the op's own time.
-        lost = 0.0
-        while self.owed[rank] > 0 and lost < seconds:
-            owed, self.owed[rank] = min(self.owed[rank], seconds - lost), 0.0
-            lost += owed
-            yield env.timeout(owed)
-        self.owed[rank] = 0.0
-        self.computing[rank] = False
-        if self.throttled:
-            self.net.reshare()
-
-    def collective_began(self, rank: int, key: tuple) -> None:
-        if self.collective_cpu_s:
-            if self.computing[rank]:
-                self.owed[rank] += self.collective_cpu_s
-            else:
-                self.uncharged[rank].add(key)
-
-    def collective_ended(self, rank: int, key: tuple) -> None:
-        self.uncharged[rank].discard(key)
-
-    def latency(self, seconds: float, ranks: tuple[int, ...]) -> simpy.Event:
-        # Throttled, a latency is work that slows while its ranks compute; otherwise a plain wait.
-        if not self.throttled:
-            return self.env.timeout(seconds)
-        return self.net.transfer((), seconds, 1.0, None, ranks)
+        return seconds

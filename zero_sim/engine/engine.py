@@ -19,8 +19,9 @@ What is simulated, per rank:
 
 What a device or a collective library adds plugs in beside this loop
 (:mod:`zero_sim.engine.rank_kinds`): GPU compute slowed beside NCCL kernels
-(:mod:`~zero_sim.engine.gpu_device`), CPU ranks sharing cores with communication
-(:mod:`~zero_sim.engine.cpu_device`), gloo's worker threads (:mod:`~zero_sim.engine.gloo_backend`).
+(:mod:`~zero_sim.engine.gpu_device`), CPU ranks whose host thread computes
+(:mod:`~zero_sim.engine.cpu_device`), cores shared by compute and communication
+(:mod:`~zero_sim.engine.shared_cores`), gloo's worker threads (:mod:`~zero_sim.engine.gloo_backend`).
 
 Symmetry: when every rank runs the same program on a symmetric topology, all ranks have
 identical timelines, so by default only rank 0 is simulated and collectives rendezvous with

@@ -24,16 +24,12 @@ class GpuDevice(Device):
         # change its rate.
         self.comm_flip: dict[int, simpy.Event | None] = {r: None for r in engine.ranks}
 
-    def compute(self, rank: int, op):
-        seconds = op.seconds
-        if seconds > 0 and self.overlap_slowdown:
-            yield from self._beside_comm(rank, seconds)
-        elif seconds > 0:
-            yield self.env.timeout(seconds)
-
-    def _beside_comm(self, rank: int, seconds: float):
-        """Run ``seconds`` of compute; its rate is ``1 / (1 + slowdown)`` while a collective is in flight."""
+    def run(self, rank: int, seconds: float):
+        """Spend ``seconds`` of compute, at ``1 / (1 + slowdown)`` of its pace while comm is in flight."""
         env, remaining, slowdown = self.env, seconds, self.overlap_slowdown
+        if not slowdown:
+            yield env.timeout(seconds)
+            return
         busy = self.engine.comm_busy
         while True:
             rate = 1.0 / (1.0 + slowdown) if busy[rank] else 1.0

@@ -5,11 +5,14 @@ start when every member arrives, and fluid links.  What differs between a GPU an
 or between NCCL and gloo, plugs in beside it, the way a simpy resource subclass overrides
 ``_do_put`` and ``_do_get``:
 
-* a :class:`Device` says how long a compute op takes given the communication in flight on
-  its rank (:meth:`Device.compute`), hears when a collective starts and ends there, says how
-  a collective's per-call latency is paid (:meth:`Device.latency`), and whether the host
-  thread runs compute itself (``host_runs_compute``).  Kinds: :class:`~zero_sim.engine.gpu_device.GpuDevice`,
-  :class:`~zero_sim.engine.cpu_device.CpuDevice`.
+* a :class:`Device` says how long a compute op takes given the communication in flight when
+  it starts (:meth:`Device.duration`) and how that time is spent while collectives start and
+  end beside it (:meth:`Device.run`), hears when a collective starts and ends on its rank,
+  says how a collective's per-call latency is paid (:meth:`Device.latency`), and whether the
+  host thread runs compute itself (``host_runs_compute``).  Kinds:
+  :class:`~zero_sim.engine.gpu_device.GpuDevice`, :class:`~zero_sim.engine.cpu_device.CpuDevice`;
+  :class:`~zero_sim.engine.shared_cores.SharedCores` wraps either one with the cost of cores
+  shared between compute and communication that a CPU calibration measures.
 * a :class:`Backend` says how a comm stream admits its collectives (:meth:`Backend.admit`),
   how a plan stage's latency is paid among the calls of one process group
   (:meth:`Backend.stage_latency`), and whether every collective follows the compute issued
@@ -41,9 +44,18 @@ class Device:
         self.engine, self.env = engine, engine.env
 
     def compute(self, rank: int, op: Op):
-        """Run compute op ``op`` on ``rank`` (a simpy generator): its own time."""
-        if op.seconds > 0:
-            yield self.env.timeout(op.seconds)
+        """Run compute op ``op`` on ``rank`` (a simpy generator): its duration, spent by :meth:`run`."""
+        seconds = self.duration(rank, op)
+        if seconds > 0:
+            yield from self.run(rank, seconds)
+
+    def duration(self, rank: int, op: Op) -> float:
+        """How long ``op`` takes given the communication in flight on ``rank`` as it starts: its own time."""
+        return op.seconds
+
+    def run(self, rank: int, seconds: float):
+        """Spend ``seconds`` (> 0) of compute on ``rank`` (a simpy generator): a plain wait."""
+        yield self.env.timeout(seconds)
 
     def collective_began(self, rank: int, key: tuple) -> None:
         """A collective is now in flight on ``rank`` (``engine.comm_busy[rank]`` already counts it)."""

@@ -31,8 +31,8 @@ class EngineConfig:
     host_overhead_s: float = 10e-6
     explicit_ranks: bool = False  # simulate every rank (True) or rank 0 standing for all (False)
     straggler: Straggler | None = None
-    # What the ranks are: a GPU (compute slowed beside collectives) or a CPU (cores shared with
-    # communication); see zero_sim.engine.rank_kinds.
+    # What the ranks are: a GPU (compute slowed beside collectives) or a CPU (the host thread
+    # computes), either one with cores shared with communication; see zero_sim.engine.rank_kinds.
     device: Device = field(default_factory=GpuDevice)
 
 
