@@ -270,8 +270,9 @@ def prepare(workload: Workload | None = None, **kwargs) -> Prepared:
 
 @dataclass(frozen=True)
 class RankFigures:
-    """How a rank's compute and communication share it: the overlap slowdown, and on CPU ranks the
-    calibration's per-collective CPU cost and the paces of communication while compute runs."""
+    """How a rank's compute and communication share it: the overlap slowdown, and where a CPU
+    calibration measured this many ranks, its per-collective CPU cost and the paces of
+    communication while compute runs."""
 
     overlap_slowdown: float
     collective_cpu_s: float = 0.0
