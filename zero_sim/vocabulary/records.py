@@ -18,7 +18,7 @@ links, for instance).
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -101,12 +101,11 @@ class RankFile(_Record):
 
 class RunFile(_Record):
     """``run.json``: what ran, how long each step took (the slowest rank's), losses, memory per
-    rank, and the versions.  The overlay needs the first four fields; the rest describe the run."""
+    rank, and the versions, in the order the file lists them.  The overlay needs ``strategy``,
+    ``world_size``, ``step_times_s`` and ``memory``; the rest describe the run."""
 
-    world_size: int = Field(ge=1)
     strategy: str
-    step_times_s: list[Seconds] = []
-    memory: dict[RankKey, dict[str, Bytes]] | None = None
+    world_size: int = Field(ge=1)
     backend: str | None = None
     device: str | None = None
     model: str | None = None
@@ -120,31 +119,30 @@ class RunFile(_Record):
     seed: int | None = None
     bucket_mb: float | None = None
     lr: float | None = None
+    step_times_s: list[Seconds] = []
     median_step_s: Seconds | None = None
     losses: list[float] | None = None
     final_loss: float | None = None
     param_l2: float | None = None
+    memory: dict[RankKey, dict[str, Bytes]] | None = None
     model_states_formula: dict[str, Any] | None = None
     versions: dict[str, Any] | None = None
     files: list[str] | None = None
     gpu: dict[str, Any] | None = None  # CUDA runs: the device stamp (real_runs.gpu_stamp)
 
-    # The order the writer lists its fields in run.json (the overlay reads them by name).
-    WRITTEN: ClassVar[tuple[str, ...]] = (
-        "strategy", "world_size", "backend", "device", "model", "model_config", "params", "precision",
-        "dtype", "global_batch", "seq_len", "steps", "seed", "bucket_mb", "lr", "step_times_s",
-        "median_step_s", "losses", "final_loss", "param_l2", "memory", "model_states_formula",
-        "versions", "files", "gpu")
+
+# run.json's keys in the order the writer lists them: the fields above, by their names in the file.
+RUN_FILE_KEYS = tuple(f.alias or name for name, f in RunFile.model_fields.items())
 
 
 def run_file(**values: Any) -> dict[str, Any]:
     """``run.json``'s content from its fields, checked against :class:`RunFile` (lax, as the writer
-    holds Python numbers), in :attr:`RunFile.WRITTEN` order; None fields are left out."""
-    unknown = set(values) - set(RunFile.WRITTEN)
+    holds Python numbers), in :data:`RUN_FILE_KEYS` order; None fields are left out."""
+    unknown = set(values) - set(RUN_FILE_KEYS)
     if unknown:
         raise ValueError(f"run.json has no field {sorted(unknown)[0]!r}; RunFile declares its fields")
     RunFile.model_validate(values, strict=False)
-    return {k: values[k] for k in RunFile.WRITTEN if values.get(k) is not None}
+    return {k: values[k] for k in RUN_FILE_KEYS if values.get(k) is not None}
 
 
 def rank_file(**values: Any) -> dict[str, Any]:
