@@ -1,4 +1,4 @@
-"""A behaviour snapshot: every figure the simulator gives for fifty-odd scenarios, in one file.
+"""A behaviour snapshot: every figure the simulator gives for fifty-five scenarios, in one file.
 
     python bench/snapshot.py > out/snapshot-before.txt
     ... restructure ...
@@ -74,6 +74,11 @@ def cpu_cases():
             yield f"cpu-cal n={n} {strategy}", dict(base, gpus=n, strategy=strategy,
                                                     calibration=cpu_calibration(n))
     yield "cpu-plain zero2 hook", dict(base, gpus=4, strategy="zero2", bucket_mb=0.0)
+    # GPU ranks given a CPU calibration: its shared-core costs wrap the GPU device.
+    for strategy in ("ddp", "fsdp"):
+        yield f"gpu-with-cpu-cal n=2 {strategy}", dict(model="gpt2-124m", micro_batch=1, seq_len=256, gpus=2,
+                                                       topology="dgx-a100", backend="gloo", strategy=strategy,
+                                                       calibration=cpu_calibration(2))
     yield "cpu-two-nodes fsdp", dict(base, gpus=4, topology="emu-two-nodes", gpus_per_node=2, strategy="fsdp")
     yield "cpu-cal no-queue ddp", dict(base, gpus=2, strategy="ddp", calibration=replace(
         cpu_calibration(2), collectives={k: replace(f, queued_latency_s=None)
