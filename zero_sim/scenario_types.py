@@ -58,13 +58,6 @@ SECTION_CLASSES = {"workload": WorkloadSettings, "training": TrainingSettings, "
                    "hardware": HardwareSettings, "simulation": SimulationSettings, "inputs": InputSettings}
 
 
-def _knob_values(knobs: Any) -> dict[str, Any]:
-    # The strategy's typed knobs (a dataclass) as name -> value, in declaration order.
-    if isinstance(knobs, dict):
-        return dict(knobs)
-    return {f.name: getattr(knobs, f.name) for f in fields(knobs)}
-
-
 @dataclass(frozen=True)
 class Scenario:
     """One simulation's resolved settings, by section; ``knobs`` are the strategy's own."""
@@ -92,7 +85,7 @@ class Scenario:
     def to_dict(self) -> dict[str, Any]:
         """The flat form: every common setting in schema order, the knobs, then the derived values."""
         flat = {s.name: getattr(getattr(self, s.section), s.name) for s in COMMON}
-        flat |= _knob_values(self.knobs)
+        flat |= {f.name: getattr(self.knobs, f.name) for f in fields(self.knobs)}  # declaration order
         for name in DERIVED_ORDER:
             flat[name] = getattr(getattr(self, _SECTION_OF_DERIVED[name]), name)
         return flat
