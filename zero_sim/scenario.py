@@ -44,7 +44,9 @@ from zero_sim.system.gpt_layers import gpt_workload
 from zero_sim.system.gpu_spread import GPU_SPEED_SIGMA, slowest_gpu_factor
 from zero_sim.system.gpus import GPUS
 from zero_sim.system.hardware import ComputeModel, default_overlap_slowdown
+from zero_sim.system.host_costs import host_costs
 from zero_sim.system.model_presets import PRESETS, human_params, preset, synthesize_shape
+from zero_sim.system.stacks import CPU_STACK, STACKS, StackError, apply_stack, get_stack
 from zero_sim.system.topology import PRESETS as TOPOLOGIES
 from zero_sim.system.topology import Topology, build_topology
 from zero_sim.system.workload import Workload, WorkloadError
@@ -123,11 +125,44 @@ class Resolved:
     settings: CommonSettings
     knobs: Any  # the strategy's typed knobs (Strategy.Knobs)
     strategy: Strategy
+    stack_notes: tuple[str, ...] = ()  # the stack assumed, and each setting given that overrides it
+
+
+def _cpu_ranks(kwargs: dict) -> bool:
+    gpu = kwargs.get("gpu")
+    if gpu is None:
+        spec = TOPOLOGIES.get(str(kwargs.get("topology") or "dgx-a100"))
+        gpu = spec.gpu if spec is not None else None
+    return gpu == "CPU"
+
+
+def _with_stack(kwargs: dict) -> tuple[dict, tuple[str, ...]]:
+    """The keywords with the software stack's settings filled in where none was given
+    (:mod:`zero_sim.system.stacks`), and the notes saying which stack and what overrode it."""
+    named = kwargs.get("stack")
+    try:
+        stack = get_stack(named) if named is not None else (
+            STACKS[CPU_STACK] if _cpu_ranks(kwargs) else get_stack(COMMON_DEFAULTS["stack"]))
+        strategy = get_strategy(kwargs.get("strategy") or COMMON_DEFAULTS["strategy"])
+    except (StackError, StrategyError):
+        return kwargs, ()  # resolve() refuses the name in its own words
+    filled, overridden = apply_stack(stack, kwargs, {k.name for k in strategy.knobs})
+    filled["stack"] = stack.name
+    return filled, (f"stack: {stack.name} ({stack.summary})", *overridden)
+
+
+COMMON_DEFAULTS = {s.name: s.default for s in COMMON}
 
 
 def resolve(**kwargs) -> Resolved:
-    """Fill defaults, split common settings from strategy knobs, and check both against the
-    schema (:mod:`zero_sim.settings`); a value of None means "not given"."""
+    """Fill the stack's settings and the defaults, split common settings from strategy knobs,
+    and check both against the schema (:mod:`zero_sim.settings`); None means "not given"."""
+    if kwargs.get("stack") is not None:
+        try:
+            get_stack(kwargs["stack"])
+        except StackError as exc:
+            raise ScenarioError(str(exc)) from None
+    kwargs, stack_notes = _with_stack(kwargs)
     common = check_settings(COMMON, {k: v for k, v in kwargs.items() if k in COMMON_NAMES})
     values = {s.name: s.default for s in COMMON} | {k: v for k, v in common.items() if v is not None}
     try:
@@ -148,7 +183,7 @@ def resolve(**kwargs) -> Resolved:
     knobs = strategy.knob_values({k: v for k, v in given.items() if v is not None})
     settings = CommonSettings(**values)
     _check_names(settings)
-    return Resolved(settings, knobs, strategy)
+    return Resolved(settings, knobs, strategy, stack_notes)
 
 
 def _resolve_with_config(kwargs: dict, reading) -> Resolved:
@@ -181,6 +216,7 @@ class Prepared:
     gpu: Any
     compute: ComputeModel
     ctx: Context
+    stack_notes: tuple[str, ...] = ()
 
 
 def _topology(s: CommonSettings, calibration: Calibration | None) -> Topology:
@@ -258,14 +294,19 @@ def prepare(workload: Workload | None = None, **kwargs) -> Prepared:
     gpu = GPUS[s.gpu or topo.spec.gpu]
     s = replace(s, gpu_spread=_gpu_spread(s, gpu, calibration))
     compute = _compute_model(s, gpu, calibration)
+    # Eager host costs price modelled GPU kernels; CPU ranks' host *is* their compute, and a measured
+    # layer table already holds whatever the host cost when it was timed.
+    modelled_gpu = gpu.name != "CPU" and not (calibration is not None and calibration.compute is not None)
     ctx = Context(workload, s.gpus, topo.ranks_per_node, compute, _precision(s), s.grad_accum,
-                  s.host_overhead_us * 1e-6, knobs)
+                  s.host_overhead_us * 1e-6, knobs,
+                  host=host_costs(workload, s.kernel_host_us) if modelled_gpu else None,
+                  step_host_s=(s.step_host_ms or 0.0) * 1e-3 if modelled_gpu else 0.0)
     try:
         strategy.validate(ctx)
     except StrategyError as exc:
         raise ScenarioError(str(exc)) from None
     check_size(s, len(workload.layers))
-    return Prepared(reading, s, knobs, strategy, calibration, workload, topo, gpu, compute, ctx)
+    return Prepared(reading, s, knobs, strategy, calibration, workload, topo, gpu, compute, ctx, r.stack_notes)
 
 
 @dataclass(frozen=True)
@@ -351,7 +392,7 @@ def _result(p: Prepared, program: Program, run: RunOutput, scenario: Scenario) -
               for rank, events in run.memory.items() for t, cat, b in events]
     ends = run.step_ends[run.simulated_ranks[0]]
     window = (ends[-2] if len(ends) > 1 else 0.0, ends[-1])
-    notes = list(program.notes) + (reading.notes if reading is not None else [])
+    notes = list(p.stack_notes) + list(program.notes) + (reading.notes if reading is not None else [])
     return SimResult(metrics, ops, memory, scenario, window, s.gpus, run.simulated_ranks, notes, run.events)
 
 

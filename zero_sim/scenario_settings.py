@@ -16,13 +16,8 @@ from zero_sim.strategies import PRECISIONS
 from zero_sim.system.collectives import ALGORITHMS, BACKENDS
 from zero_sim.system.gpus import GPUS
 from zero_sim.system.model_presets import parse_count
-from zero_sim.system.workload import (
-    ATTENTION_IMPLS,
-    DEFAULT_ATTENTION,
-    DEFAULT_ELEMENTWISE,
-    ELEMENTWISE_IMPLS,
-    RECOMPUTE_MODES,
-)
+from zero_sim.system.stacks import DEFAULT_STACK
+from zero_sim.system.workload import ATTENTION_IMPLS, ELEMENTWISE_IMPLS, RECOMPUTE_MODES
 
 # The size budget: at its edge a simulation takes about 20 s and 1.5 GB of memory on one core
 # (docs/reliability.md), so beyond it a simulation runs only with --allow-huge.  Planning a
@@ -79,13 +74,16 @@ COMMON: tuple[Setting, ...] = (
             "core recomputed), full (only each block's input kept) or op (torchtitan's op-level policy: "
             "every other matmul output and the attention output kept)", str, RECOMPUTE_MODES,
             section="training"),
-    Setting("attention", DEFAULT_ATTENTION, "attention kernel: flash (FlashAttention-2 / SDPA: no s x s "
+    Setting("stack", DEFAULT_STACK, "software stack: the bundle of kernels and framework costs below that "
+            "a named codebase runs (see `zero-sim stacks`; CPU ranks default to ideal); settings given "
+            "explicitly win", str, section="training"),
+    Setting("attention", None, "attention kernel: flash (FlashAttention-2 / SDPA: no s x s "
             "scores kept), flash1 (FlashAttention v1 or its Triton port: as flash, slower) or eager "
-            "(softmax over materialized scores)", str, ATTENTION_IMPLS, section="workload"),
-    Setting("elementwise", DEFAULT_ELEMENTWISE, "norms and rotary embeddings: fused (one HBM round trip "
+            "(softmax over materialized scores); default: the stack's", str, ATTENTION_IMPLS, section="workload"),
+    Setting("elementwise", None, "norms and rotary embeddings: fused (one HBM round trip "
             "each, as fused or compiled kernels), fused-norm (fused norms, eager rotary), eager (the "
             "chain of ATen kernels eager PyTorch runs) or eager-fms (eager with foundation-model-stack's "
-            "real-rotation rotary)", str, ELEMENTWISE_IMPLS, section="workload"),
+            "real-rotation rotary); default: the stack's", str, ELEMENTWISE_IMPLS, section="workload"),
     Setting("efficiency", None, "a flat fraction of peak FLOP/s for all compute (default: the GPU's per-op "
             "model)", float, gt=0, le=1, section="hardware"),
     Setting("cuda_context_gb", None, "GB per GPU outside the tensors: CUDA context, cuBLAS and NCCL buffers "
@@ -94,8 +92,15 @@ COMMON: tuple[Setting, ...] = (
     Setting("allocator_reserve", None, "fraction of the tensors' peak the caching allocator holds reserved "
             "but unused (default: 0.10, or 1/3 when activations are recomputed)", float, ge=0, le=1,
             section="hardware"),
-    Setting("host_overhead_us", 10.0, "host time to issue one op, microseconds", float, ge=0, le=1e6,
-            section="hardware"),
+    Setting("host_overhead_us", 10.0, "host time to issue one simulated op that the stack's per-kernel "
+            "figure does not price (collectives, syncs; every op on CPU ranks), microseconds", float,
+            ge=0, le=1e6, section="hardware"),
+    Setting("kernel_host_us", None, "host CPU time per op eager PyTorch dispatches (Python, autograd, "
+            "dispatcher, kernel launch), microseconds; 0: not modelled (default: the stack's)", float,
+            ge=0, le=1e6, section="hardware"),
+    Setting("step_host_ms", None, "the training loop's own host work per step (clipping, scheduler, "
+            "logging), ending in a host-device sync, milliseconds (default: the stack's)", float,
+            ge=0, le=1e6, section="hardware"),
     Setting("overlap_slowdown", None, "compute slows by this fraction while a collective runs (default: 0.35 "
             "on GPUs, for the overlapped part of each op; on CPU ranks the calibration's figure, else 0)",
             float, ge=0, le=100, section="hardware"),

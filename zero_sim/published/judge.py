@@ -38,6 +38,7 @@ from typing import Any
 
 from zero_sim.links import predicted_collective_s
 from zero_sim.scenario import ScenarioError, simulate
+from zero_sim.system.stacks import STACKS
 from zero_sim.vocabulary.collectives import bus_factor
 
 POINTS_FILE = Path(__file__).with_name("points.toml")
@@ -46,6 +47,24 @@ MEMORY_METRICS = ("peak_memory_gb",)
 UNITS = {"GB": 1e9, "GiB": 2**30}
 # What a point beyond this error must carry: a written cause (``cause = "..."`` in the file).
 OUTLIER = 0.30
+# How much of a point's configuration the prediction is given (a user who knows less, or more):
+# default: the run's shape, cluster and strategy settings, nothing of its software; stack: those
+# plus the stack its source implies; configured: every setting the point states.
+MODES = ("default", "stack", "configured")
+STACK_SETTINGS = frozenset({"stack"}.union(*(s.settings() for s in STACKS.values())))
+
+
+def scenario_for(point: dict, mode: str = "configured") -> dict:
+    """The ``simulate()`` keywords a point is predicted from under ``mode`` (see :data:`MODES`)."""
+    scenario = dict(point["scenario"])
+    if mode == "configured":
+        return scenario
+    if mode not in MODES:
+        raise PublishedError(f"unknown mode {mode!r}; use one of {', '.join(MODES)}")
+    kept = {k: v for k, v in scenario.items() if k not in STACK_SETTINGS}
+    if mode == "stack" and "stack" in scenario:
+        kept["stack"] = scenario["stack"]
+    return kept
 
 
 class PublishedError(ValueError):
@@ -128,9 +147,8 @@ def _collective(point: dict) -> float:
     return nbytes * bus_factor(kind, gpus) / seconds / 1e9
 
 
-def _training(point: dict) -> tuple[float, bool]:
-    scenario = point["scenario"]
-    m = simulate(**scenario).metrics
+def _training(point: dict, mode: str, extra: dict | None) -> tuple[float, bool]:
+    m = simulate(**scenario_for(point, mode), **(extra or {})).metrics
     mem, metric = m["memory"], point["metric"]
     if metric == "step_time_s":
         value = m["step_time_s"]
@@ -145,13 +163,14 @@ def _training(point: dict) -> tuple[float, bool]:
     return value, bool(mem["fits"])
 
 
-def predict(point: dict) -> Judged:
-    """Predict one point; a scenario the simulator refuses is a result with its sentence, not a crash."""
+def predict(point: dict, mode: str = "configured", extra: dict | None = None) -> Judged:
+    """Predict one point under ``mode`` (with ``extra`` keywords, e.g. a fitted term left out);
+    a scenario the simulator refuses is a result with its sentence, not a crash."""
     try:
         if "collective" in point:
             predicted, fits = _collective(point), None
         else:
-            predicted, fits = _training(point)
+            predicted, fits = _training(point, mode, extra)
     except (ScenarioError, ValueError, KeyError, TypeError) as exc:
         return Judged(point, None, None, None, f"{type(exc).__name__}: {exc}")
     return Judged(point, predicted, (predicted - point["value"]) / point["value"], fits)
@@ -166,9 +185,9 @@ def _summary(judged: list[Judged]) -> dict[str, Any]:
             "p90_abs_error": p90}
 
 
-def judge(points: list[dict] | None = None) -> Verdict:
-    """Predict every point and summarise time and memory separately."""
-    judged = [predict(p) for p in (points if points is not None else load_points())]
+def judge(points: list[dict] | None = None, mode: str = "configured") -> Verdict:
+    """Predict every point under ``mode`` and summarise time and memory separately."""
+    judged = [predict(p, mode) for p in (points if points is not None else load_points())]
     verdict = Verdict(judged)
     for family in ("time", "memory"):
         verdict.summary[family] = _summary([j for j in judged if j.family == family])

@@ -82,6 +82,15 @@ class Context:
     grad_accum: int = 1
     host_overhead_s: float = 10e-6
     knobs: Any = None  # the strategy's knobs, a frozen dataclass read by attribute (Strategy.Knobs)
+    # Host time to issue each layer's kernels (zero_sim.system.host_costs); None: the flat per-op figure.
+    host: Any = None
+    step_host_s: float = 0.0  # the training loop's own host work per step, ending in a sync
+
+    def forward_host_s(self, layer: Layer) -> float | None:
+        return self.host.forward_s(layer.kind) if self.host is not None else None
+
+    def backward_host_s(self, layer: Layer) -> float | None:
+        return self.host.backward_s(layer.kind) if self.host is not None else None
 
     @property
     def nodes(self) -> int:
@@ -203,11 +212,22 @@ class Step:
             self.micro = micro
             self.micro_step()
         self.optimizer()
+        self.loop_overhead()
         prog = self.b.build()
         prog.model_flops = self.w.model_flops() * self.ctx.grad_accum
         if note := self.note():
             prog.notes.append(note)
         return prog
+
+    def loop_overhead(self) -> None:
+        """The training loop's own work after the update (clipping, scheduler, logging), then the
+        host waits for the GPU (a loss read): the next step's kernels start from an empty queue."""
+        if self.ctx.step_host_s <= 0:
+            return
+        ops = self.b.program.ops
+        last_compute = next(op.index for op in reversed(ops) if op.kind == "compute")
+        self.b.host("training loop", OPTIMIZER, self.ctx.step_host_s)
+        self.b.sync("loss read", OPTIMIZER, (last_compute,), host_s=0.0)
 
     def micro_step(self) -> None:
         """Forward over the layers, then backward over them in reverse."""
@@ -222,7 +242,7 @@ class Step:
             op = self.b.compute(
                 fwd(layer.index), FORWARD, ctx.fwd_seconds(layer), layer=layer.index, deps=deps,
                 alloc=((ACTIVATIONS, layer.checkpointed_activation_bytes),), flops=layer.fwd_flops,
-                free=self.forward_frees(layer))
+                free=self.forward_frees(layer), host_s=ctx.forward_host_s(layer))
             self.after_forward(layer, op)
 
     def backward(self) -> None:
@@ -233,14 +253,16 @@ class Step:
             extra = layer.activation_bytes - layer.checkpointed_activation_bytes
             if ctx.workload.recompute != "none" and extra > 0:
                 b.compute(recompute(layer.index), BACKWARD, ctx.recompute_seconds(layer), layer=layer.index,
-                          deps=deps, alloc=((ACTIVATIONS, extra),), flops=ctx.recompute_flops(layer))
+                          deps=deps, alloc=((ACTIVATIONS, extra),), flops=ctx.recompute_flops(layer),
+                          host_s=ctx.forward_host_s(layer))
                 deps = ()
                 freed = layer.activation_bytes
             else:
                 freed = layer.checkpointed_activation_bytes
             op = b.compute(bwd(layer.index), BACKWARD, ctx.bwd_seconds(layer), layer=layer.index, deps=deps,
                            alloc=self.backward_allocs(layer),
-                           free=((ACTIVATIONS, freed),) + self.backward_frees(layer), flops=layer.bwd_flops)
+                           free=((ACTIVATIONS, freed),) + self.backward_frees(layer), flops=layer.bwd_flops,
+                           host_s=ctx.backward_host_s(layer))
             self.after_backward(layer, op)
 
     def update_layers(self, deps: tuple[int, ...], share: float = 1.0, layers=None) -> list[int]:

@@ -1,0 +1,169 @@
+"""Software stacks: the bundles of kernel and framework choices users recognise by name.
+
+The same model on the same GPUs runs at very different speeds under different software: a
+FlashAttention kernel or softmax over materialized scores, norms and rotary embeddings fused
+by torch.compile or run as chains of eager ATen ops, FSDP1's or FSDP2's copies, gradients
+reduced in bf16 or fp32, and the host time eager Python spends issuing each kernel.  A stack
+names one such bundle; ``stack=`` (``--stack``) sets every knob it bundles, and a knob given
+explicitly wins (noted as ``overridden: elementwise=fused (stack pytorch-eager)``).
+
+**The default is ``pytorch-eager``**, what most people run today.  The four codebases most
+training starts from all default to eager PyTorch with SDPA attention and no torch.compile:
+torchtitan's job configs ship ``compile = false`` (its ``[compile]`` section) and its Llama RMSNorm
+is an eager chain unless the fused Triton norm is asked for; Hugging Face transformers uses
+``attn_implementation="sdpa"`` by default since v4.36 and its LlamaRMSNorm and rotary are eager
+Python; Lightning's Trainer compiles nothing unless told; llm-foundry's MPT defaults to
+``attn_impl: flash``.  For FSDP three of the four wrap with FSDP1 (Accelerate's default
+``fsdp_version`` 1, Lightning's ``FSDPStrategy``, Composer in llm-foundry), so the default keeps
+FSDP1's copies; ``torchtitan`` names FSDP2.  The fastest stack the kernels allow, what the
+simulator assumed before stacks existed, is ``ideal``; CPU ranks (the emulated cluster, whose
+costs come from their own calibration) use it unless a stack is named.
+
+Every choice carries its source in ``sources``; docs/stacks.md tabulates them.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+
+# Host time per dispatched op in eager PyTorch: the middle of the 5-25 us that walkthroughs of
+# the Python -> dispatcher -> cudaLaunchKernel path give (zero_sim.system.host_costs).
+EAGER_KERNEL_HOST_US = 10.0
+# torch.compile's Inductor wrapper launches Triton kernels from generated Python with one autograd
+# node per compiled region: about half the eager path (no per-op autograd or dispatcher walk).
+COMPILED_KERNEL_HOST_US = 5.0
+
+
+@dataclass(frozen=True)
+class Stack:
+    """One software stack: the settings it bundles (None: not part of this stack) and why."""
+
+    name: str
+    summary: str
+    attention: str
+    elementwise: str
+    kernel_host_us: float  # host time per dispatched op (0: the flat per-op host_overhead_us only)
+    step_host_ms: float  # the training loop's own host work per optimizer step, ending in a sync
+    copies: str | None = None  # FSDP's compute-stream copies (fsdp strategy only)
+    reduce_dtype: str | None = None  # FSDP's gradient reduction dtype (fsdp strategy only)
+    sources: dict[str, str] = field(default_factory=dict)
+
+    def settings(self) -> dict[str, object]:
+        """Every setting the stack fills, by ``simulate()`` keyword."""
+        values = {"attention": self.attention, "elementwise": self.elementwise,
+                  "kernel_host_us": self.kernel_host_us, "step_host_ms": self.step_host_ms,
+                  "copies": self.copies, "reduce_dtype": self.reduce_dtype}
+        return {k: v for k, v in values.items() if v is not None}
+
+
+_SDPA = ("Hugging Face transformers: attn_implementation='sdpa' is the default since v4.36; torch's "
+         "scaled_dot_product_attention runs FlashAttention-2 kernels for bf16 on Ampere and newer")
+_EAGER_CHAINS = ("norms and rotary as eager ATen chains (HF LlamaRMSNorm and apply_rotary_pos_emb; "
+                 "torchtitan's RMSNorm without its fused Triton option)")
+_EAGER_HOST = "eager PyTorch: 5-25 us of CPU per dispatched op (zero_sim.system.host_costs); 10 us taken"
+_STEP = ("clip_grad_norm_, optimizer.step with foreach kernels, zero_grad and the LR scheduler: about "
+         "a hundred Python calls and a loss read per step, taken as 1 ms")
+
+STACKS: dict[str, Stack] = {s.name: s for s in (
+    Stack("pytorch-eager", "eager PyTorch 2.x: SDPA (FlashAttention-2) attention, eager norms and rotary, "
+          "no torch.compile, FSDP1 or DDP", "flash", "eager", EAGER_KERNEL_HOST_US, 1.0,
+          sources={"attention": _SDPA, "elementwise": _EAGER_CHAINS, "kernel_host_us": _EAGER_HOST,
+                   "step_host_ms": _STEP,
+                   "default": "torchtitan (compile = false), HF Trainer, Lightning and llm-foundry all "
+                              "default to eager PyTorch without torch.compile"}),
+    Stack("torch-compile", "PyTorch 2.x with torch.compile on each block: SDPA attention, norms, rotary and "
+          "activations fused by Inductor", "flash", "fused", COMPILED_KERNEL_HOST_US, 1.0,
+          sources={"attention": _SDPA, "elementwise": "Inductor fuses the element-wise chains around each "
+                   "GEMM into Triton kernels", "kernel_host_us": "Inductor's generated wrapper launches "
+                   "each Triton kernel from Python, one autograd node per region: 5 us taken",
+                   "step_host_ms": _STEP}),
+    Stack("torchtitan", "torchtitan (2024-25) defaults: FSDP2 fully_shard with fp32 gradient reduction, SDPA "
+          "attention, eager RMSNorm and rotary, compile off", "flash", "eager", EAGER_KERNEL_HOST_US, 1.0,
+          copies="fsdp2", reduce_dtype="fp32",
+          sources={"copies": "torchtitan shards with FSDP2 fully_shard (its copy-out of each gather and "
+                   "copy-in of each gradient)", "reduce_dtype": "torchtitan's training.mixed_precision_reduce "
+                   "defaults to float32", "attention": "torchtitan's Llama uses F.scaled_dot_product_attention",
+                   "elementwise": "torchtitan's default norm_type rmsnorm is an eager chain; compile = false",
+                   "kernel_host_us": _EAGER_HOST, "step_host_ms": _STEP}),
+    Stack("fsdp1-2023", "FSDP1-era code (2022-23): FSDP1, softmax attention over materialized scores, eager "
+          "element-wise ops", "eager", "eager", EAGER_KERNEL_HOST_US, 1.0,
+          sources={"attention": "before SDPA (torch 2.0, 2023) and HF's switch to it, model code computed "
+                   "softmax(QK^T)V in torch ops (minGPT, HF modelling before v4.36)",
+                   "elementwise": "no fused kernels in plain model code of the time",
+                   "kernel_host_us": _EAGER_HOST, "step_host_ms": _STEP}),
+    Stack("deepspeed-2021", "DeepSpeed (2021) ZeRO examples: softmax attention over scores, apex or DeepSpeed "
+          "fused LayerNorm, eager training loop with fp16 overflow checks", "eager", "fused",
+          EAGER_KERNEL_HOST_US, 2.0,
+          sources={"attention": "HF BERT/GPT-2 modelling code of 2021 (no SDPA)",
+                   "elementwise": "apex FusedLayerNorm / DeepSpeed transformer kernels",
+                   "kernel_host_us": _EAGER_HOST,
+                   "step_host_ms": "the DeepSpeed engine's step: gradient-overflow check read on the host, "
+                                   "clipping and the optimizer's Python loop: 2 ms taken"}),
+    Stack("hf-trainer", "Hugging Face Trainer or Accelerate: SDPA attention, eager norms and rotary, FSDP1, "
+          "a loss check read on the host every step", "flash", "eager", 12.0, 3.0,
+          sources={"attention": _SDPA, "elementwise": _EAGER_CHAINS,
+                   "kernel_host_us": "eager PyTorch (10 us) plus HF modules' keyword plumbing and the autocast "
+                                     "dispatch key on every op: 12 us taken",
+                   "step_host_ms": "Trainer's logging_nan_inf_filter (default True) reads torch.isnan(loss) "
+                                   "on the host each step; callbacks, scheduler and clipping through "
+                                   "Accelerate: 3 ms taken",
+                   "copies": "Accelerate's FSDP plugin defaults to fsdp_version 1"}),
+    Stack("lightning", "PyTorch Lightning Trainer: the user's eager model with SDPA attention, FSDPStrategy "
+          "(FSDP1)", "flash", "eager", EAGER_KERNEL_HOST_US, 1.0,
+          sources={"attention": _SDPA, "elementwise": _EAGER_CHAINS, "kernel_host_us": _EAGER_HOST,
+                   "step_host_ms": "Lightning's parity benchmark against plain PyTorch finds its loop's "
+                                   "overhead negligible per step: as plain PyTorch, 1 ms"}),
+    Stack("llm-foundry", "MosaicML llm-foundry (2024-25) MPT: FlashAttention-2 (attn_impl flash), LayerNorm "
+          "and GELU kernels, FSDP1 through Composer", "flash", "fused", EAGER_KERNEL_HOST_US, 1.0,
+          sources={"attention": "llm-foundry's attn_config default attn_impl: flash (flash-attn 2)",
+                   "elementwise": "MPT has LayerNorm (one kernel), GELU and ALiBi: nothing an eager chain "
+                                  "would add", "kernel_host_us": _EAGER_HOST, "step_host_ms": _STEP}),
+    Stack("llm-foundry-2023", "llm-foundry as its 2023 benchmark tables ran it: the Triton FlashAttention "
+          "port (attn_impl triton)", "flash1", "fused", EAGER_KERNEL_HOST_US, 1.0,
+          sources={"attention": "llm-foundry scripts/train/benchmarking README (2023): attn_impl triton",
+                   "elementwise": "as llm-foundry", "kernel_host_us": _EAGER_HOST, "step_host_ms": _STEP}),
+    Stack("fms-fsdp", "IBM foundation-model-stack fms-fsdp (2024): FSDP1, SDPA attention, eager RMSNorm and "
+          "fms's real-rotation rotary, uncompiled", "flash", "eager-fms", EAGER_KERNEL_HOST_US, 1.0,
+          sources={"attention": "fms uses F.scaled_dot_product_attention",
+                   "elementwise": "fms LayerNormParameterized (RMSNorm) and its rotary, eager",
+                   "kernel_host_us": _EAGER_HOST, "step_host_ms": _STEP}),
+    Stack("ideal", "the fastest the kernels allow: FlashAttention-2, every element-wise chain fused, no host "
+          "cost beyond a flat per-op issue time", "flash", "fused", 0.0, 0.0,
+          sources={"why": "an upper bound for learners, and what CPU ranks use: their costs come from "
+                          "their own calibration"}),
+)}
+DEFAULT_STACK = "pytorch-eager"
+CPU_STACK = "ideal"
+# Settings a stack fills that belong to one strategy's knobs, not to the common settings.
+STRATEGY_SETTINGS = ("copies", "reduce_dtype")
+
+
+class StackError(ValueError):
+    """An unknown stack name; the message lists the known ones."""
+
+
+def get_stack(name: str) -> Stack:
+    """The stack called ``name`` (case-insensitive); one sentence naming the known ones otherwise."""
+    key = str(name).strip().lower()
+    if key in STACKS:
+        return STACKS[key]
+    near = difflib.get_close_matches(key, STACKS, n=1)
+    hint = f"did you mean {near[0]!r}? " if near else ""
+    raise StackError(f"unknown stack {name!r}; {hint}choose one of {', '.join(STACKS)}")
+
+
+def apply_stack(stack: Stack, given: dict[str, object], strategy_knobs: set[str]) -> tuple[dict, list[str]]:
+    """The settings with the stack's values filled in where none was given, and a note for each
+    given value that contradicts the stack.  Strategy-specific settings are filled only for a
+    strategy that has the knob."""
+    filled, notes = dict(given), []
+    for key, value in stack.settings().items():
+        if key in STRATEGY_SETTINGS and key not in strategy_knobs:
+            continue
+        mine = given.get(key)
+        if mine is None:
+            filled[key] = value
+        elif mine != value:
+            notes.append(f"overridden: {key}={mine} (stack {stack.name} has {value})")
+    return filled, notes
