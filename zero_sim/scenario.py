@@ -45,6 +45,7 @@ from zero_sim.system.gpu_spread import GPU_SPEED_SIGMA, slowest_gpu_factor
 from zero_sim.system.gpus import GPUS
 from zero_sim.system.hardware import ComputeModel, default_overlap_slowdown
 from zero_sim.system.host_costs import host_costs
+from zero_sim.system.run_overheads import run_overhead
 from zero_sim.system.model_presets import PRESETS, human_params, preset, synthesize_shape
 from zero_sim.system.stacks import CPU_STACK, STACKS, StackError, apply_stack, get_stack
 from zero_sim.system.topology import PRESETS as TOPOLOGIES
@@ -266,7 +267,16 @@ def _compute_model(s: CommonSettings, gpu, calibration: Calibration | None) -> C
                             optimizer_seconds_per_param=c.optimizer_seconds_per_param,
                             slowest_rank_factor=c.slowest_rank_factor)
     return ComputeModel(gpu, efficiency=s.efficiency,
-                        slowest_rank_factor=slowest_gpu_factor(s.gpus, s.gpu_spread))
+                        slowest_rank_factor=slowest_gpu_factor(s.gpus, s.gpu_spread),
+                        run_overhead=_run_overhead(s, gpu))
+
+
+def _run_overhead(s: CommonSettings, gpu) -> float:
+    """As given, else the fitted factor for the per-op GPU model; a flat ``--efficiency`` is the
+    user's own figure and takes none."""
+    if s.run_overhead is not None:
+        return s.run_overhead
+    return run_overhead(gpu.name) if gpu.profile is not None and s.efficiency is None else 1.0
 
 
 def _precision(s: CommonSettings) -> Precision:
@@ -370,7 +380,7 @@ def _scenario(p: Prepared, figures: RankFigures) -> Scenario:
         "calibration": calibration.describe() if calibration is not None else None,
         "config_file": reading.source if reading is not None else None,
         "overlap_slowdown": figures.overlap_slowdown, "collective_cpu_us": figures.collective_cpu_s * 1e6,
-        "slowest_rank_factor": p.compute.slowest_rank_factor,
+        "slowest_rank_factor": p.compute.slowest_rank_factor, "run_overhead": p.compute.run_overhead,
         "comm_rate_while_computing": figures.comm_rate_while_computing,
         "comm_bytes_rate_while_computing": figures.comm_bytes_rate_while_computing,
         "strategy": p.strategy.name, "model": workload.name, "params": workload.params,

@@ -86,6 +86,10 @@ COMMON: tuple[Setting, ...] = (
             "real-rotation rotary); default: the stack's", str, ELEMENTWISE_IMPLS, section="workload"),
     Setting("efficiency", None, "a flat fraction of peak FLOP/s for all compute (default: the GPU's per-op "
             "model)", float, gt=0, le=1, section="hardware"),
+    Setting("run_overhead", None, "factor on modelled compute time for what whole runs lose that kernel "
+            "microbenchmarks miss; 1: none (default: fitted per GPU generation to published runs, "
+            "docs/validation.md; 1 with --efficiency, a calibration's layer table or CPU ranks)", float,
+            gt=0, le=10, section="hardware"),
     Setting("cuda_context_gb", None, "GB per GPU outside the tensors: CUDA context, cuBLAS and NCCL buffers "
             "(default: by GPU, 1.1 on A100, 1.5 on H100/H200, 0 for CPU ranks)", float, ge=0, le=10_000,
             section="hardware"),

@@ -157,3 +157,9 @@ GPUS: dict[str, GPU] = {
     "CPU": GPU("CPU", 0.05, 24 * GiB, 10.0,
                "one CPU process for gloo runs: an order-of-magnitude stand-in until calibrated"),
 }
+
+# The architecture generation of each GPU: the unit a fitted whole-run overhead is kept per
+# (zero_sim.system.run_overheads), since kernels, clocks and drivers age together within one.
+GENERATIONS = {"V100": "volta", "A100-40GB": "ampere", "A100-80GB": "ampere", "L40S": "ada",
+               "H100": "hopper", "H100-96GB": "hopper", "H100-PCIe": "hopper", "H200": "hopper",
+               "B200": "blackwell", "MI300X": "cdna3", "CPU": "cpu"}

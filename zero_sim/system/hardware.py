@@ -160,6 +160,13 @@ class ComputeModel:
     # measured table (a rank's mean pace), is stretched by how much slower the slowest rank is
     # (measured by calibration, or ``gpu_spread.slowest_gpu_factor`` for the per-op model).
     slowest_rank_factor: float = 1.0
+    # What whole runs lose that microbenchmarks do not see (zero_sim.system.run_overheads).
+    run_overhead: float = 1.0
+
+    @property
+    def stretch(self) -> float:
+        """Every modelled time is stretched by the slowest rank and the whole-run overhead."""
+        return self.slowest_rank_factor * self.run_overhead
 
     # --- what applies ---------------------------------------------------------------------
 
@@ -216,7 +223,7 @@ class ComputeModel:
             seconds = flops / (self.gpu.peak_flops * self.default_efficiency)
         else:
             seconds = sum(self.op_seconds(kind, direction, work).values())
-        return seconds * self.slowest_rank_factor
+        return seconds * self.stretch
 
     def recompute_time(self, kind: str, mode: str, fwd_flops: float, flops: float, tokens: int,
                        work: Any = None) -> float:
@@ -236,12 +243,12 @@ class ComputeModel:
         if mode == "op":
             parts = self.op_seconds(kind, "fwd", work)
             return (parts["gemm"] * flops / max(work.matmul_flops, 1.0) + parts["memory"]) \
-                * self.slowest_rank_factor
+                * self.stretch
         seconds = self.attention_seconds("fwd", work)
         if work.attention == "eager":  # and the softmax over the scores
             softmax = EAGER_SOFTMAX_SCORE_BYTES_FWD * _score_elements(work)
             seconds += self._elementwise_seconds(min(work.memory_bytes, softmax))
-        return seconds * self.slowest_rank_factor
+        return seconds * self.stretch
 
     def op_seconds(self, kind: str, direction: str, work: Any) -> dict[str, float]:
         """The per-op model's seconds for ``gemm``, ``attention`` and ``memory`` kernels."""
@@ -328,11 +335,11 @@ class ComputeModel:
     def optimizer_time(self, params: int) -> float:
         if self.optimizer_seconds_per_param is not None:
             return params * self.optimizer_seconds_per_param
-        return self._memory_seconds(params * ADAM_BYTES_PER_PARAM) * self.slowest_rank_factor
+        return self._memory_seconds(params * ADAM_BYTES_PER_PARAM) * self.stretch
 
     def copy_time(self, nbytes: float) -> float:
         """A memory-bound copy kernel that moves ``nbytes`` (reads plus writes) through HBM."""
-        return self._memory_seconds(nbytes) * self.slowest_rank_factor
+        return self._memory_seconds(nbytes) * self.stretch
 
     @property
     def calibrated(self) -> bool:
