@@ -19,6 +19,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from zero_sim.calibration import Calibration, CalibrationError
+from zero_sim.confidence import confidence_fields
 from zero_sim.configs.read import read_config
 from zero_sim.engine.cpu_device import CpuDevice
 from zero_sim.engine.engine import Engine
@@ -45,8 +46,8 @@ from zero_sim.system.gpu_spread import GPU_SPEED_SIGMA, slowest_gpu_factor
 from zero_sim.system.gpus import GPUS
 from zero_sim.system.hardware import ComputeModel, default_overlap_slowdown
 from zero_sim.system.host_costs import host_costs
-from zero_sim.system.run_overheads import run_overhead
 from zero_sim.system.model_presets import PRESETS, human_params, preset, synthesize_shape
+from zero_sim.system.run_overheads import run_overhead
 from zero_sim.system.stacks import CPU_STACK, STACKS, StackError, apply_stack, get_stack
 from zero_sim.system.topology import PRESETS as TOPOLOGIES
 from zero_sim.system.topology import Topology, build_topology
@@ -127,6 +128,7 @@ class Resolved:
     knobs: Any  # the strategy's typed knobs (Strategy.Knobs)
     strategy: Strategy
     stack_notes: tuple[str, ...] = ()  # the stack assumed, and each setting given that overrides it
+    stack_given: bool = False  # named by the caller or a config file, not the default
 
 
 def _cpu_ranks(kwargs: dict) -> bool:
@@ -163,6 +165,7 @@ def resolve(**kwargs) -> Resolved:
             get_stack(kwargs["stack"])
         except StackError as exc:
             raise ScenarioError(str(exc)) from None
+    stack_given = kwargs.get("stack") is not None
     kwargs, stack_notes = _with_stack(kwargs)
     common = check_settings(COMMON, {k: v for k, v in kwargs.items() if k in COMMON_NAMES})
     values = {s.name: s.default for s in COMMON} | {k: v for k, v in common.items() if v is not None}
@@ -184,7 +187,7 @@ def resolve(**kwargs) -> Resolved:
     knobs = strategy.knob_values({k: v for k, v in given.items() if v is not None})
     settings = CommonSettings(**values)
     _check_names(settings)
-    return Resolved(settings, knobs, strategy, stack_notes)
+    return Resolved(settings, knobs, strategy, stack_notes, stack_given)
 
 
 def _resolve_with_config(kwargs: dict, reading) -> Resolved:
@@ -218,6 +221,7 @@ class Prepared:
     compute: ComputeModel
     ctx: Context
     stack_notes: tuple[str, ...] = ()
+    stack_given: bool = False
 
 
 def _topology(s: CommonSettings, calibration: Calibration | None) -> Topology:
@@ -279,6 +283,13 @@ def _run_overhead(s: CommonSettings, gpu) -> float:
     return run_overhead(gpu.name) if gpu.profile is not None and s.efficiency is None else 1.0
 
 
+def _modelled_gpu(gpu, calibration: Calibration | None) -> bool:
+    """Whether compute is the GPU model's: eager host costs price modelled kernels (CPU ranks' host
+    *is* their compute; a measured layer table holds what the host cost when it was timed), and
+    the published runs' residuals describe only the model."""
+    return gpu.name != "CPU" and not (calibration is not None and calibration.compute is not None)
+
+
 def _precision(s: CommonSettings) -> Precision:
     precision = PRECISIONS[s.precision]
     if s.optimizer_k is not None:
@@ -304,9 +315,7 @@ def prepare(workload: Workload | None = None, **kwargs) -> Prepared:
     gpu = GPUS[s.gpu or topo.spec.gpu]
     s = replace(s, gpu_spread=_gpu_spread(s, gpu, calibration))
     compute = _compute_model(s, gpu, calibration)
-    # Eager host costs price modelled GPU kernels; CPU ranks' host *is* their compute, and a measured
-    # layer table already holds whatever the host cost when it was timed.
-    modelled_gpu = gpu.name != "CPU" and not (calibration is not None and calibration.compute is not None)
+    modelled_gpu = _modelled_gpu(gpu, calibration)
     ctx = Context(workload, s.gpus, topo.ranks_per_node, compute, _precision(s), s.grad_accum,
                   s.host_overhead_us * 1e-6, knobs,
                   host=host_costs(workload, s.kernel_host_us) if modelled_gpu else None,
@@ -316,7 +325,8 @@ def prepare(workload: Workload | None = None, **kwargs) -> Prepared:
     except StrategyError as exc:
         raise ScenarioError(str(exc)) from None
     check_size(s, len(workload.layers))
-    return Prepared(reading, s, knobs, strategy, calibration, workload, topo, gpu, compute, ctx, r.stack_notes)
+    return Prepared(reading, s, knobs, strategy, calibration, workload, topo, gpu, compute, ctx,
+                    r.stack_notes, r.stack_given)
 
 
 @dataclass(frozen=True)
@@ -383,7 +393,8 @@ def _scenario(p: Prepared, figures: RankFigures) -> Scenario:
         "slowest_rank_factor": p.compute.slowest_rank_factor, "run_overhead": p.compute.run_overhead,
         "comm_rate_while_computing": figures.comm_rate_while_computing,
         "comm_bytes_rate_while_computing": figures.comm_bytes_rate_while_computing,
-        "strategy": p.strategy.name, "model": workload.name, "params": workload.params,
+        "stack_given": p.stack_given, "strategy": p.strategy.name, "model": workload.name,
+        "params": workload.params,
         "topology": topo.name, "gpu": p.gpu.name, "gpus_per_node": topo.ranks_per_node,
         "topology_description": topo.describe(), "workload_description": workload.describe(),
     }, p.knobs)
@@ -395,6 +406,7 @@ def _result(p: Prepared, program: Program, run: RunOutput, scenario: Scenario) -
     metrics = compute_metrics(run, program, scenario, s.gpus, tokens, p.gpu.hbm_bytes,
                               context_bytes=int(round(scenario.hardware.cuda_context_gb * 1e9)),
                               allocator_reserve=scenario.hardware.allocator_reserve)
+    metrics |= confidence_fields(metrics, scenario, p.gpu.peak_flops, _modelled_gpu(p.gpu, p.calibration))
     # What a configuration file set, ignored (and why) or had overridden, beside the figures it produced.
     metrics["config_notes"] = reading.notes if reading is not None else []
     ops = [r.to_dict() for r in run.records]

@@ -79,7 +79,8 @@ COMMON: tuple[Setting, ...] = (
             "explicitly win", str, section="training"),
     Setting("attention", None, "attention kernel: flash (FlashAttention-2 / SDPA: no s x s "
             "scores kept), flash1 (FlashAttention v1 or its Triton port: as flash, slower) or eager "
-            "(softmax over materialized scores); default: the stack's", str, ATTENTION_IMPLS, section="workload"),
+            "(softmax over materialized scores); default: the stack's", str, ATTENTION_IMPLS,
+            section="workload"),
     Setting("elementwise", None, "norms and rotary embeddings: fused (one HBM round trip "
             "each, as fused or compiled kernels), fused-norm (fused norms, eager rotary), eager (the "
             "chain of ATen kernels eager PyTorch runs) or eager-fms (eager with foundation-model-stack's "

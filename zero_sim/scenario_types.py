@@ -28,6 +28,7 @@ SECTIONS = ("workload", "training", "cluster", "hardware", "simulation", "inputs
 # lists them after the settings and the strategy's knobs.
 DERIVED: dict[str, tuple[tuple[str, Any], ...]] = {
     "inputs": (("config_file", str | None),),  # the --*-config file read, if any
+    "training": (("stack_given", bool),),  # the stack was named (or implied by a config), not defaulted
     "hardware": (
         ("collective_cpu_us", float),  # CPU time a collective takes from compute (CPU calibration)
         ("slowest_rank_factor", float),  # how much slower the slowest of N GPUs runs (gpu_spread)
@@ -37,8 +38,9 @@ DERIVED: dict[str, tuple[tuple[str, Any], ...]] = {
     "cluster": (("topology_description", str),),  # the topology's links in words
     "workload": (("workload_description", str),),  # the model's shape in words
 }
-DERIVED_ORDER = ("config_file", "collective_cpu_us", "slowest_rank_factor", "comm_rate_while_computing",
-                 "comm_bytes_rate_while_computing", "topology_description", "workload_description")
+DERIVED_ORDER = ("stack_given", "config_file", "collective_cpu_us", "slowest_rank_factor",
+                 "comm_rate_while_computing", "comm_bytes_rate_while_computing",
+                 "topology_description", "workload_description")
 _SECTION_OF_DERIVED = {name: section for section, values in DERIVED.items() for name, _ in values}
 
 

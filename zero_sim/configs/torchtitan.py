@@ -27,6 +27,7 @@ from typing import Any
 
 from zero_sim.configs import ConfigError, ConfigReading
 from zero_sim.configs.fsdp import DTYPES
+from zero_sim.system.stacks import STACKS
 
 # (model name, flavor) -> preset; flavors are torchtitan's names.
 MODELS = {("llama3", "8B"): "llama3-8b", ("llama3", "70B"): "llama3-70b", ("llama2", "7B"): "llama2-7b",
@@ -60,6 +61,7 @@ def read_torchtitan(config) -> ConfigReading:
     data, source = load_toml(config)
     reading = ConfigReading(source)
     reading.set("strategy", "fsdp", "torchtitan (FSDP2)")
+    reading.set("stack", "torchtitan", "torchtitan (its defaults: zero_sim.system.stacks)")
     reading.set("copies", "fsdp2", "torchtitan (FSDP2's per-parameter copies)")
     sections = {name: _section(data, name, source) for name in data}
     _model(sections.get("model", {}), source, reading)
@@ -71,13 +73,23 @@ def read_torchtitan(config) -> ConfigReading:
                           f"remove it to simulate")
     for name in data:
         if name == "compile":
-            reading.ignore("[compile]", "--elementwise sets how norms and rotary run (fused, the default, "
-                           "or eager chains); give it beside the file")
+            _compile(sections["compile"], reading)
         elif name in NO_EFFECT_SECTIONS:
             reading.ignore(f"[{name}]", "changes no step's time or memory")
         elif name not in ("model", "training", "parallelism", "activation_checkpoint", "float8"):
             reading.ignore(f"[{name}]", "not a section this reader knows")
     return reading
+
+
+def _compile(section: dict, reading: ConfigReading) -> None:
+    """``[compile] enable``: each block compiled, its element-wise chains fused by Inductor and
+    launched through its wrapper (the torch-compile stack's figures)."""
+    if not section.get("enable"):
+        reading.ignore("[compile]", "compile is off, as the torchtitan stack assumes")
+        return
+    compiled = STACKS["torch-compile"]
+    reading.set("elementwise", compiled.elementwise, "[compile] enable")
+    reading.set("kernel_host_us", compiled.kernel_host_us, "[compile] enable")
 
 
 def _section(data: dict, name: str, source: str) -> dict:

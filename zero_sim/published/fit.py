@@ -12,9 +12,9 @@ fitted on shows up here as a larger error.
 
 The intervals: the leave-one-source-out speed errors (``predicted / published - 1`` of
 throughput, so positive = predicted too fast) of every time point, in two groups (stack known,
-default stack), give a distribution-free 80% interval (:func:`interval`).  Coverage is checked the same way: a point's
-interval is computed without its own source, and the point counts as covered if its own
-leave-one-source-out error lies inside.
+default stack), give a distribution-free 80% interval (:func:`interval`).  Coverage is checked
+the same way: a point's interval is computed without its own source, and the point counts as
+covered if its own leave-one-source-out error lies inside.
 """
 
 from __future__ import annotations
@@ -139,7 +139,8 @@ def refit(points: list[dict] | None = None) -> dict:
     errors = loso_errors(rows)
     return {
         "overheads": by_generation, "pooled": pooled,
-        "intervals": {KNOWN_STACK: interval(errors["stack"]), DEFAULT_STACK_GROUP: interval(errors["default"])},
+        "intervals": {KNOWN_STACK: interval(errors["stack"]),
+                      DEFAULT_STACK_GROUP: interval(errors["default"])},
         "leave_one_source_out": {mode: summary(e) for mode, e in errors.items()},
         "coverage": {KNOWN_STACK: coverage(rows, errors["stack"]),
                      DEFAULT_STACK_GROUP: coverage(rows, errors["default"])},

@@ -79,8 +79,8 @@ def layer_forward_ops(kind: str, shape, attention: str, elementwise: str) -> int
     if kind == "embedding":
         return 3
     if kind == "head":
-        norm = EAGER_RMSNORM_OPS if shape.norm == "rmsnorm" and elementwise not in ("fused", "fused-norm") else 1
-        return 5 + norm
+        eager_norm = shape.norm == "rmsnorm" and elementwise not in ("fused", "fused-norm")
+        return 5 + (EAGER_RMSNORM_OPS if eager_norm else 1)
     return 1
 
 

@@ -82,8 +82,9 @@ STACKS: dict[str, Stack] = {s.name: s for s in (
           "attention, eager RMSNorm and rotary, compile off", "flash", "eager", EAGER_KERNEL_HOST_US, 1.0,
           copies="fsdp2", reduce_dtype="fp32",
           sources={"copies": "torchtitan shards with FSDP2 fully_shard (its copy-out of each gather and "
-                   "copy-in of each gradient)", "reduce_dtype": "torchtitan's training.mixed_precision_reduce "
-                   "defaults to float32", "attention": "torchtitan's Llama uses F.scaled_dot_product_attention",
+                   "copy-in of each gradient)",
+                   "reduce_dtype": "torchtitan's training.mixed_precision_reduce defaults to float32",
+                   "attention": "torchtitan's Llama uses F.scaled_dot_product_attention",
                    "elementwise": "torchtitan's default norm_type rmsnorm is an eager chain; compile = false",
                    "kernel_host_us": _EAGER_HOST, "step_host_ms": _STEP}),
     Stack("fsdp1-2023", "FSDP1-era code (2022-23): FSDP1, softmax attention over materialized scores, eager "
@@ -92,8 +93,8 @@ STACKS: dict[str, Stack] = {s.name: s for s in (
                    "softmax(QK^T)V in torch ops (minGPT, HF modelling before v4.36)",
                    "elementwise": "no fused kernels in plain model code of the time",
                    "kernel_host_us": _EAGER_HOST, "step_host_ms": _STEP}),
-    Stack("deepspeed-2021", "DeepSpeed (2021) ZeRO examples: softmax attention over scores, apex or DeepSpeed "
-          "fused LayerNorm, eager training loop with fp16 overflow checks", "eager", "fused",
+    Stack("deepspeed-2021", "DeepSpeed (2021) ZeRO examples: softmax attention over scores, apex or "
+          "DeepSpeed fused LayerNorm, eager training loop with fp16 overflow checks", "eager", "fused",
           EAGER_KERNEL_HOST_US, 2.0,
           sources={"attention": "HF BERT/GPT-2 modelling code of 2021 (no SDPA)",
                    "elementwise": "apex FusedLayerNorm / DeepSpeed transformer kernels",
@@ -103,8 +104,8 @@ STACKS: dict[str, Stack] = {s.name: s for s in (
     Stack("hf-trainer", "Hugging Face Trainer or Accelerate: SDPA attention, eager norms and rotary, FSDP1, "
           "a loss check read on the host every step", "flash", "eager", 12.0, 3.0,
           sources={"attention": _SDPA, "elementwise": _EAGER_CHAINS,
-                   "kernel_host_us": "eager PyTorch (10 us) plus HF modules' keyword plumbing and the autocast "
-                                     "dispatch key on every op: 12 us taken",
+                   "kernel_host_us": "eager PyTorch (10 us) plus HF modules' keyword plumbing and the "
+                                     "autocast dispatch key on every op: 12 us taken",
                    "step_host_ms": "Trainer's logging_nan_inf_filter (default True) reads torch.isnan(loss) "
                                    "on the host each step; callbacks, scheduler and clipping through "
                                    "Accelerate: 3 ms taken",
