@@ -35,7 +35,9 @@ from sim2real.validate_report import headline
 from zero_sim import cli
 from zero_sim.calibration import Calibration, fit_nccl_tests_text, topology_from_imports
 from zero_sim.calibration.format import FITTED_COLLECTIVES
-from zero_sim.published import format_table, judge, load_points
+from zero_sim.published.fit import refit, write_fit
+from zero_sim.published.report import format_report, published_report, report_json
+from zero_sim.system.run_overheads import FIT_FILE
 
 
 def _calibrate_args(cal) -> None:
@@ -122,6 +124,10 @@ def _validate_args(val) -> None:
     val.add_argument("--points", type=Path, default=None, metavar="FILE",
                      help="with --published: a TOML file of points in the same format as "
                           "zero_sim/published/points.toml (default: that file)")
+    val.add_argument("--refit", action="store_true",
+                     help="with --published: fit the whole-run overhead per GPU generation and the "
+                          "prediction intervals again, leave one source out, and write them "
+                          "(zero_sim/system/run_overheads.json)")
     val.add_argument("--repredict", type=Path, nargs="+", default=None, metavar="FILE",
                      help="predict again, with this code, the cases of validations run with --keep "
                           "(their --json output or a report's validation.json) and print old and new "
@@ -144,8 +150,14 @@ def _validate_args(val) -> None:
 
 
 def _validate_published(args) -> int:
-    verdict = judge(load_points(args.points) if args.points is not None else None)
-    print(json.dumps(verdict.to_dict(), default=str) if args.json else format_table(verdict))
+    if args.refit:
+        if args.points is not None:
+            raise v.ValidationError("--refit fits the shipped table's overheads; leave out --points")
+        fit = refit()
+        write_fit(fit)
+        print(f"wrote {FIT_FILE.name}: overheads {fit['overheads']}, pooled {fit['pooled']:.3f}")
+    report = published_report(args.points)
+    print(json.dumps(report_json(report), default=str) if args.json else format_report(report))
     return 0
 
 

@@ -28,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from zero_sim.confidence import interval_line
 from zero_sim.scenario import ScenarioError, simulate
 from zero_sim.scenario_settings import COMMON
 from zero_sim.strategies import STRATEGIES, all_knobs
@@ -36,6 +37,7 @@ from zero_sim.system.gpus import GPUS
 from zero_sim.system.model_presets import PRESET_SOURCES, preset
 from zero_sim.system.model_presets import PRESETS as MODELS
 from zero_sim.system.nccl_tests import fit_nccl_tests, parse_nccl_tests
+from zero_sim.system.stacks import DEFAULT_STACK, STACKS
 from zero_sim.system.topology import PRESETS as TOPOLOGIES
 from zero_sim.vocabulary.files import InputPathError, OutputPathError, check_output_path, read_text_input
 
@@ -98,11 +100,13 @@ def _human(m: dict) -> str:
     mem = m["memory"]
     ov = m["comm_overlap_fraction"]
     ph = m["phases"]
+    mfu = f", MFU {m['mfu']:.0%}" if m.get("mfu") is not None else ""
     lines = [
         f"{m['strategy']} · {m['model']} ({m['params']:,} params) · "
-        f"{m['gpus']} x {m['gpu']} on {m['topology']}",
+        f"{m['gpus']} x {m['gpu']} on {m['topology']} · stack {m['stack']}",
+        f"  {_verdict(mem)}",
         f"  step            {m['step_time_s'] * 1e3:10.2f} ms   ({m['tokens_per_s']:,.0f} tokens/s, "
-        f"{m['tflops_per_gpu']:.1f} TFLOP/s per GPU)",
+        f"{m['tokens_per_s_per_gpu']:,.0f} per GPU, {m['tflops_per_gpu']:.1f} TFLOP/s per GPU{mfu})",
         f"  compute         {m['compute_time_s'] * 1e3:10.2f} ms",
         f"  exposed comm    {m['exposed_comm_s'] * 1e3:10.2f} ms   (overlap "
         + (f"{ov:.0%}" if ov is not None else "n/a")
@@ -116,10 +120,22 @@ def _human(m: dict) -> str:
         f"peak {mem['peak_bytes'] / 1e9:.2f} GB of tensors, "
         f"{mem['reserved_peak_bytes'] / 1e9:.2f} reserved of {mem['capacity_bytes'] / 1e9:.1f} GB",
     ]
-    if not mem["fits"]:
-        lines.append(f"  DOES NOT FIT: short by {mem['shortfall_bytes'] / 1e9:.2f} GB")
+    if (interval := interval_line(m)) is not None:
+        lines.insert(3, f"  likely range    {interval}")
+    lines += [f"  assumed         {note}" for note in m.get("stack_notes", [])]
     lines += [f"  config          {note}" for note in m.get("config_notes", [])]
     return "\n".join(lines)
+
+
+def _verdict(mem: dict) -> str:
+    """Whether it fits, first: the reserved peak (what must fit) against capacity, the tensors'
+    peak beside it."""
+    held = (f"{mem['reserved_peak_bytes'] / 1e9:.2f} GB reserved of {mem['capacity_bytes'] / 1e9:.1f} GB "
+            f"(tensors' peak {mem['peak_bytes'] / 1e9:.2f} GB)")
+    if mem["fits"]:
+        spare = (mem["capacity_bytes"] - mem["reserved_peak_bytes"]) / 1e9
+        return f"FITS with {spare:.2f} GB to spare: {held}"
+    return f"DOES NOT FIT by {mem['shortfall_bytes'] / 1e9:.2f} GB: {held}"
 
 
 def _simulate(args) -> int:
@@ -186,6 +202,15 @@ def _presets() -> int:
     return 0
 
 
+def _stacks() -> int:
+    """Every software stack, the settings it fills and the default marked; sources in docs/stacks.md."""
+    for stack in STACKS.values():
+        mark = " (default)" if stack.name == DEFAULT_STACK else ""
+        print(f"{stack.name}{mark}: {stack.summary}")
+        print("    " + ", ".join(f"{k}={v}" for k, v in stack.settings().items()))
+    return 0
+
+
 def _fit(args) -> int:
     table = parse_nccl_tests(read_text_input(args.file, "nccl-tests file"), args.collective)
     fit = fit_nccl_tests(table)
@@ -232,6 +257,8 @@ COMMANDS: dict[str, Command] = {
     "simulate": Command("simulate one configuration", _simulate_args, _simulate),
     "presets": Command("list model, topology and GPU presets and strategies", _no_args,
                        lambda _args: _presets()),
+    "stacks": Command("list the software stacks and the settings each fills", _no_args,
+                      lambda _args: _stacks()),
     "fit-nccl-tests": Command("fit latency and bus bandwidth from nccl-tests output", _fit_args, _fit),
     "demo": Command("simulate the default scenario; write a PNG and a trace", _demo_args, _demo),
 }

@@ -409,6 +409,8 @@ def _result(p: Prepared, program: Program, run: RunOutput, scenario: Scenario) -
     metrics |= confidence_fields(metrics, scenario, p.gpu.peak_flops, _modelled_gpu(p.gpu, p.calibration))
     # What a configuration file set, ignored (and why) or had overridden, beside the figures it produced.
     metrics["config_notes"] = reading.notes if reading is not None else []
+    # The stack assumed in one line, then each setting given that overrides it.
+    metrics["stack_notes"] = list(p.stack_notes)
     ops = [r.to_dict() for r in run.records]
     memory = [{"rank": rank, "t_s": t, "category": cat, "bytes": b}
               for rank, events in run.memory.items() for t, cat, b in events]

@@ -200,15 +200,17 @@ def _fmt(v: float | None, metric: str) -> str:
     return f"{v:.3g}" if metric != "step_time_s" else f"{v:.4g}"
 
 
-def format_table(verdict: Verdict) -> str:
-    """The verdict as a plain-text table a terminal shows, then the summaries."""
+def format_table(verdict: Verdict, beside: dict[str, str] | None = None) -> str:
+    """The verdict as a plain-text table a terminal shows (``beside``: text after a point's row),
+    then the summaries."""
     lines = [f"{'point':34} {'metric':20} {'published':>10} {'predicted':>10} {'error':>8}  source"]
     for j in verdict.judged:
         metric = j.point["metric"]
         err = "refused" if j.refusal else f"{j.error:+.1%}"
         flag = " (predicted not to fit)" if j.point.get("ran", True) and j.fits is False else ""
         lines.append(f"{j.id:34.34} {metric:20} {_fmt(j.point['value'], metric):>10} "
-                     f"{_fmt(j.predicted, metric):>10} {err:>8}  {j.point['source'][:60]}{flag}")
+                     f"{_fmt(j.predicted, metric):>10} {err:>8}  {j.point['source'][:60]}{flag}"
+                     f"{(beside or {}).get(j.id, '')}")
     for family, s in verdict.summary.items():
         if s["median_abs_error"] is None:
             lines.append(f"{family}: no points predicted")
