@@ -150,8 +150,11 @@ def test_a_simulated_step_is_longer_eager_and_holds_the_same_memory():
 # --- the setting --------------------------------------------------------------------------------------
 
 
-def test_elementwise_is_a_setting_and_fused_is_the_default():
-    assert resolve().settings.elementwise == "fused"
+def test_elementwise_is_a_setting_and_the_default_stack_runs_eager_chains():
+    # Most training runs eager PyTorch, whose norms and rotary are chains of ATen kernels.
+    assert resolve().settings.elementwise == "eager"
+    assert resolve(stack="torch-compile").settings.elementwise == "fused"
+    assert resolve(stack="torch-compile", elementwise="eager").settings.elementwise == "eager"
     assert "eager element-wise chains" in preset("llama2-7b", elementwise="eager").describe()
     assert "element-wise" not in preset("llama2-7b").describe()
 

@@ -147,8 +147,8 @@ def _with_stack(kwargs: dict) -> tuple[dict, tuple[str, ...]]:
         stack = get_stack(named) if named is not None else (
             STACKS[CPU_STACK] if _cpu_ranks(kwargs) else get_stack(COMMON_DEFAULTS["stack"]))
         strategy = get_strategy(kwargs.get("strategy") or COMMON_DEFAULTS["strategy"])
-    except (StackError, StrategyError):
-        return kwargs, ()  # resolve() refuses the name in its own words
+    except (StackError, StrategyError, TypeError):
+        return kwargs, ()  # resolve() refuses the value in its own words
     filled, overridden = apply_stack(stack, kwargs, {k.name for k in strategy.knobs})
     filled["stack"] = stack.name
     return filled, (f"stack: {stack.name} ({stack.summary})", *overridden)

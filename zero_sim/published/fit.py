@@ -110,6 +110,8 @@ def interval(errors: list[float]) -> dict[str, float]:
     the k-th largest, k = floor((n + 1) x 0.1), holds a new run's error with probability at least
     (n + 1 - 2k) / (n + 1) >= 80% when runs are exchangeable (split-conformal prediction)."""
     ordered = sorted(errors)
+    if not ordered:
+        return {"low": None, "high": None, "runs": 0}
     k = max(1, math.floor((len(ordered) + 1) * LOW_QUANTILE))
     low, high = ordered[k - 1], ordered[len(ordered) - k]
     return {"low": min(low, -MIN_HALF_WIDTH), "high": max(high, MIN_HALF_WIDTH), "runs": len(errors)}
@@ -121,11 +123,13 @@ def coverage(rows: list[Row], errors: list[float]) -> float:
     for i, r in enumerate(rows):
         others = [e for j, e in enumerate(errors) if rows[j].source != r.source]
         band = interval(others)
-        inside += band["low"] <= errors[i] <= band["high"]
+        inside += bool(others) and band["low"] <= errors[i] <= band["high"]
     return inside / len(rows) if rows else 0.0
 
 
 def summary(errors: list[float]) -> dict[str, float]:
+    if not errors:
+        return {"points": 0, "median_abs_error": None, "p90_abs_error": None, "too_fast": 0, "too_slow": 0}
     absolute = sorted(abs(e) for e in errors)
     p90 = absolute[min(len(absolute) - 1, math.ceil(0.9 * len(absolute)) - 1)]
     return {"points": len(errors), "median_abs_error": statistics.median(absolute), "p90_abs_error": p90,

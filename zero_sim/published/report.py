@@ -40,6 +40,8 @@ def published_report(path=None) -> dict:
 
 
 def _line(name: str, s: dict) -> str:
+    if s["median_abs_error"] is None:
+        return f"  {name:40} no training run predicted"
     return (f"  {name:40} median |error| {s['median_abs_error']:5.1%}, 90th percentile "
             f"{s['p90_abs_error']:5.1%}; {s['too_fast']} of {s['points']} too fast, {s['too_slow']} too slow")
 
@@ -57,14 +59,17 @@ def format_report(report: dict) -> str:
     lines.append(f"whole-run overhead on compute: {overheads} (pooled {report['overheads']['pooled']:.3f}, "
                  f"for generations with no published run)")
     for group, band in report["intervals"].items():
+        if band["low"] is None:
+            continue
         lines.append(f"80% interval, {group}: predicted speed {band['low']:+.0%} to {band['high']:+.0%} of "
                      f"published; coverage without each point's source {report['coverage'][group]:.0%}")
     for mode in ("stack", "configured"):
         lines.append(f"ranking, {words[mode]}:")
         lines += ["  " + line for line in format_ranking(report["ranking"][mode])]
     time = report["modes"]["configured"]["time"]
-    lines.append(f"every time point (collectives too), as configured: {time['predicted']} points, median "
-                 f"|error| {time['median_abs_error']:.1%}, 90th percentile {time['p90_abs_error']:.1%}")
+    if time["median_abs_error"] is not None:
+        lines.append(f"every time point (collectives too), as configured: {time['predicted']} points, median "
+                     f"|error| {time['median_abs_error']:.1%}, 90th percentile {time['p90_abs_error']:.1%}")
     memory = report["modes"]["configured"]["memory"]
     if memory["median_abs_error"] is not None:
         lines.append(f"memory, as configured: {memory['predicted']} points, median |error| "
