@@ -154,7 +154,13 @@ class Engine:
             for op in self.program.ops:
                 issue = default_issue if op.host_s is None else op.host_s
                 if issue > 0:
+                    start = env.now
                     yield env.timeout(issue)
+                    if op.host_s and op.kind == "compute":
+                        # A modelled launch cost (eager Python issuing the layer's kernels) is drawn
+                        # on the host lane, so a host falling behind its GPU shows on the timeline.
+                        self.records.append(OpRecord(rank, HOST, f"launch {op.name}", start, env.now, 0.0,
+                                                     op.layer, op.phase, step, "host"))
                 if op.kind == "sync":
                     start = env.now
                     yield from self._waits(rank, step, op)
