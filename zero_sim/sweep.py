@@ -31,8 +31,10 @@ def summary_row(result) -> dict:
     m = result.metrics
     mem = m["memory"]
     ov = m["comm_overlap_fraction"]
+    band = m.get("tokens_per_s_interval") or (None, None)
     return {
         "params": m["params"],
+        "stack": m.get("stack"),
         "step_ms": m["step_time_s"] * 1e3,
         "compute_ms": m["compute_time_s"] * 1e3,
         "exposed_comm_ms": m["exposed_comm_s"] * 1e3,
@@ -44,12 +46,16 @@ def summary_row(result) -> dict:
         "optimizer_update_ms": m["phases"]["optimizer_update_s"] * 1e3,
         "tflops_per_gpu": m["tflops_per_gpu"],
         "tokens_per_s": m["tokens_per_s"],
+        "tokens_per_s_low": band[0],  # the 80% interval (zero_sim.confidence); None where none applies
+        "tokens_per_s_high": band[1],
+        "mfu": m.get("mfu"),
         "comm_GB": m["comm_volume_bytes"] / GB,
         "collectives": m.get("collectives_per_step"),
         "model_states_GB": mem["model_states_bytes"] / GB,
         "activations_GB": mem["activations_bytes"] / GB,
         "buffers_GB": mem["buffers_bytes"] / GB,
-        "peak_GB": mem["peak_bytes"] / GB,
+        "peak_GB": mem["peak_bytes"] / GB,  # the tensors' peak (torch.cuda.max_memory_allocated)
+        "reserved_GB": mem["reserved_peak_bytes"] / GB,  # what must fit: the one definition of "fits"
         "capacity_GB": mem["capacity_bytes"] / GB,
         "fits": mem["fits"],
     }

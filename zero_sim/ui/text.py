@@ -46,9 +46,20 @@ def metrics_text(m: Mapping[str, Any]) -> str:
     return (f"step time {format_ms(m['step_time_s'])} · compute {format_ms(m['compute_time_s'])} · "
             f"exposed comm {format_ms(m['exposed_comm_s'])} · overlap {overlap} · "
             f"{optimizer_text(m['phases'])} · "
-            f"{m['tflops_per_gpu']:.1f} TFLOP/s per GPU · "
-            f"peak memory {format_gb(mem['peak_bytes'])} of {format_gb(mem['capacity_bytes'])}, "
-            f"{_fit_text(mem)}")
+            f"{m['tflops_per_gpu']:.1f} TFLOP/s per GPU{_likely(m)} · "
+            f"memory {_memory(mem)}, {_fit_text(mem)} · stack {m.get('stack', '?')}")
+
+
+def _memory(mem: Mapping[str, Any]) -> str:
+    """What "fits" compares, the reserved figure against capacity, with the tensors' peak beside."""
+    return (f"{format_gb(mem['reserved_peak_bytes'])} reserved of {format_gb(mem['capacity_bytes'])} "
+            f"(peak memory of tensors {format_gb(mem['peak_bytes'])})")
+
+
+def _likely(m: Mapping[str, Any]) -> str:
+    """The 80% interval of throughput per GPU, where one applies (zero_sim.confidence)."""
+    band = m.get("tokens_per_s_per_gpu_interval")
+    return f" · likely {band[0]:,.0f}-{band[1]:,.0f} tokens/s per GPU (80%)" if band else ""
 
 
 def metrics_html(m: Mapping[str, Any]) -> str:
@@ -64,8 +75,11 @@ def metrics_html(m: Mapping[str, Any]) -> str:
         ("overlap", "n/a" if ov is None else f"{ov:.0%}"),
         (name, value),
         ("TFLOP/s per GPU", f"{m['tflops_per_gpu']:.1f}"),
-        ("peak memory", f"{format_gb(mem['peak_bytes'])} of {format_gb(mem['capacity_bytes'])}"),
+        ("memory", _memory(mem)),
+        ("stack", str(m.get("stack", "?"))),
     ]
+    if band := m.get("tokens_per_s_per_gpu_interval"):
+        cells.insert(6, ("likely tokens/s per GPU", f"{band[0]:,.0f}-{band[1]:,.0f} (80% interval)"))
     items = "".join(f"<span style='margin-right:1.4em'><b class='zs-metric-name'>{k}</b> "
                     f"<span class='zs-metric-value'>{html.escape(v)}</span></span>" for k, v in cells)
     return (f"<div style='font-size:1.05em;line-height:1.6'>{items}"

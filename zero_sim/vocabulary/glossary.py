@@ -168,11 +168,16 @@ SECTIONS: tuple[tuple[str, str, tuple[Entry, ...]], ...] = (
            "buffer", "communication buffer"),
         _e("HBM", """the GPU's own memory (high-bandwidth memory): 40 or 80 GB on an A100, 80 GB on an
            H100. Everything in this glossary's memory section lives in it."""),
-        _e("capacity", """the GPU memory the simulator compares the peak against (`capacity_GB`): the
-           GPU's HBM as sold, in binary gigabytes (an "80 GB" A100 holds 80 × 2³⁰ bytes, 85.9 GB).
-           A scenario *fits* when its peak is within it.""", "memory capacity"),
-        _e("peak memory", """the most memory in use at any moment of the step: model states,
-           activations and buffers together (`peak_GB`).""", "peak"),
+        _e("capacity", """the GPU memory the simulator compares the [reserved memory](#reserved-memory)
+           against (`capacity_GB`): what torch reports as the GPU's total memory. A scenario *fits*
+           when its reserved memory is within it.""", "memory capacity"),
+        _e("peak memory", """the most memory the step's tensors hold at any moment: model states,
+           activations and buffers together (`peak_GB`, what `torch.cuda.max_memory_allocated`
+           reports).""", "peak"),
+        _e("reserved memory", """what the GPU must actually hold: the [peak memory](#peak-memory) of the
+           tensors, plus what PyTorch's caching allocator keeps reserved beside them, plus the CUDA and
+           NCCL context (`reserved_GB`). It is what *fits* compares with the
+           [capacity](#capacity).""", "reserved"),
         _e("TFLOP/s", """10¹² floating-point operations per second, per GPU. *Useful* TFLOP/s (the
            simulator's `tflops_per_gpu`) counts the work the model needs, about
            6 × parameters × tokens per step (2 forward, 4 backward) plus attention, divided by the step
@@ -180,6 +185,9 @@ SECTIONS: tuple[tuple[str, str, tuple[Entry, ...]], ...] = (
            forward pass recomputed under [activation checkpointing](#activation-checkpointing), so it
            is higher for the same step. Published figures often quote hardware TFLOP/s.""",
            "TFLOP", "TFLOPS", "FLOP", "model FLOP", "hardware FLOP", anchor="tflops"),
+        _e("MFU", """model FLOPs utilisation: useful [TFLOP/s](#tflops) over the GPU's peak (dense bf16).
+           Well-tuned large-model training reaches 40-60%.""", "model FLOPs utilisation",
+           case_sensitive=True),
     )),
     ("Strategies", "Ways of training one model on many GPUs, and the words they share.", (
         _e("rank", """one training process, numbered 0..N-1; on GPUs one rank per GPU, in CPU real runs
@@ -298,6 +306,15 @@ SECTIONS: tuple[tuple[str, str, tuple[Entry, ...]], ...] = (
            see [calibration.md](calibration.md)."""),
         _e("emulated cluster", """ranks on one Linux machine whose traffic crosses links throttled to a
            chosen rate by `tc`; see [emulated-cluster.md](emulated-cluster.md)."""),
+        _e("software stack", """the software a run trains with, as one name (`--stack`): which attention
+           kernel, whether norms and rotary embeddings are fused, FSDP1 or FSDP2, and how long Python
+           takes to launch each kernel; see [stacks.md](stacks.md)."""),
+        _e("host-bound", """a step whose GPU waits for the CPU: Python launches kernels more slowly than
+           the GPU runs them (small models, small [micro-batches](#micro-batch), fast GPUs).""",
+           "host bound"),
+        _e("prediction interval", """the range in which runs like the predicted one came in: here, where
+           80% of published runs fell around their predictions (`tokens_per_s_interval`).""",
+           "likely range"),
     )),
 )
 

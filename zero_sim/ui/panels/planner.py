@@ -3,7 +3,8 @@
 The search itself is :func:`zero_sim.planner.plan`; this panel adds the controls, a
 progress bar over the candidates, a one-paragraph verdict (the fastest candidate that
 fits, or how far the leanest one is from fitting), the ranked table, and a chart of every
-candidate's peak memory against its step time.  Planning simulates dozens of scenarios,
+candidate's reserved memory (what must fit, one definition for table, chart and text) against
+its step time.  Planning simulates dozens of scenarios,
 so it runs when the reader presses **plan**, not on every control change.
 
 The controls offer only what every strategy can run (:mod:`zero_sim.ui.offers`): the GPU
@@ -36,8 +37,9 @@ def _bar(total: int):
 
     return tqdm(total=total, desc="candidates", display=False)
 
-TABLE_COLUMNS = ["strategy", "knobs", "recompute", "outcome", "step_ms", "exposed_comm_ms", "tokens_per_s",
-                 "tflops_per_gpu", "peak_GB", "model_states_GB", "activations_GB", "error"]
+TABLE_COLUMNS = ["strategy", "knobs", "recompute", "outcome", "too_close_to_call", "step_ms",
+                 "exposed_comm_ms", "tokens_per_s", "tokens_per_s_low", "tokens_per_s_high", "mfu",
+                 "reserved_GB", "peak_GB", "model_states_GB", "activations_GB", "error"]
 
 
 class Planner(Panel):
@@ -128,15 +130,22 @@ class Planner(Panel):
             return error_html(self.error)
         counts = tally(df)
         if best is None:
-            least = df.dropna(subset=["peak_GB"]).sort_values("peak_GB").iloc[0]
+            least = df.dropna(subset=["reserved_GB"]).sort_values("reserved_GB").iloc[0]
             return (f"<b>nothing fits</b> ({html.escape(counts)}): the leanest candidate "
                     f"({least['strategy']}, {least['knobs']}, recompute {least['recompute']}) still needs "
-                    f"{least['peak_GB']:.1f} GB of {least['capacity_GB']:.1f} GB. "
+                    f"{least['reserved_GB']:.1f} GB reserved of {least['capacity_GB']:.1f} GB. "
                     f"Try more GPUs, a smaller micro-batch, or a bigger GPU.")
+        close = int(df["too_close_to_call"].sum()) - 1 if "too_close_to_call" in df else 0
+        rivals = (f"; {close} other{'s' if close != 1 else ''} within 5% of it, too close to call"
+                  if close > 0 else "")
+        low, high = best.get("tokens_per_s_low"), best.get("tokens_per_s_high")
+        known = low is not None and high is not None and low == low  # NaN where no interval applies
+        likely = f" (likely {low:,.0f}-{high:,.0f})" if known else ""
         return (f"{html.escape(counts)}. Fastest that fits: "
                 f"<b>{best['strategy']}</b> ({best['knobs']}, recompute {best['recompute']}): "
-                f"step {best['step_ms']:.1f} ms, {best['tokens_per_s']:,.0f} tokens/s, "
-                f"peak {best['peak_GB']:.1f} of {best['capacity_GB']:.1f} GB")
+                f"step {best['step_ms']:.1f} ms, {best['tokens_per_s']:,.0f} tokens/s{likely}, "
+                f"{best['reserved_GB']:.1f} GB reserved of {best['capacity_GB']:.1f} GB{rivals}. "
+                f"Stack: {best['stack']}.")
 
     def _chart(self, best):
         from matplotlib.lines import Line2D
@@ -153,8 +162,8 @@ class Planner(Panel):
         for name in names:
             group, color = ok[ok["strategy"] == name], strategy_color(name)
             fit, nofit = group[group["fits"]], group[~group["fits"]]
-            ax.scatter(fit["peak_GB"], fit["step_ms"], color=color, s=30)
-            ax.scatter(nofit["peak_GB"], nofit["step_ms"], facecolors="none", edgecolors=color, s=30)
+            ax.scatter(fit["reserved_GB"], fit["step_ms"], color=color, s=30)
+            ax.scatter(nofit["reserved_GB"], nofit["step_ms"], facecolors="none", edgecolors=color, s=30)
             handles.append(Line2D([], [], marker="o", linestyle="", color=color, label=name))
         grey = "#555555"
         handles += [Line2D([], [], marker="o", linestyle="", color=grey, label="filled: fits"),
@@ -164,9 +173,10 @@ class Planner(Panel):
             ax.axvline(ok["capacity_GB"].iloc[0], color="black", linestyle="--", linewidth=1)
             handles.append(Line2D([], [], color="black", linestyle="--", linewidth=1, label="GPU memory"))
         if best is not None:
-            ax.annotate("fastest that fits", (best["peak_GB"], best["step_ms"]), xytext=(10, 10),
+            ax.annotate("fastest that fits", (best["reserved_GB"], best["step_ms"]), xytext=(10, 10),
                         textcoords="offset points", fontsize=8, arrowprops={"arrowstyle": "->"})
-        ax.set_xlabel("peak memory per GPU (GB)")
+        # The chart plots what "fits" compares: the reserved figure against the GPU's memory.
+        ax.set_xlabel("reserved memory per GPU (GB): tensors' peak + allocator reserve + context")
         ax.set_ylabel("step time (ms)")
         ax.set_title(f"{s['model']} on {s['gpus']} GPUs, {s['topology']}: every candidate that runs",
                      fontsize=10)
