@@ -63,12 +63,19 @@ def _add_setting(parser, name: str, default, help_text: str, kind: type, choices
 
 def _add_simulate_flags(parser) -> None:
     for s in COMMON:
-        # A setting with its own parser (--params 7.5B) reaches the schema as the text typed.
-        _add_setting(parser, s.name, s.default, s.help, str if s.parse else s.kind, s.choices)
+        # A setting with its own parser (--params 7.5B) reaches the schema as the text typed; a
+        # preset name (--gpu) too, so that simulate() matches it without regard to case.
+        choices = None if s.name in CASE_FREE else s.choices
+        help_text = f"{s.help}: one of {', '.join(s.choices)}" if s.name in CASE_FREE else s.help
+        _add_setting(parser, s.name, s.default, help_text, str if s.parse else s.kind, choices)
     for name, owners in sorted(all_knobs().items()):
         knob = owners[0][1]
         which = ", ".join(sorted({o for o, _ in owners}))
         _add_setting(parser, name, knob.default, f"[{which}] {knob.help}", knob.kind, knob.choices)
+
+
+# Settings whose values are preset names, matched case-insensitively by simulate() (zero_sim.names).
+CASE_FREE = ("gpu",)
 
 
 def _simulate_args(sim) -> None:
@@ -122,6 +129,7 @@ def _human(m: dict) -> str:
     ]
     if (interval := interval_line(m)) is not None:
         lines.insert(3, f"  likely range    {interval}")
+    lines.append(f"  cluster         {m['cluster']}")
     lines += [f"  assumed         {note}" for note in m.get("stack_notes", [])]
     lines += [f"  config          {note}" for note in m.get("config_notes", [])]
     return "\n".join(lines)

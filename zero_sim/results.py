@@ -171,6 +171,7 @@ def compute_metrics(run, program, scenario: Scenario, world_size: int, tokens_pe
         "gpus": world_size,
         "model": scenario.workload.model,
         "topology": scenario.cluster.topology,
+        "cluster": scenario.cluster.topology_description,  # every link class as simulated
         "gpu": scenario.cluster.gpu,
         "backend": scenario.cluster.backend,
         "step_time_s": step_time,

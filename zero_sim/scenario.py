@@ -27,6 +27,7 @@ from zero_sim.engine.gpu_device import GpuDevice
 from zero_sim.engine.program import Program
 from zero_sim.engine.run_types import EngineConfig, RunOutput, Straggler
 from zero_sim.engine.shared_cores import SharedCores
+from zero_sim.names import NameError_, canonical
 from zero_sim.results import SimResult, allocator_reserve, compute_metrics, context_gb
 from zero_sim.scenario_settings import (
     COMMON,
@@ -38,7 +39,7 @@ from zero_sim.scenario_settings import (
 )
 from zero_sim.scenario_types import Scenario
 from zero_sim.settings import ScenarioError, check_settings
-from zero_sim.strategies import PRECISIONS, Context, all_knobs, get_strategy
+from zero_sim.strategies import PRECISIONS, STRATEGIES, Context, all_knobs, get_strategy
 from zero_sim.strategies.base import Precision, Strategy, StrategyError
 from zero_sim.system.collectives import CollectiveModel
 from zero_sim.system.gpt_layers import gpt_workload
@@ -157,14 +158,28 @@ def _with_stack(kwargs: dict) -> tuple[dict, tuple[str, ...]]:
 COMMON_DEFAULTS = {s.name: s.default for s in COMMON}
 
 
+def _canonical_names(kwargs: dict) -> dict:
+    """Preset names as typed, matched without regard to case; a near miss refused with the name
+    it was probably meant to be (:mod:`zero_sim.names`)."""
+    tables = {"strategy": (STRATEGIES, "strategy", ""), "gpu": (GPUS, "GPU", ""),
+              "stack": (STACKS, "stack", ""), "topology": ([*TOPOLOGIES, "calibrated"], "topology", "")}
+    if kwargs.get("params") is None:
+        tables["model"] = (PRESETS, "model preset", " or give --params N")
+    out = dict(kwargs)
+    for key, (names, what, hint) in tables.items():
+        value = out.get(key)
+        if isinstance(value, str):
+            try:
+                out[key] = canonical(value, names, what, hint)
+            except NameError_ as exc:
+                raise ScenarioError(str(exc)) from None
+    return out
+
+
 def resolve(**kwargs) -> Resolved:
     """Fill the stack's settings and the defaults, split common settings from strategy knobs,
     and check both against the schema (:mod:`zero_sim.settings`); None means "not given"."""
-    if kwargs.get("stack") is not None:
-        try:
-            get_stack(kwargs["stack"])
-        except StackError as exc:
-            raise ScenarioError(str(exc)) from None
+    kwargs = _canonical_names(kwargs)
     stack_given = kwargs.get("stack") is not None
     kwargs, stack_notes = _with_stack(kwargs)
     common = check_settings(COMMON, {k: v for k, v in kwargs.items() if k in COMMON_NAMES})
@@ -237,8 +252,15 @@ def _topology(s: CommonSettings, calibration: Calibration | None) -> Topology:
         topo = build_topology(spec, s.gpus, s.gpus_per_node)
     except ValueError as exc:
         raise ScenarioError(str(exc)) from None
+    if s.bandwidth_gbps is not None and s.node_bandwidth_gbps is not None:
+        raise ScenarioError("--bandwidth-gbps sets each NIC and --node-bandwidth-gbps the whole node's; "
+                            "give one of them")
     if s.bandwidth_gbps is not None:
         topo = topo.with_bandwidth(s.bandwidth_gbps)
+    elif s.node_bandwidth_gbps is not None:
+        # A node's bandwidth is shared evenly by its NICs (one rail each on a rail-optimised fabric).
+        nics = topo.nics if topo.bottleneck_kind() == "nic" else 1
+        topo = topo.with_bandwidth(s.node_bandwidth_gbps / nics)
     return topo
 
 

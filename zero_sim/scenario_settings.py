@@ -62,8 +62,11 @@ COMMON: tuple[Setting, ...] = (
     Setting("topology", "dgx-a100", "topology preset (see `zero-sim presets`), or 'calibrated' for the "
             "calibration file's imported topology", str, section="cluster"),
     Setting("gpu", None, "GPU model (default: the topology's)", str, tuple(GPUS), section="cluster"),
-    Setting("bandwidth_gbps", None, "override the bottleneck link's bandwidth, in Gbit/s", float,
-            gt=0, le=1e7, section="cluster"),
+    Setting("bandwidth_gbps", None, "override each bottleneck link's bandwidth in Gbit/s: on a multi-NIC "
+            "node each NIC's (dgx-a100: 8 NICs, so 400 here is 3,200 Gbit/s per node); the output's cluster "
+            "line shows every link class as used", float, gt=0, le=1e7, section="cluster"),
+    Setting("node_bandwidth_gbps", None, "override the network bandwidth of a whole node in Gbit/s, split "
+            "evenly over its NICs (instead of --bandwidth-gbps)", float, gt=0, le=1e8, section="cluster"),
     Setting("backend", "nccl", "collective library", str, tuple(BACKENDS), section="cluster"),
     Setting("algorithm", "auto", "collective algorithm", str, ALGORITHMS, section="cluster"),
     Setting("precision", "mixed", "mixed (bf16 + fp32 Adam, K=12) or fp32 (K=8)", str, tuple(PRECISIONS),

@@ -24,8 +24,9 @@ Every choice carries its source in ``sources``; docs/stacks.md tabulates them.
 
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass, field
+
+from zero_sim.names import NameError_, canonical
 
 # Host time per dispatched op in eager PyTorch: the middle of the 5-25 us that walkthroughs of
 # the Python -> dispatcher -> cudaLaunchKernel path give (zero_sim.system.host_costs).
@@ -146,12 +147,10 @@ class StackError(ValueError):
 
 def get_stack(name: str) -> Stack:
     """The stack called ``name`` (case-insensitive); one sentence naming the known ones otherwise."""
-    key = str(name).strip().lower()
-    if key in STACKS:
-        return STACKS[key]
-    near = difflib.get_close_matches(key, STACKS, n=1)
-    hint = f"did you mean {near[0]!r}? " if near else ""
-    raise StackError(f"unknown stack {name!r}; {hint}choose one of {', '.join(STACKS)}")
+    try:
+        return STACKS[canonical(name, STACKS, "stack")]
+    except NameError_ as exc:
+        raise StackError(str(exc)) from None
 
 
 def apply_stack(stack: Stack, given: dict[str, object], strategy_knobs: set[str]) -> tuple[dict, list[str]]:

@@ -112,7 +112,9 @@ class Topology:
             counts[link.kind] = counts.get(link.kind, 0) + 1
         parts = []
         for k, link in kinds.items():
-            per_node = (f" x {self.nics} per node" if k == "nic" and self.nics > 1 else "")
+            node_gbit = link.capacity * self.nics * 8 / 1e9
+            per_node = (f" x {self.nics} per node ({node_gbit:,.0f} Gbit/s per node)"
+                        if k == "nic" and self.nics > 1 else "")
             parts.append(f"{k} {link.capacity / GBps:.1f} GB/s{' shared' if link.shared else ''}{per_node}, "
                          f"{link.latency / US:.0f} us")
         return f"{self.name}: {self.nodes} node(s) x {self.ranks_per_node} GPU(s); " + "; ".join(parts)
