@@ -14,6 +14,7 @@ bar the caller made (anything with ``update``, such as a ``tqdm``) is advanced.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 import pandas as pd
@@ -61,15 +62,33 @@ def summary_row(result) -> dict:
     }
 
 
+def simulate_row(scenario: Mapping[str, Any]) -> dict:
+    """One scenario's row: its keywords, then its figures or the sentence that refused it.
+    A top-level function, so that a process pool or a Dask worker can run it."""
+    s = dict(scenario)
+    try:
+        return s | summary_row(simulate(**s)) | {"error": None}
+    except (ScenarioError, ValueError) as exc:
+        return s | {"error": str(exc)}
+
+
 def sweep(scenarios: Iterable[Mapping[str, Any]], progress: Progress = None,
-          description: str = "simulating") -> pd.DataFrame:
+          description: str = "simulating", executor: Any = None) -> pd.DataFrame:
     """Simulate each scenario (a dict of ``simulate()`` keywords) into one pandas frame.
 
     Each row holds the scenario's keywords, then :func:`summary_row`'s metrics; a refused
     scenario gets its sentence in ``error`` instead of metrics.  ``progress`` says how to
     report each finished scenario (see :data:`Progress`); ``description`` labels its own bar.
+    ``executor`` (a :class:`concurrent.futures.Executor`, :mod:`zero_sim.executors`) runs them
+    elsewhere; rows keep the scenarios' order.
     """
     scenarios = [dict(s) for s in scenarios]
+    return pd.DataFrame(run_rows(scenarios, progress, description, executor))
+
+
+def run_rows(scenarios: list[dict], progress: Progress = None, description: str = "simulating",
+             executor: Any = None) -> list[dict]:
+    """:func:`simulate_row` of each scenario, here or on ``executor``, reporting progress."""
     own_bar = progress is True
     if own_bar:
         from tqdm.auto import tqdm
@@ -77,12 +96,13 @@ def sweep(scenarios: Iterable[Mapping[str, Any]], progress: Progress = None,
         progress = tqdm(total=len(scenarios), desc=description, unit="scenario")
     elif progress is False:
         progress = None
+    if executor is None:
+        results = map(simulate_row, scenarios)
+    else:  # a process pool sends scenarios in small batches; other executors take them one by one
+        batch = {"chunksize": 4} if isinstance(executor, ProcessPoolExecutor) else {}
+        results = executor.map(simulate_row, scenarios, **batch)
     rows = []
-    for done, s in enumerate(scenarios, start=1):
-        try:
-            row = dict(s) | summary_row(simulate(**s)) | {"error": None}
-        except (ScenarioError, ValueError) as exc:
-            row = dict(s) | {"error": str(exc)}
+    for done, row in enumerate(results, start=1):
         rows.append(row)
         if callable(progress):
             progress(done, len(scenarios))
@@ -90,7 +110,7 @@ def sweep(scenarios: Iterable[Mapping[str, Any]], progress: Progress = None,
             progress.update(1)
     if own_bar:
         progress.close()
-    return pd.DataFrame(rows)
+    return rows
 
 
-__all__ = ["Progress", "summary_row", "sweep"]
+__all__ = ["Progress", "run_rows", "simulate_row", "summary_row", "sweep"]

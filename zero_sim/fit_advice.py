@@ -1,0 +1,68 @@
+"""When a scenario does not fit: the smallest change that would, found by trying them in order.
+
+The changes, cheapest for the run first: activation recompute (``full`` keeps one input per
+block), a smaller micro-batch (halved down to 1; with a fixed global batch the accumulation
+grows to match), a sharded strategy (``fsdp``, then ``zero3``), more GPUs of the same kind
+(doubling, up to 16 times as many), then a GPU with more memory.  Each try is first checked
+against the memory bound (:mod:`zero_sim.plan_bounds`) and only simulated when it might fit;
+the first that fits is the answer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from zero_sim.plan_bounds import bounds
+from zero_sim.scenario import ScenarioError, simulate
+from zero_sim.scenario_settings import MAX_GPUS
+from zero_sim.system.gpus import GPUS
+
+SHARDED = ("fsdp", "zero3")
+MORE_GPUS = (2, 4, 8, 16)
+
+
+def _tries(s: dict, capacity: float) -> Iterator[tuple[str, dict]]:
+    """(what changes, the changed scenario), in the order they are tried."""
+    if s.get("recompute", "none") != "full":
+        yield "--recompute full", s | {"recompute": "full"}
+    micro = s.get("micro_batch", 8)
+    while micro > 1:
+        micro //= 2
+        accum = s.get("grad_accum", 1) * s.get("micro_batch", 8) // micro
+        yield f"--micro-batch {micro} --grad-accum {accum} --recompute full", s | {"micro_batch": micro, "grad_accum": accum,
+                                                                   "recompute": "full"}
+    for strategy in SHARDED:
+        if s.get("strategy", "ddp") not in SHARDED:
+            yield f"--strategy {strategy} --recompute full", s | {"strategy": strategy, "recompute": "full"}
+    gpus = s.get("gpus", 8)
+    base = s | {"strategy": "fsdp" if s.get("strategy", "ddp") not in SHARDED else s["strategy"],
+                "recompute": "full"}
+    for factor in MORE_GPUS:
+        if gpus * factor <= MAX_GPUS:
+            yield f"--gpus {gpus * factor} (--strategy {base['strategy']} --recompute full)", \
+                base | {"gpus": gpus * factor}
+    for name, gpu in sorted(GPUS.items(), key=lambda kv: kv[1].hbm_bytes):
+        if gpu.hbm_bytes > capacity and gpu.profile is not None:
+            yield f"--gpu {name} (--strategy {base['strategy']} --recompute full)", base | {"gpu": name}
+
+
+def first_change_that_fits(scenario: dict) -> tuple[str, float] | None:
+    """The first change (as flags) under which ``scenario`` fits, and the GB it leaves spare;
+    None when none of the changes fits."""
+    try:
+        capacity = bounds(**scenario).capacity_bytes
+    except (ScenarioError, ValueError):
+        return None
+    for words, changed in _tries(dict(scenario), capacity):
+        try:
+            if bounds(**changed).cannot_fit:
+                continue
+            mem = simulate(**changed, steps=1).metrics["memory"]
+        except (ScenarioError, ValueError):
+            continue
+        if mem["fits"]:
+            return words, (mem["capacity_bytes"] - mem["reserved_peak_bytes"]) / 1e9
+    return None
+
+
+__all__ = ["first_change_that_fits"]

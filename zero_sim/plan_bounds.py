@@ -1,0 +1,68 @@
+"""What a candidate cannot beat, known before it is simulated: the planner's pre-filter.
+
+Building a candidate's program takes a few milliseconds; running it on the engine takes ten
+times that or more.  Two bounds read off the program let a search skip most of the engine runs
+without changing its answer:
+
+* **memory, from below.** No strategy frees an activation before backward, so when the last
+  forward of a micro-step ends every saved activation is allocated on top of the model states
+  that stay across steps: the tensors' peak is at least ``resident + saved activations``, and
+  the reserved peak (what must fit) at least that with the allocator's reserve and the context
+  added (the same rule :mod:`zero_sim.results` applies).  A candidate whose bound exceeds the
+  GPU's memory cannot fit, and is not simulated.
+* **time, from below.** The compute stream runs one op at a time, so a steady step takes at
+  least the sum of its compute ops; throughput per GPU is at most the step's tokens over that.
+  A candidate whose best possible throughput (all its GPUs together), with :data:`MARGIN` to
+  spare (a step's window may clip compute that ran ahead into the step before), is below the
+  K-th fastest found so far cannot enter the top K, and is not simulated.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from zero_sim.results import allocator_reserve, context_gb
+from zero_sim.scenario import _program, prepare
+
+# Slack on the time bound: a candidate is pruned only when even this much faster than its bound
+# it would not reach the top K.
+MARGIN = 0.10
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """A candidate's bounds: reserved memory from below, throughput per GPU from above."""
+
+    reserved_low_bytes: float
+    capacity_bytes: float
+    tokens_per_s_per_gpu_high: float
+    gpus: int
+
+    @property
+    def tokens_per_s_high(self) -> float:
+        return self.tokens_per_s_per_gpu_high * self.gpus
+
+    @property
+    def cannot_fit(self) -> bool:
+        return self.reserved_low_bytes > self.capacity_bytes
+
+    def cannot_reach(self, kth_best_tokens_per_s: float) -> bool:
+        return self.tokens_per_s_high * (1.0 + MARGIN) < kth_best_tokens_per_s
+
+
+def bounds(**scenario) -> Bounds:
+    """The bounds of one ``simulate()`` scenario; refusals raise as :func:`zero_sim.simulate` does."""
+    p = prepare(**scenario)
+    program = _program(p)
+    s, workload = p.settings, p.workload
+    saved = sum(layer.checkpointed_activation_bytes for layer in workload.layers)
+    peak_low = sum(program.resident.values()) + saved
+    reserve = allocator_reserve(workload.recompute, s.allocator_reserve)
+    reserved_low = peak_low * (1.0 + reserve) + context_gb(p.gpu.name, s.cuda_context_gb) * 1e9
+    compute = sum(op.seconds for op in program.ops if op.kind == "compute")
+    tokens = workload.tokens_per_micro_batch * s.grad_accum  # per GPU per step
+    high = tokens / compute if compute > 0 else float("inf")
+    return Bounds(reserved_low, float(p.gpu.hbm_bytes), high, s.gpus)
+
+
+__all__ = ["MARGIN", "Bounds", "bounds"]
