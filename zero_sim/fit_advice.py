@@ -29,8 +29,8 @@ def _tries(s: dict, capacity: float) -> Iterator[tuple[str, dict]]:
     while micro > 1:
         micro //= 2
         accum = s.get("grad_accum", 1) * s.get("micro_batch", 8) // micro
-        yield f"--micro-batch {micro} --grad-accum {accum} --recompute full", s | {"micro_batch": micro, "grad_accum": accum,
-                                                                   "recompute": "full"}
+        smaller = {"micro_batch": micro, "grad_accum": accum, "recompute": "full"}
+        yield f"--micro-batch {micro} --grad-accum {accum} --recompute full", s | smaller
     for strategy in SHARDED:
         if s.get("strategy", "ddp") not in SHARDED:
             yield f"--strategy {strategy} --recompute full", s | {"strategy": strategy, "recompute": "full"}
