@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from zero_sim.confidence import interval_line
+from zero_sim.plan_cli import plan_args, run_plan
 from zero_sim.scenario import ScenarioError, simulate
 from zero_sim.scenario_settings import COMMON
 from zero_sim.strategies import STRATEGIES, all_knobs
@@ -265,6 +266,8 @@ COMMANDS: dict[str, Command] = {
     "simulate": Command("simulate one configuration", _simulate_args, _simulate),
     "presets": Command("list model, topology and GPU presets and strategies", _no_args,
                        lambda _args: _presets()),
+    "plan": Command("rank every strategy, knob, micro-batch and GPU count that fits a model on a cluster",
+                    plan_args, run_plan),
     "stacks": Command("list the software stacks and the settings each fills", _no_args,
                       lambda _args: _stacks()),
     "fit-nccl-tests": Command("fit latency and bus bandwidth from nccl-tests output", _fit_args, _fit),

@@ -22,6 +22,7 @@ a search with every candidate simulated), so the top K is the same as simulating
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 import pandas as pd
@@ -69,14 +70,25 @@ def search_space(base: dict[str, Any], gpus: Sequence[int], micro_batches: Seque
     return space
 
 
-def _bounded(space: list[dict]) -> tuple[list[dict], list[tuple[Any, dict]]]:
+def bound_or_refusal(scenario: dict) -> Any:
+    """A candidate's bounds, or the sentence refusing it (top-level, for process pools)."""
+    try:
+        return bounds(**scenario)
+    except (ScenarioError, ValueError) as exc:
+        return str(exc)
+
+
+def _bounded(space: list[dict], executor: Any) -> tuple[list[dict], list[tuple[Any, dict]]]:
     """Rows settled by their bounds alone, and the (bounds, scenario) pairs left to simulate."""
     settled, open_ = [], []
-    for s in space:
-        try:
-            b = bounds(**s)
-        except (ScenarioError, ValueError) as exc:
-            settled.append(s | {"error": str(exc), "settled": REFUSAL})
+    if executor is None:
+        found = map(bound_or_refusal, space)
+    else:
+        batch = {"chunksize": 32} if isinstance(executor, ProcessPoolExecutor) else {}
+        found = executor.map(bound_or_refusal, space, **batch)
+    for s, b in zip(space, found, strict=True):
+        if isinstance(b, str):
+            settled.append(s | {"error": b, "settled": REFUSAL})
             continue
         if b.cannot_fit:
             settled.append(s | {"reserved_GB": b.reserved_low_bytes / GB, "fits": False, "error": None,
@@ -91,7 +103,7 @@ def search(space: list[dict], top: int = 10, executor: Any = None, progress: Pro
            batch: int = 16) -> pd.DataFrame:
     """Rank ``space`` (from :func:`search_space`), simulating only candidates that could make the
     top ``top``; the table of every candidate, fastest that fits first."""
-    settled, open_ = _bounded(space)
+    settled, open_ = _bounded(space, executor)
     rows: list[dict] = []
     fastest: list[float] = []  # tokens/s of the candidates simulated that fit, best first
     while open_:

@@ -1,0 +1,223 @@
+"""``zero-sim plan``: the fastest way to train a model on a cluster, and whether it fits.
+
+    zero-sim plan --model llama3-8b --gpus 16,32 --topology p4d-efa --seq-len 4096 --global-batch 256
+
+It searches strategies x their main knobs x recompute x micro-batch (x gradient accumulation
+when ``--global-batch`` is fixed) x GPU counts (:mod:`zero_sim.plan_search`) and prints a
+ranked table, the fastest candidate that fits first: tokens/s per GPU with its likely range,
+MFU, step time, reserved memory against capacity (what "fits" compares), exposed
+communication and the settings to use.  Rows within 5% of the fastest are marked ``≈``, too
+close to call.  When nothing fits it says what would: the first change, found by trying them
+(:mod:`zero_sim.fit_advice`).  ``--json`` and ``--csv`` print the whole table instead; progress
+shows on a terminal's stderr otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+
+import pandas as pd
+
+from zero_sim.executors import dask_executor, default_executor
+from zero_sim.fit_advice import first_change_that_fits
+from zero_sim.plan_search import MICRO_BATCHES, SIMULATED, PlanError, search, search_space
+from zero_sim.planner import FITS
+from zero_sim.scenario import resolve
+from zero_sim.strategies import STRATEGIES
+from zero_sim.system.workload import RECOMPUTE_MODES
+
+# The size budget of one search: at about 3 ms a candidate to bound, a larger one takes minutes.
+MAX_CANDIDATES = 20_000
+SHARED = ("model", "params", "seq_len", "topology", "gpu", "stack", "precision", "bandwidth_gbps",
+          "node_bandwidth_gbps", "calibration")
+
+
+def _counts(text: str, flag: str) -> list[int]:
+    try:
+        values = [int(v) for v in str(text).split(",") if v.strip()]
+    except ValueError:
+        raise PlanError(f"{flag} takes whole numbers separated by commas, such as 8,16,32; "
+                        f"got {text!r}") from None
+    if not values or min(values) <= 0:
+        raise PlanError(f"{flag} takes positive whole numbers separated by commas; got {text!r}")
+    return values
+
+
+def _names(text: str | None, known, flag: str) -> list[str] | None:
+    if text is None:
+        return None
+    names = [v.strip().lower() for v in text.split(",") if v.strip()]
+    unknown = [n for n in names if n not in known]
+    if unknown or not names:
+        raise PlanError(f"{flag} takes names from {', '.join(known)} separated by commas; got {text!r}")
+    return names
+
+
+def plan_args(parser) -> None:
+    parser.add_argument("--model", default="gpt2-1.5b", help="model preset (see `zero-sim presets`)")
+    parser.add_argument("--params", default=None, help="a GPT of about this many parameters instead (7.5B)")
+    parser.add_argument("--seq-len", dest="seq_len", type=int, default=None, help="sequence length")
+    parser.add_argument("--gpus", default="8", help="GPU counts to try, e.g. 8 or 16,32,64 (default 8)")
+    parser.add_argument("--topology", default="dgx-a100", help="topology preset (default dgx-a100)")
+    parser.add_argument("--gpu", default=None, help="GPU model (default: the topology's)")
+    parser.add_argument("--micro-batch", dest="micro_batch", default=",".join(map(str, MICRO_BATCHES)),
+                        help="micro-batches to try (default 1,2,4,8)")
+    parser.add_argument("--global-batch", dest="global_batch", type=int, default=None,
+                        help="sequences per optimizer step, fixed: each micro-batch accumulates to it")
+    parser.add_argument("--strategies", default=None,
+                        help=f"strategies to try (default {','.join(STRATEGIES)})")
+    parser.add_argument("--recompute", default=None, help=f"recompute modes to try (default "
+                                                          f"{','.join(RECOMPUTE_MODES)})")
+    parser.add_argument("--stack", default=None, help="software stack (see `zero-sim stacks`)")
+    parser.add_argument("--precision", default=None, help="mixed or fp32")
+    parser.add_argument("--bandwidth-gbps", dest="bandwidth_gbps", type=float, default=None,
+                        help="each bottleneck link's (NIC's) bandwidth, Gbit/s")
+    parser.add_argument("--node-bandwidth-gbps", dest="node_bandwidth_gbps", type=float, default=None,
+                        help="a node's network bandwidth, Gbit/s, split over its NICs")
+    parser.add_argument("--calibration", default=None, help="a calibration file (`zero-sim calibrate`)")
+    parser.add_argument("--top", type=int, default=10, help="rows to rank and show (default 10)")
+    parser.add_argument("--json", action="store_true", help="print every candidate as JSON")
+    parser.add_argument("--csv", action="store_true", help="print every candidate as CSV")
+    parser.add_argument("--workers", type=int, default=None, help="processes to simulate on (default: cores)")
+    parser.add_argument("--dask-scheduler", dest="dask_scheduler", default=None, metavar="ADDRESS",
+                        help="run the simulations on a Dask cluster (tcp://host:8786; needs zero-sim[dask])")
+
+
+def _space(args) -> tuple[dict, list[dict]]:
+    if args.top <= 0:
+        raise PlanError(f"--top must be a positive whole number, got {args.top}")
+    base = {k: getattr(args, k) for k in SHARED if getattr(args, k, None) is not None}
+    # One scenario checked first, so that a misspelt model or topology is one sentence, not 400.
+    resolve(**base, gpus=_counts(args.gpus, "--gpus")[0])
+    space = search_space(base, _counts(args.gpus, "--gpus"), _counts(args.micro_batch, "--micro-batch"),
+                         args.global_batch, _names(args.strategies, list(STRATEGIES), "--strategies"),
+                         _names(args.recompute, list(RECOMPUTE_MODES), "--recompute") or RECOMPUTE_MODES)
+    if len(space) > MAX_CANDIDATES:
+        raise PlanError(f"this search has {len(space):,} candidates, beyond the budget of "
+                        f"{MAX_CANDIDATES:,}; narrow it with fewer --gpus counts, --micro-batch values, "
+                        f"--strategies or --recompute")
+    return base, space
+
+
+def _progress(args, total: int):
+    if args.json or args.csv or not sys.stderr.isatty():
+        return None, None
+    from tqdm import tqdm
+
+    bar = tqdm(total=total, desc="candidates", unit="candidate", file=sys.stderr)
+    return bar, (lambda done, _total: bar.update(done - bar.n))
+
+
+def run_plan(args) -> int:
+    base, space = _space(args)
+    executor = dask_executor(args.dask_scheduler) if args.dask_scheduler else \
+        default_executor(len(space), args.workers)
+    bar, progress = _progress(args, len(space))
+    try:
+        table = search(space, args.top, executor, progress)
+    finally:
+        if bar is not None:
+            bar.close()
+        if executor is not None and not args.dask_scheduler:
+            executor.shutdown()
+    if args.csv:
+        print(table.to_csv(), end="")
+    elif args.json:
+        print(json.dumps({"summary": summary(table, args.top), "candidates": _records(table)}, default=str))
+    else:
+        print(format_plan(table, base, args.top))
+    return 0
+
+
+def _records(table: pd.DataFrame) -> list[dict]:
+    clean = table.astype(object).where(table.notna(), None)
+    return [{"rank": i, **row} for i, row in zip(clean.index, clean.to_dict("records"), strict=True)]
+
+
+def summary(table: pd.DataFrame, top: int) -> dict:
+    settled = table["settled"].value_counts().to_dict()
+    fits = table[table["outcome"] == FITS]
+    return {"candidates": len(table), "settled": settled, "fit": len(fits), "top": top,
+            "fastest": _records(fits.head(1))[0] if len(fits) else None}
+
+
+def _row_text(rank: int, r: dict) -> str:
+    close = "≈" if r.get("too_close_to_call") else " "
+    likely = (f"{r['tokens_per_s_low'] / r['gpus']:,.0f}-{r['tokens_per_s_high'] / r['gpus']:,.0f}"
+              if _number(r.get("tokens_per_s_low")) else "-")
+    mfu = f"{r['mfu']:.0%}" if _number(r.get("mfu")) else "-"
+    settings = f"{r['knobs']}, recompute {r['recompute']}"
+    accum = int(r.get("grad_accum") or 1)
+    return (f"{rank:>4}{close} {r['strategy']:6} {r['gpus']:>5} {r['micro_batch']:>3} {accum:>5} "
+            f"{r['tokens_per_s'] / r['gpus']:>10,.0f} {likely:>15} {mfu:>4} {r['step_ms']:>10,.1f} "
+            f"{r['reserved_GB']:>6.1f}/{r['capacity_GB']:<5.1f} {r['exposed_comm_ms']:>9,.1f}  {settings}")
+
+
+def _number(value) -> bool:
+    return isinstance(value, int | float) and not math.isnan(value)
+
+
+def format_plan(table: pd.DataFrame, base: dict, top: int) -> str:
+    counts = table["outcome"].value_counts().to_dict()
+    simulated = int((table["settled"] == SIMULATED).sum())
+    stack = next((s for s in table.get("stack", pd.Series(dtype=object)).dropna()), base.get("stack"))
+    lines = [f"plan · {base.get('model', base.get('params'))} on {base['topology']} · stack {stack} · "
+             f"{len(table):,} candidates, {simulated:,} simulated; "
+             + ", ".join(f"{n:,} {what}" for what, n in counts.items())]
+    fitting = table[table["outcome"] == FITS]
+    if fitting.empty:
+        lines += _nothing_fits(table)
+        return "\n".join(lines)
+    best = fitting.iloc[0]
+    accum = int(best.get("grad_accum") or 1)
+    lines.append(f"fastest that fits: {best['strategy']} ({best['knobs']}, recompute {best['recompute']}) on "
+                 f"{best['gpus']} GPUs, micro-batch {best['micro_batch']} x {accum} accumulation: "
+                 f"{best['tokens_per_s'] / best['gpus']:,.0f} tokens/s per GPU, "
+                 f"{best['reserved_GB']:.1f} of {best['capacity_GB']:.1f} GB reserved")
+    lines.append(f"{'rank':>5} {'strat':6} {'gpus':>5} {'mb':>3} {'accum':>5} {'tok/s/GPU':>10} "
+                 f"{'likely (80%)':>15} {'MFU':>4} {'step ms':>10} {'reserved GB':>12} {'exposed ms':>9}  "
+                 f"settings")
+    for rank, r in zip(fitting.index[:top], fitting.head(top).to_dict("records"), strict=True):
+        lines.append(_row_text(rank, r))
+    lines.append("≈ within 5% of the fastest: too close to call. Reserved GB (tensors' peak + allocator "
+                 "reserve + context) is what must fit.")
+    return "\n".join(lines)
+
+
+def _nothing_fits(table: pd.DataFrame) -> list[str]:
+    sized = table.dropna(subset=["reserved_GB"])
+    if sized.empty:
+        reason = table["error"].dropna()
+        return [f"nothing can run: {reason.iloc[0] if len(reason) else 'every candidate was refused'}"]
+    leanest = sized.sort_values("reserved_GB").iloc[0]
+    lines = [f"nothing fits: the leanest candidate ({leanest['strategy']}, {leanest['knobs']}, recompute "
+             f"{leanest['recompute']}, micro-batch {leanest['micro_batch']}, {leanest['gpus']} GPUs) needs "
+             f"at least {leanest['reserved_GB']:.1f} GB of {leanest['capacity_GB']:.1f} GB"]
+    scenario = {k: _plain(v) for k, v in leanest.items() if k in _SCENARIO_KEYS and _present(v)}
+    change = first_change_that_fits(scenario)
+    if change is not None:
+        lines.append(f"it would fit with {change[0]} ({change[1]:.1f} GB to spare)")
+    else:
+        lines.append("no change tried (recompute, smaller micro-batch, sharding, up to 16x the GPUs, a "
+                     "larger GPU) makes it fit")
+    return lines
+
+
+def _plain(value):
+    """A table cell as the Python value simulate() takes: numpy scalars unwrapped, 4.0 as 4."""
+    value = value.item() if hasattr(value, "item") else value
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def _present(value) -> bool:
+    return value is not None and not (isinstance(value, float) and math.isnan(value))
+
+
+_SCENARIO_KEYS = set(SHARED) | {"gpus", "micro_batch", "grad_accum", "strategy", "recompute"} | {
+    k.name for s in STRATEGIES.values() for k in s.knobs}
+
+
+__all__ = ["MAX_CANDIDATES", "format_plan", "plan_args", "run_plan", "summary"]
+
