@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from zero_sim.confidence import interval_line
+from zero_sim.fit_advice import first_change_that_fits
 from zero_sim.plan_cli import plan_args, run_plan
 from zero_sim.scenario import ScenarioError, simulate
 from zero_sim.scenario_settings import COMMON
@@ -113,8 +114,10 @@ def _human(m: dict) -> str:
         f"{m['strategy']} · {m['model']} ({m['params']:,} params) · "
         f"{m['gpus']} x {m['gpu']} on {m['topology']} · stack {m['stack']}",
         f"  {_verdict(mem)}",
+        *_advice(m),
         f"  step            {m['step_time_s'] * 1e3:10.2f} ms   ({m['tokens_per_s']:,.0f} tokens/s, "
         f"{m['tokens_per_s_per_gpu']:,.0f} per GPU, {m['tflops_per_gpu']:.1f} TFLOP/s per GPU{mfu})",
+        *([f"  likely range    {interval}"] if (interval := interval_line(m)) else []),
         f"  compute         {m['compute_time_s'] * 1e3:10.2f} ms",
         f"  exposed comm    {m['exposed_comm_s'] * 1e3:10.2f} ms   (overlap "
         + (f"{ov:.0%}" if ov is not None else "n/a")
@@ -128,8 +131,6 @@ def _human(m: dict) -> str:
         f"peak {mem['peak_bytes'] / 1e9:.2f} GB of tensors, "
         f"{mem['reserved_peak_bytes'] / 1e9:.2f} reserved of {mem['capacity_bytes'] / 1e9:.1f} GB",
     ]
-    if (interval := interval_line(m)) is not None:
-        lines.insert(3, f"  likely range    {interval}")
     lines.append(f"  cluster         {m['cluster']}")
     lines += [f"  assumed         {note}" for note in m.get("stack_notes", [])]
     lines += [f"  config          {note}" for note in m.get("config_notes", [])]
@@ -147,6 +148,16 @@ def _verdict(mem: dict) -> str:
     return f"DOES NOT FIT by {mem['shortfall_bytes'] / 1e9:.2f} GB: {held}"
 
 
+def _advice(m: dict) -> list[str]:
+    if m["memory"]["fits"] or "fit_advice" not in m:
+        return []
+    advice = m["fit_advice"]
+    if advice is None:
+        return ["  to fit          no change tried (recompute, smaller micro-batch, sharding, up to 16x the "
+                "GPUs, a larger GPU) fits"]
+    return [f"  to fit          {advice['change']} ({advice['spare_gb']:.1f} GB to spare)"]
+
+
 def _simulate(args) -> int:
     outputs = ("command", "json", "trace", "plot", "trace_dir")
     kwargs = {k: v for k, v in vars(args).items() if k not in outputs}
@@ -158,6 +169,11 @@ def _simulate(args) -> int:
     if args.trace_dir:
         check_output_path(args.trace_dir / "rank-0.pt.trace.json")
     result = simulate(**kwargs)
+    if not result.metrics["memory"]["fits"]:
+        # The answer a user needs next: the first change (in zero_sim.fit_advice's order) that fits.
+        change = first_change_that_fits({k: v for k, v in kwargs.items() if v is not None})
+        result.metrics["fit_advice"] = (None if change is None
+                                        else {"change": change[0], "spare_gb": change[1]})
     wrote = []
     if args.trace:
         result.to_chrome_trace(args.trace)

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from zero_sim.plan_bounds import bounds
 from zero_sim.scenario import ScenarioError, simulate
 from zero_sim.scenario_settings import MAX_GPUS
+from zero_sim.strategies import all_knobs, get_strategy
 from zero_sim.system.gpus import GPUS
 
 SHARDED = ("fsdp", "zero3")
@@ -33,10 +34,10 @@ def _tries(s: dict, capacity: float) -> Iterator[tuple[str, dict]]:
         yield f"--micro-batch {micro} --grad-accum {accum} --recompute full", s | smaller
     for strategy in SHARDED:
         if s.get("strategy", "ddp") not in SHARDED:
-            yield f"--strategy {strategy} --recompute full", s | {"strategy": strategy, "recompute": "full"}
+            yield f"--strategy {strategy} --recompute full", _switch(s, strategy) | {"recompute": "full"}
     gpus = s.get("gpus", 8)
-    base = s | {"strategy": "fsdp" if s.get("strategy", "ddp") not in SHARDED else s["strategy"],
-                "recompute": "full"}
+    sharded = s.get("strategy", "ddp") if s.get("strategy", "ddp") in SHARDED else "fsdp"
+    base = _switch(s, sharded) | {"recompute": "full"}
     for factor in MORE_GPUS:
         if gpus * factor <= MAX_GPUS:
             yield f"--gpus {gpus * factor} (--strategy {base['strategy']} --recompute full)", \
@@ -44,6 +45,12 @@ def _tries(s: dict, capacity: float) -> Iterator[tuple[str, dict]]:
     for name, gpu in sorted(GPUS.items(), key=lambda kv: kv[1].hbm_bytes):
         if gpu.hbm_bytes > capacity and gpu.profile is not None:
             yield f"--gpu {name} (--strategy {base['strategy']} --recompute full)", base | {"gpu": name}
+
+
+def _switch(s: dict, strategy: str) -> dict:
+    """``s`` under another strategy, without the knobs only the old one takes."""
+    own = {k.name for k in get_strategy(strategy).knobs}
+    return {k: v for k, v in s.items() if k not in all_knobs() or k in own} | {"strategy": strategy}
 
 
 def first_change_that_fits(scenario: dict) -> tuple[str, float] | None:

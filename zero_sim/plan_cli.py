@@ -85,12 +85,12 @@ def plan_args(parser) -> None:
                         help="run the simulations on a Dask cluster (tcp://host:8786; needs zero-sim[dask])")
 
 
-def _space(args) -> tuple[dict, list[dict]]:
+def _space(args) -> tuple[dict, list[dict], str]:
     if args.top <= 0:
         raise PlanError(f"--top must be a positive whole number, got {args.top}")
     base = {k: getattr(args, k) for k in SHARED if getattr(args, k, None) is not None}
     # One scenario checked first, so that a misspelt model or topology is one sentence, not 400.
-    resolve(**base, gpus=_counts(args.gpus, "--gpus")[0])
+    stack = resolve(**base, gpus=_counts(args.gpus, "--gpus")[0]).settings.stack
     space = search_space(base, _counts(args.gpus, "--gpus"), _counts(args.micro_batch, "--micro-batch"),
                          args.global_batch, _names(args.strategies, list(STRATEGIES), "--strategies"),
                          _names(args.recompute, list(RECOMPUTE_MODES), "--recompute") or RECOMPUTE_MODES)
@@ -98,7 +98,7 @@ def _space(args) -> tuple[dict, list[dict]]:
         raise PlanError(f"this search has {len(space):,} candidates, beyond the budget of "
                         f"{MAX_CANDIDATES:,}; narrow it with fewer --gpus counts, --micro-batch values, "
                         f"--strategies or --recompute")
-    return base, space
+    return base, space, stack
 
 
 def _progress(args, total: int):
@@ -111,7 +111,7 @@ def _progress(args, total: int):
 
 
 def run_plan(args) -> int:
-    base, space = _space(args)
+    base, space, stack = _space(args)
     executor = dask_executor(args.dask_scheduler) if args.dask_scheduler else \
         default_executor(len(space), args.workers)
     bar, progress = _progress(args, len(space))
@@ -125,9 +125,10 @@ def run_plan(args) -> int:
     if args.csv:
         print(table.to_csv(), end="")
     elif args.json:
-        print(json.dumps({"summary": summary(table, args.top), "candidates": _records(table)}, default=str))
+        print(json.dumps({"summary": summary(table, args.top) | {"stack": stack},
+                          "candidates": _records(table)}, default=str))
     else:
-        print(format_plan(table, base, args.top))
+        print(format_plan(table, base, args.top, stack))
     return 0
 
 
@@ -159,10 +160,9 @@ def _number(value) -> bool:
     return isinstance(value, int | float) and not math.isnan(value)
 
 
-def format_plan(table: pd.DataFrame, base: dict, top: int) -> str:
+def format_plan(table: pd.DataFrame, base: dict, top: int, stack: str) -> str:
     counts = table["outcome"].value_counts().to_dict()
     simulated = int((table["settled"] == SIMULATED).sum())
-    stack = next((s for s in table.get("stack", pd.Series(dtype=object)).dropna()), base.get("stack"))
     lines = [f"plan · {base.get('model', base.get('params'))} on {base['topology']} · stack {stack} · "
              f"{len(table):,} candidates, {simulated:,} simulated; "
              + ", ".join(f"{n:,} {what}" for what, n in counts.items())]
