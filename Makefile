@@ -18,7 +18,7 @@ $(BIN)/python:
 # Reinstall only when the dependency list changes. torch is pinned in pyproject.toml
 # so pip takes the local CPU wheel instead of downloading CUDA packages.
 $(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install -q -e '.[real,lab,dev]'
+	$(BIN)/python -m pip install -q -e '.[real,lab,dev,dask]'
 	touch $(STAMP)
 
 # Headless-safe: no browser is opened; the URL with its token is printed. Root (containers) needs --allow-root.
