@@ -80,8 +80,8 @@ def test_a_global_batch_no_candidate_can_make_up_is_one_sentence():
 
 
 def test_the_command_ranks_what_fits_first_and_marks_close_calls(capsys):
-    assert main(["plan", "--model", "gpt2-124m", "--gpus", "4,8", "--topology", "pcie", "--micro-batch", "4,8",
-                 "--top", "5"]) == 0
+    assert main(["plan", "--model", "gpt2-124m", "--gpus", "4,8", "--topology", "pcie",
+                 "--micro-batch", "4,8", "--top", "5"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("plan · gpt2-124m on pcie · stack pytorch-eager · ")
     assert out[1].startswith("fastest that fits: ")
@@ -116,8 +116,8 @@ def test_bad_plans_are_one_sentence_and_status_2(capsys, args, sentence):
 
 
 def test_when_nothing_fits_the_plan_says_what_would(capsys):
-    assert main(["plan", "--model", "llama2-13b", "--gpus", "8", "--topology", "dgx-a100", "--strategies", "ddp",
-                 "--micro-batch", "1"]) == 0
+    assert main(["plan", "--model", "llama2-13b", "--gpus", "8", "--topology", "dgx-a100",
+                 "--strategies", "ddp", "--micro-batch", "1"]) == 0
     out = capsys.readouterr().out
     assert "nothing fits: the leanest candidate (ddp" in out
     assert "it would fit with --strategy fsdp --recompute full" in out
@@ -130,7 +130,8 @@ def test_simulate_answers_first_and_says_the_first_change_that_fits(capsys):
     assert json.loads(capsys.readouterr().out)["fit_advice"]["change"] == "--strategy fsdp --recompute full"
     assert main(["simulate", "--model", "llama2-13b", "--gpus", "8", "--micro-batch", "1"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[1].startswith("  DOES NOT FIT by ") and lines[2].startswith("  to fit          --strategy fsdp")
+    assert lines[1].startswith("  DOES NOT FIT by ")
+    assert lines[2].startswith("  to fit          --strategy fsdp")
 
 
 def test_preset_names_are_matched_without_case_and_near_misses_named():
