@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -274,3 +275,22 @@ def test_any_fsdp_or_torchtitan_config_gives_a_result_or_one_sentence(reader, da
         assert str(refused) and "\n" not in str(refused)
         return
     json.dumps(result.metrics, allow_nan=False)
+
+
+@pytest.mark.parametrize("config, sentence", [
+    ({"zero_optimisation": {"stage": 3}},
+     "zero_optimisation in the DeepSpeed configuration is not a key this reader knows; did you mean "
+     "zero_optimization?"),
+    ({"zero_optimization": {"stgae": 3}}, "did you mean zero_optimization.stage?"),
+])
+def test_a_misspelt_deepspeed_key_is_named_not_defaulted(config, sentence):
+    with pytest.raises(ScenarioError, match=re.escape(sentence)):
+        simulate(deepspeed_config=config)
+
+
+def test_a_misspelt_torchtitan_section_is_named(tmp_path):
+    path = tmp_path / "job.toml"
+    path.write_text('[modle]\nname = "llama3"\n')
+    sentence = re.escape("[modle] in") + ".*did you mean " + re.escape("[model]?")
+    with pytest.raises(ScenarioError, match=sentence):
+        simulate(torchtitan_config=path)

@@ -11,6 +11,7 @@ setting given explicitly wins over the file's value, and the note says so.
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 from collections.abc import Callable
@@ -92,6 +93,20 @@ def validated(model: type[BaseModel], data: dict, source: str):
             what = "should be an object of settings ({...} in JSON)"  # not the name of a class inside
         raise ConfigError(f"{where} in {source} {what[0].lower() + what[1:]}, got {error['input']!r}; "
                           f"fix the file") from None
+
+
+def check_spelling(keys, known, source: str, where: str = "", what: str = "key", close: str = "") -> None:
+    """A key that is not one the reader knows but is close to one (``zero_optimisation``,
+    ``stgae``) is a misspelling: one sentence naming it and what it was probably meant to be, rather
+    than a silent default for the key the user meant to set."""
+    known = set(known)
+    for key in keys:
+        if key in known:
+            continue
+        near = difflib.get_close_matches(str(key), known, n=1, cutoff=0.75)
+        if near:
+            raise ConfigError(f"{where}{key}{close} in {source} is not a {what} this reader knows; did you "
+                              f"mean {where}{near[0]}{close}? fix the file")
 
 
 def merge(reading: ConfigReading, given: dict[str, Any]) -> dict[str, Any]:

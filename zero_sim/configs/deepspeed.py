@@ -28,7 +28,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from zero_sim.configs import ConfigError, ConfigReading, load_mapping, validated
+from zero_sim.configs import ConfigError, ConfigReading, check_spelling, load_mapping, validated
 
 STAGES = {1: "zero1", 2: "zero2", 3: "zero3"}
 
@@ -84,6 +84,10 @@ NOT_MODELLED = {
     "mics_shard_size": "MiCS sharding",
     "cpu_offload": "CPU offload",
 }
+# Top-level keys read here (NO_EFFECT's are known too): a key close to one of them is a misspelling.
+KNOWN_TOP = {"train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "train_batch_size", "optimizer",
+             "zero_optimization", "bf16", "fp16", "bfloat16", "communication_data_type", "gradient_clipping",
+             "scheduler", "steps_per_print", "wall_clock_breakdown", "zero_allow_untested_optimizer"}
 ADAM_FAMILY = {"adam", "adamw", "fusedadam", "deepspeedcpuadam", "cpuadam", "lamb", "fusedlamb"}
 
 
@@ -139,6 +143,10 @@ def read_deepspeed(config) -> ConfigReading:
     """Read a DeepSpeed configuration (a dict, or the path of its JSON file)."""
     data, source = load_mapping(config, "DeepSpeed configuration")
     _refuse_auto(data, source, "")
+    check_spelling(data, KNOWN_TOP | set(NO_EFFECT), source)
+    if isinstance(data.get("zero_optimization"), dict):
+        check_spelling(data["zero_optimization"], set(_Zero.model_fields) | set(ZERO_NO_EFFECT),
+                       source, "zero_optimization.")
     ds = validated(_DeepSpeed, data, source)
     reading = ConfigReading(source)
     precision = _precision(ds, reading)

@@ -25,7 +25,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from zero_sim.configs import ConfigError, ConfigReading
+from zero_sim.configs import ConfigError, ConfigReading, check_spelling
 from zero_sim.configs.fsdp import DTYPES
 from zero_sim.system.stacks import STACKS
 
@@ -34,6 +34,8 @@ MODELS = {("llama3", "8B"): "llama3-8b", ("llama3", "70B"): "llama3-70b", ("llam
           ("llama2", "13B"): "llama2-13b", ("llama2", "70B"): "llama2-70b"}
 NO_EFFECT_SECTIONS = {"job", "profiling", "metrics", "checkpoint", "optimizer", "lr_scheduler", "comm",
                       "experimental", "validation", "fault_tolerance", "memory_estimation"}
+# Sections read here (NO_EFFECT_SECTIONS' are known too): a name close to one of them is a misspelling.
+KNOWN_SECTIONS = {"model", "training", "parallelism", "activation_checkpoint", "float8", "compile"}
 UNMODELLED_DEGREES = ("tensor_parallel_degree", "pipeline_parallel_degree", "context_parallel_degree",
                       "expert_parallel_degree")
 RESHARD = {"default": True, "always": True, "never": False}
@@ -63,6 +65,7 @@ def read_torchtitan(config) -> ConfigReading:
     reading.set("strategy", "fsdp", "torchtitan (FSDP2)")
     reading.set("stack", "torchtitan", "torchtitan (its defaults: zero_sim.system.stacks)")
     reading.set("copies", "fsdp2", "torchtitan (FSDP2's per-parameter copies)")
+    check_spelling(data, KNOWN_SECTIONS | NO_EFFECT_SECTIONS, source, "[", "section", "]")
     sections = {name: _section(data, name, source) for name in data}
     _model(sections.get("model", {}), source, reading)
     _training(sections.get("training", {}), source, reading)
