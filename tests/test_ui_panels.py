@@ -271,8 +271,21 @@ def test_the_planner_puts_the_fastest_fitting_candidate_first():
     # Planning is long work, so it runs when the reader presses "plan", not on every control.
     planner.controls["gpus"].value = 16
     assert planner.result is df
+    # ... but the panel says at once that what it shows is the previous plan.
+    assert "Settings changed</b> to gpt2-350m on 16 GPUs" in planner.summary.value
+    assert planner.figure.axes[0].get_title().endswith("(previous plan: press plan)")
     planner.button.click()
     assert planner.result is not df and set(planner.result["gpus"]) == {16}
+    assert "previous plan" not in planner.figure.axes[0].get_title()
+    # The chart plots what "fits" compares: the reserved memory against the GPU's.
+    assert planner.figure.axes[0].get_xlabel().startswith("reserved memory per GPU")
+
+
+def test_notebook_text_names_settings_not_command_line_flags():
+    from zero_sim.ui.text import without_flags
+
+    assert without_flags("--hybrid needs two nodes; raise --gpus or lower --gpus-per-node") == \
+        "hybrid needs two nodes; raise gpus or lower gpus_per_node"
 
 
 # ----------------------------------------------------------------------------- figures that read well

@@ -10,6 +10,7 @@ update's own compute; one total hides which of the two a strategy changes.
 from __future__ import annotations
 
 import html
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -86,10 +87,17 @@ def metrics_html(m: Mapping[str, Any]) -> str:
             f"<span style='color:{fit_color};font-weight:bold'>{_fit_text(mem)}</span></div>")
 
 
+def without_flags(sentence: str) -> str:
+    """A sentence written for the command line, in the notebook's words: ``--gpus-per-node`` is the
+    ``gpus_per_node`` setting that panels and ``simulate()`` name."""
+    return re.sub(r"--([a-z][a-z0-9-]*)", lambda m: m.group(1).replace("-", "_"), sentence)
+
+
 def error_html(sentence: str) -> str:
     """A refusal, in red where the headline numbers were (the one place it is shown)."""
     return (f"<div class='zs-refusal' style='color:#b71c1c;background:#fdecea;padding:4px 8px;"
             f"border-radius:4px'><b>cannot simulate this:</b> {html.escape(sentence)}</div>")
 
 
-__all__ = ["error_html", "format_gb", "format_ms", "metrics_html", "metrics_text", "optimizer_text"]
+__all__ = ["error_html", "format_gb", "format_ms", "metrics_html", "metrics_text", "optimizer_text",
+           "without_flags"]

@@ -29,6 +29,7 @@ from zero_sim.ui.figure import FIGURE_WIDTH, Figure, in_kernel
 from zero_sim.ui.offers import Offers
 from zero_sim.ui.panel import Panel
 from zero_sim.ui.plots import legend_beside, strategy_color
+from zero_sim.ui.text import without_flags
 
 
 def _bar(total: int):
@@ -95,6 +96,19 @@ class Planner(Panel):
             if name in self.offers.leaders:
                 self.offers.conform()
             self.offers.refresh()
+        self._stale()
+
+    def _stale(self) -> None:
+        """The controls no longer say what the table and chart show: say so at once, in both."""
+        if getattr(self, "result", None) is None:
+            return
+        s = self.settings()
+        self.summary.value = (f"<b>Settings changed</b> to {html.escape(str(s['model']))} on {s['gpus']} "
+                              f"GPUs ({html.escape(str(s['topology']))}): press <b>plan</b> to search them. "
+                              f"The chart and table below are still the previous plan's.")
+        ax = self.figure.axes[0]
+        ax.set_title(ax.get_title().split(" (previous plan")[0] + " (previous plan: press plan)", fontsize=10)
+        self.figure.fig.canvas.draw_idle()
 
     def update(self, *_):
         s = self.settings()
@@ -128,7 +142,7 @@ class Planner(Panel):
         df = self.result
         if self.error:
             return error_html(self.error)
-        counts = tally(df)
+        counts = without_flags(tally(df))
         if best is None:
             least = df.dropna(subset=["reserved_GB"]).sort_values("reserved_GB").iloc[0]
             return (f"<b>nothing fits</b> ({html.escape(counts)}): the leanest candidate "
