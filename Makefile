@@ -73,6 +73,7 @@ demo: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/bench_engine.py
+	$(BIN)/python bench/bench_plan.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check zero_sim real_runs sim2real tests bench
