@@ -29,8 +29,8 @@ from zero_sim.scenario import _program, prepare
 from zero_sim.system.collectives import CollectiveModel
 
 # Slack on the time bound: a candidate is pruned only when even this much faster than its bound
-# it would not reach the top K.  Over the 500 varied candidates of tests/test_plan_search.py's
-# check the simulated throughput reached at most 0.98 of its bound.
+# it would not reach the top K.  Simulated throughput stays below its bound (docs/planning.md
+# gives the largest ratio seen over a varied sample; tests/test_plan_search.py checks one).
 MARGIN = 0.02
 
 

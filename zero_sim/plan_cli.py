@@ -165,7 +165,7 @@ def format_plan(table: pd.DataFrame, base: dict, top: int, stack: str) -> str:
     simulated = int((table["settled"] == SIMULATED).sum())
     lines = [f"plan · {base.get('model', base.get('params'))} on {base['topology']} · stack {stack} · "
              f"{len(table):,} candidates, {simulated:,} simulated; "
-             + ", ".join(f"{n:,} {what}" for what, n in counts.items())]
+             + ", ".join(f"{what}: {n:,}" for what, n in counts.items())]
     fitting = table[table["outcome"] == FITS]
     if fitting.empty:
         lines += _nothing_fits(table)
