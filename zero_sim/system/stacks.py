@@ -102,6 +102,18 @@ STACKS: dict[str, Stack] = {s.name: s for s in (
                    "kernel_host_us": _EAGER_HOST,
                    "step_host_ms": "the DeepSpeed engine's step: gradient-overflow check read on the host, "
                                    "clipping and the optimizer's Python loop: 2 ms taken"}),
+    Stack("deepspeed", "DeepSpeed (2023-25) under Hugging Face models: SDPA attention, eager norms and "
+          "rotary, the DeepSpeed engine's step", "flash", "eager", EAGER_KERNEL_HOST_US, 2.0,
+          sources={"attention": _SDPA, "elementwise": _EAGER_CHAINS, "kernel_host_us": _EAGER_HOST,
+                   "step_host_ms": "the DeepSpeed engine's step: overflow and gradient-norm checks read on "
+                                   "the host, clipping and the optimizer: 2 ms taken"}),
+    Stack("megatron", "Megatron-LM / NeMo with Transformer Engine: fused attention (FlashAttention or "
+          "cuDNN), fused norms, rotary and bias-activation kernels", "flash", "fused",
+          EAGER_KERNEL_HOST_US, 1.0,
+          sources={"attention": "Transformer Engine's DotProductAttention (FlashAttention-2 or cuDNN fused)",
+                   "elementwise": "TE LayerNorm/RMSNorm kernels, apply_rope_fusion, bias-SwiGLU/GeLU fusion",
+                   "kernel_host_us": "eager PyTorch launching fewer, fused kernels: 10 us per op taken",
+                   "step_host_ms": _STEP}),
     Stack("hf-trainer", "Hugging Face Trainer or Accelerate: SDPA attention, eager norms and rotary, FSDP1, "
           "a loss check read on the host every step", "flash", "eager", 12.0, 3.0,
           sources={"attention": _SDPA, "elementwise": _EAGER_CHAINS,
