@@ -138,7 +138,7 @@ def test_preset_names_are_matched_without_case_and_near_misses_named():
     s = simulate(model="Llama2-7B", topology="DGX-H100", gpu="h100", strategy="FSDP", steps=1).scenario
     assert (s.workload.model, s.cluster.topology, s.cluster.gpu, s.strategy) == ("llama2-7b", "dgx-h100",
                                                                                   "H100", "fsdp")
-    with pytest.raises(ScenarioError, match="unknown topology 'dgx-a10'; did you mean 'dgx-a100'"):
+    with pytest.raises(ScenarioError, match="unknown topology preset 'dgx-a10'; did you mean 'dgx-a100'"):
         simulate(topology="dgx-a10")
 
 
