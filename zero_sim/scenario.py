@@ -162,7 +162,8 @@ def _canonical_names(kwargs: dict) -> dict:
     """Preset names as typed, matched without regard to case; a near miss refused with the name
     it was probably meant to be (:mod:`zero_sim.names`)."""
     tables = {"strategy": (STRATEGIES, "strategy", ""), "gpu": (GPUS, "GPU", ""),
-              "stack": (STACKS, "stack", ""), "topology": ([*TOPOLOGIES, "calibrated"], "topology preset", "")}
+              "stack": (STACKS, "stack", ""),
+              "topology": ([*TOPOLOGIES, "calibrated"], "topology preset", "")}
     if kwargs.get("params") is None:
         tables["model"] = (PRESETS, "model preset", " or give --params N")
     out = dict(kwargs)
