@@ -25,13 +25,14 @@ from zero_sim.fit_advice import first_change_that_fits
 from zero_sim.plan_search import MICRO_BATCHES, SIMULATED, PlanError, search, search_space
 from zero_sim.planner import FITS
 from zero_sim.scenario import resolve
+from zero_sim.scenario_settings import SHAPE_SETTINGS
 from zero_sim.strategies import STRATEGIES
 from zero_sim.system.workload import RECOMPUTE_MODES
 
 # The size budget of one search: at about 3 ms a candidate to bound, a larger one takes minutes.
 MAX_CANDIDATES = 20_000
 SHARED = ("model", "params", "seq_len", "topology", "gpu", "stack", "precision", "bandwidth_gbps",
-          "node_bandwidth_gbps", "calibration")
+          "node_bandwidth_gbps", "calibration", *SHAPE_SETTINGS)
 
 
 def _counts(text: str, flag: str) -> list[int]:
@@ -59,6 +60,9 @@ def plan_args(parser) -> None:
     parser.add_argument("--model", default="gpt2-1.5b", help="model preset (see `zero-sim presets`)")
     parser.add_argument("--params", default=None, help="a GPT of about this many parameters instead (7.5B)")
     parser.add_argument("--seq-len", dest="seq_len", type=int, default=None, help="sequence length")
+    for name in SHAPE_SETTINGS:  # a custom shape, its missing values from --model's preset
+        parser.add_argument("--" + name.replace("_", "-"), dest=name, type=int, default=None,
+                            help=f"custom shape: {name.replace('_', ' ')} (default: the preset's)")
     parser.add_argument("--gpus", default="8", help="GPU counts to try, e.g. 8 or 16,32,64 (default 8)")
     parser.add_argument("--topology", default="dgx-a100", help="topology preset (default dgx-a100)")
     parser.add_argument("--gpu", default=None, help="GPU model (default: the topology's)")
