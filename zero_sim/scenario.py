@@ -27,8 +27,8 @@ from zero_sim.engine.gpu_device import GpuDevice
 from zero_sim.engine.program import Program
 from zero_sim.engine.run_types import EngineConfig, RunOutput, Straggler
 from zero_sim.engine.shared_cores import SharedCores
-from zero_sim.names import NameError_, canonical
 from zero_sim.results import SimResult, allocator_reserve, compute_metrics, context_gb
+from zero_sim.scenario_inputs import canonical_names, with_stack
 from zero_sim.scenario_settings import (
     COMMON,
     COMMON_NAMES,
@@ -39,7 +39,7 @@ from zero_sim.scenario_settings import (
 )
 from zero_sim.scenario_types import Scenario
 from zero_sim.settings import ScenarioError, check_settings
-from zero_sim.strategies import PRECISIONS, STRATEGIES, Context, all_knobs, get_strategy
+from zero_sim.strategies import PRECISIONS, Context, all_knobs, get_strategy
 from zero_sim.strategies.base import Precision, Strategy, StrategyError
 from zero_sim.system.collectives import CollectiveModel
 from zero_sim.system.gpt_layers import gpt_workload
@@ -49,7 +49,6 @@ from zero_sim.system.hardware import ComputeModel, default_overlap_slowdown
 from zero_sim.system.host_costs import host_costs
 from zero_sim.system.model_presets import PRESETS, human_params, preset, synthesize_shape
 from zero_sim.system.run_overheads import run_overhead
-from zero_sim.system.stacks import CPU_STACK, STACKS, StackError, apply_stack, get_stack
 from zero_sim.system.topology import PRESETS as TOPOLOGIES
 from zero_sim.system.topology import Topology, build_topology
 from zero_sim.system.workload import Workload, WorkloadError
@@ -132,57 +131,12 @@ class Resolved:
     stack_given: bool = False  # named by the caller or a config file, not the default
 
 
-def _cpu_ranks(kwargs: dict) -> bool:
-    gpu = kwargs.get("gpu")
-    if gpu is None:
-        spec = TOPOLOGIES.get(str(kwargs.get("topology") or "dgx-a100"))
-        gpu = spec.gpu if spec is not None else None
-    return gpu == "CPU"
-
-
-def _with_stack(kwargs: dict) -> tuple[dict, tuple[str, ...]]:
-    """The keywords with the software stack's settings filled in where none was given
-    (:mod:`zero_sim.system.stacks`), and the notes saying which stack and what overrode it."""
-    named = kwargs.get("stack")
-    try:
-        stack = get_stack(named) if named is not None else (
-            STACKS[CPU_STACK] if _cpu_ranks(kwargs) else get_stack(COMMON_DEFAULTS["stack"]))
-        strategy = get_strategy(kwargs.get("strategy") or COMMON_DEFAULTS["strategy"])
-    except (StackError, StrategyError, TypeError):
-        return kwargs, ()  # resolve() refuses the value in its own words
-    filled, overridden = apply_stack(stack, kwargs, {k.name for k in strategy.knobs})
-    filled["stack"] = stack.name
-    return filled, (f"stack: {stack.name} ({stack.summary})", *overridden)
-
-
-COMMON_DEFAULTS = {s.name: s.default for s in COMMON}
-
-
-def _canonical_names(kwargs: dict) -> dict:
-    """Preset names as typed, matched without regard to case; a near miss refused with the name
-    it was probably meant to be (:mod:`zero_sim.names`)."""
-    tables = {"strategy": (STRATEGIES, "strategy", ""), "gpu": (GPUS, "GPU", ""),
-              "stack": (STACKS, "stack", ""),
-              "topology": ([*TOPOLOGIES, "calibrated"], "topology preset", "")}
-    if kwargs.get("params") is None:
-        tables["model"] = (PRESETS, "model preset", " or give --params N")
-    out = dict(kwargs)
-    for key, (names, what, hint) in tables.items():
-        value = out.get(key)
-        if isinstance(value, str):
-            try:
-                out[key] = canonical(value, names, what, hint)
-            except NameError_ as exc:
-                raise ScenarioError(str(exc)) from None
-    return out
-
-
 def resolve(**kwargs) -> Resolved:
     """Fill the stack's settings and the defaults, split common settings from strategy knobs,
     and check both against the schema (:mod:`zero_sim.settings`); None means "not given"."""
-    kwargs = _canonical_names(kwargs)
+    kwargs = canonical_names(kwargs)
     stack_given = kwargs.get("stack") is not None
-    kwargs, stack_notes = _with_stack(kwargs)
+    kwargs, stack_notes = with_stack(kwargs)
     common = check_settings(COMMON, {k: v for k, v in kwargs.items() if k in COMMON_NAMES})
     values = {s.name: s.default for s in COMMON} | {k: v for k, v in common.items() if v is not None}
     try:
