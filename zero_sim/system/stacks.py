@@ -123,6 +123,14 @@ STACKS: dict[str, Stack] = {s.name: s for s in (
                                    "on the host each step; callbacks, scheduler and clipping through "
                                    "Accelerate: 3 ms taken",
                    "copies": "Accelerate's FSDP plugin defaults to fsdp_version 1"}),
+    Stack("hf-trainer-2021", "Hugging Face Trainer before SDPA (transformers before v4.36, 2020-23): softmax "
+          "attention over materialized scores, eager norms, FSDP1", "eager", "eager", 12.0, 3.0,
+          sources={"attention": "HF modelling code computed softmax(QK^T)V in torch ops until SDPA became "
+                                "the default in v4.36 (December 2023)",
+                   "elementwise": _EAGER_CHAINS,
+                   "kernel_host_us": "as hf-trainer: eager PyTorch plus HF modules' plumbing, 12 us taken",
+                   "step_host_ms": "as hf-trainer: the Trainer's per-step loss check and callbacks, "
+                                   "3 ms taken"}),
     Stack("lightning", "PyTorch Lightning Trainer: the user's eager model with SDPA attention, FSDPStrategy "
           "(FSDP1)", "flash", "eager", EAGER_KERNEL_HOST_US, 1.0,
           sources={"attention": _SDPA, "elementwise": _EAGER_CHAINS, "kernel_host_us": _EAGER_HOST,
