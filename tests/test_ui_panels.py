@@ -279,6 +279,11 @@ def test_the_planner_puts_the_fastest_fitting_candidate_first():
     assert "previous plan" not in planner.figure.axes[0].get_title()
     # The chart plots what "fits" compares: the reserved memory against the GPU's.
     assert planner.figure.axes[0].get_xlabel().startswith("reserved memory per GPU")
+    # ... and each fitting candidate's likely step time as a bar (the 80% interval).
+    from matplotlib.collections import LineCollection
+
+    bars = [c for c in planner.figure.axes[0].collections if isinstance(c, LineCollection)]
+    assert bars and all(len(seg) == 2 for seg in bars[0].get_segments())
 
 
 def test_notebook_text_names_settings_not_command_line_flags():

@@ -33,10 +33,13 @@ def summary_row(result) -> dict:
     mem = m["memory"]
     ov = m["comm_overlap_fraction"]
     band = m.get("tokens_per_s_interval") or (None, None)
+    step_band = m.get("step_time_s_interval") or (None, None)
     return {
         "params": m["params"],
         "stack": m.get("stack"),
         "step_ms": m["step_time_s"] * 1e3,
+        "step_ms_low": step_band[0] * 1e3 if step_band[0] is not None else None,  # the 80% interval
+        "step_ms_high": step_band[1] * 1e3 if step_band[1] is not None else None,
         "compute_ms": m["compute_time_s"] * 1e3,
         "exposed_comm_ms": m["exposed_comm_s"] * 1e3,
         "overlap": ov,

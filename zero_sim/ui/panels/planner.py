@@ -176,13 +176,16 @@ class Planner(Panel):
         for name in names:
             group, color = ok[ok["strategy"] == name], strategy_color(name)
             fit, nofit = group[group["fits"]], group[~group["fits"]]
+            _interval_bars(ax, fit, color)
             ax.scatter(fit["reserved_GB"], fit["step_ms"], color=color, s=30)
             ax.scatter(nofit["reserved_GB"], nofit["step_ms"], facecolors="none", edgecolors=color, s=30)
             handles.append(Line2D([], [], marker="o", linestyle="", color=color, label=name))
         grey = "#555555"
         handles += [Line2D([], [], marker="o", linestyle="", color=grey, label="filled: fits"),
                     Line2D([], [], marker="o", linestyle="", markerfacecolor="none", markeredgecolor=grey,
-                           label="hollow: does not fit")]
+                           label="hollow: does not fit"),
+                    Line2D([], [], marker="|", linestyle="", color=grey, alpha=0.5, markersize=10,
+                           label="bar: likely step time (80%)")]
         if len(ok):
             ax.axvline(ok["capacity_GB"].iloc[0], color="black", linestyle="--", linewidth=1)
             handles.append(Line2D([], [], color="black", linestyle="--", linewidth=1, label="GPU memory"))
@@ -196,6 +199,16 @@ class Planner(Panel):
                      fontsize=10)
         legend_beside(ax, handles)
         fig.show()
+
+
+def _interval_bars(ax, rows, color) -> None:
+    """Each fitting candidate's likely step time (the 80% interval, zero_sim.confidence) as a bar."""
+    if "step_ms_low" not in rows or rows["step_ms_low"].isna().all():
+        return
+    below = (rows["step_ms"] - rows["step_ms_low"]).clip(lower=0)
+    above = (rows["step_ms_high"] - rows["step_ms"]).clip(lower=0)
+    ax.errorbar(rows["reserved_GB"], rows["step_ms"], yerr=[below, above], fmt="none", ecolor=color,
+                alpha=0.35, linewidth=1)
 
 
 __all__ = ["Planner"]
