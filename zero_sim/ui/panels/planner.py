@@ -185,7 +185,7 @@ class Planner(Panel):
                     Line2D([], [], marker="o", linestyle="", markerfacecolor="none", markeredgecolor=grey,
                            label="hollow: does not fit"),
                     Line2D([], [], marker="|", linestyle="", color=grey, alpha=0.5, markersize=10,
-                           label="bar: likely step time (80%)")]
+                           label="bar: likely (80%)")]
         if len(ok):
             ax.axvline(ok["capacity_GB"].iloc[0], color="black", linestyle="--", linewidth=1)
             handles.append(Line2D([], [], color="black", linestyle="--", linewidth=1, label="GPU memory"))
