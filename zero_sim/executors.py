@@ -33,6 +33,15 @@ def default_executor(tasks: int, workers: int | None = None) -> Executor | None:
     return ProcessPoolExecutor(max_workers=workers)
 
 
+def map_on(executor: Executor | None, fn, items: list, chunksize: int = 1):
+    """``fn`` over ``items`` in order: here when ``executor`` is None, else on it (a process pool
+    sends ``chunksize`` items per message; other executors take them one by one)."""
+    if executor is None:
+        return map(fn, items)
+    batch = {"chunksize": chunksize} if isinstance(executor, ProcessPoolExecutor) else {}
+    return executor.map(fn, items, **batch)
+
+
 def dask_executor(scheduler) -> Executor:
     """The executor of a Dask cluster, given its scheduler's address or a ``Client``."""
     try:
@@ -44,4 +53,4 @@ def dask_executor(scheduler) -> Executor:
     return client.get_executor()
 
 
-__all__ = ["MIN_FOR_POOL", "default_executor", "dask_executor"]
+__all__ = ["MIN_FOR_POOL", "dask_executor", "default_executor", "map_on"]

@@ -22,13 +22,13 @@ a search with every candidate simulated), so the top K is the same as simulating
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 import pandas as pd
 
+from zero_sim.executors import map_on
 from zero_sim.plan_bounds import bounds
-from zero_sim.planner import FITS, NO_FIT, REFUSED, candidates, knobs_label, too_close_to_call
+from zero_sim.planner import FITS, NO_FIT, REFUSED, candidates, knobs_label, ranked
 from zero_sim.scenario import ScenarioError
 from zero_sim.sweep import Progress, run_rows
 from zero_sim.system.gpus import GB
@@ -81,12 +81,7 @@ def bound_or_refusal(scenario: dict) -> Any:
 def _bounded(space: list[dict], executor: Any) -> tuple[list[dict], list[tuple[Any, dict]]]:
     """Rows settled by their bounds alone, and the (bounds, scenario) pairs left to simulate."""
     settled, open_ = [], []
-    if executor is None:
-        found = map(bound_or_refusal, space)
-    else:
-        batch = {"chunksize": 32} if isinstance(executor, ProcessPoolExecutor) else {}
-        found = executor.map(bound_or_refusal, space, **batch)
-    for s, b in zip(space, found, strict=True):
+    for s, b in zip(space, map_on(executor, bound_or_refusal, space, chunksize=32), strict=True):
         if isinstance(b, str):
             settled.append(s | {"error": b, "settled": REFUSAL})
             continue
@@ -136,11 +131,7 @@ def rank(df: pd.DataFrame, top: int) -> pd.DataFrame:
                      else FITS if fits else NO_FIT
                      for settled, fits in zip(df["settled"], df["fits"], strict=True)]
     df.insert(0, "knobs", [knobs_label(r) for r in df.to_dict("records")])
-    df = df.sort_values(["fits", "tokens_per_s"], ascending=[False, False], na_position="last")
-    df["too_close_to_call"] = too_close_to_call(df)
-    df.index = range(1, len(df) + 1)
-    df.index.name = "rank"
-    return df
+    return ranked(df)
 
 
 __all__ = ["MICRO_BATCHES", "PlanError", "rank", "search", "search_space"]

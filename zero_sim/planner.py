@@ -90,6 +90,12 @@ def plan(model: str = "gpt2-1.5b", gpus: int = 8, topology: str = "dgx-a100", gp
     refused = df["error"].notna() if "error" in df else pd.Series(False, index=df.index)
     df["outcome"] = [REFUSED if r else FITS if fits else NO_FIT
                      for r, fits in zip(refused, df["fits"], strict=True)]
+    return ranked(df)
+
+
+def ranked(df: pd.DataFrame) -> pd.DataFrame:
+    """The table in rank order: what fits first, fastest first; rows too close to the fastest
+    marked; rows numbered from 1."""
     df = df.sort_values(["fits", "tokens_per_s"], ascending=[False, False], na_position="last")
     df["too_close_to_call"] = too_close_to_call(df)
     df.index = range(1, len(df) + 1)
@@ -125,5 +131,5 @@ def tally(df: pd.DataFrame) -> str:
     return ", ".join(parts)
 
 
-__all__ = ["FITS", "NO_FIT", "PLANNER_SKIPS", "REFUSED", "candidates", "knobs_label", "plan", "tally",
-           "too_close_to_call"]
+__all__ = ["FITS", "NO_FIT", "PLANNER_SKIPS", "REFUSED", "candidates", "knobs_label", "plan", "ranked",
+           "tally", "too_close_to_call"]

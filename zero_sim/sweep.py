@@ -14,11 +14,11 @@ bar the caller made (anything with ``update``, such as a ``tqdm``) is advanced.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 import pandas as pd
 
+from zero_sim.executors import map_on
 from zero_sim.scenario import ScenarioError, simulate
 from zero_sim.system.gpus import GB
 
@@ -99,11 +99,7 @@ def run_rows(scenarios: list[dict], progress: Progress = None, description: str 
         progress = tqdm(total=len(scenarios), desc=description, unit="scenario")
     elif progress is False:
         progress = None
-    if executor is None:
-        results = map(simulate_row, scenarios)
-    else:  # a process pool sends scenarios in small batches; other executors take them one by one
-        batch = {"chunksize": 4} if isinstance(executor, ProcessPoolExecutor) else {}
-        results = executor.map(simulate_row, scenarios, **batch)
+    results = map_on(executor, simulate_row, scenarios, chunksize=4)
     rows = []
     for done, row in enumerate(results, start=1):
         rows.append(row)
