@@ -1,5 +1,7 @@
 """The engine: FIFO streams, collectives that wait for every member, links that are shared."""
 
+import dataclasses
+
 import pytest
 
 from zero_sim.calibration import Calibration, CollectiveFit
@@ -13,6 +15,7 @@ from zero_sim.scenario import simulate
 from zero_sim.system.collectives import CollectiveModel
 from zero_sim.system.topology import build_topology
 from zero_sim.vocabulary import COMPUTE
+from zero_sim.vocabulary.records import OpRecord
 
 
 def run(program, topology="dgx-a100", n=2, **config):
@@ -81,6 +84,28 @@ def test_a_slow_host_starves_the_gpu():
     slow, _ = run(b.build(), host_overhead_s=1e-3)
     assert fast[(0, "fwd L9")].end_s == pytest.approx(10 * 1e-4 + 1e-6, rel=0.01)
     assert slow[(0, "fwd L9")].end_s == pytest.approx(10 * 1e-3 + 1e-4, rel=0.01)
+
+
+def test_the_host_runs_ahead_of_its_gpu_and_waits_only_at_a_sync():
+    # Launches are drawn on the host lane; ahead of a long kernel the host has issued the next
+    # ones long before they start, and a sync holds it until the op it waits on has ended.
+    b = ProgramBuilder()
+    first = b.compute("fwd L0", "forward", 0.01, host_s=1e-4)
+    b.compute("fwd L1", "forward", 1e-3, host_s=1e-4)
+    b.sync("wait L0", "forward", deps=(first,), host_s=0.0)
+    b.compute("fwd L2", "forward", 1e-3, host_s=1e-4)
+    ops, _ = run(b.build())
+    launches = {name: r for (rank, name), r in ops.items() if name.startswith("launch")}
+    assert launches["launch fwd L1"].end_s == pytest.approx(2e-4)
+    assert ops[(0, "fwd L1")].start_s == pytest.approx(ops[(0, "fwd L0")].end_s)
+    assert launches["launch fwd L2"].start_s == pytest.approx(ops[(0, "fwd L0")].end_s)
+    assert launches["launch fwd L2"].end_s == pytest.approx(ops[(0, "fwd L0")].end_s + 1e-4)
+    assert ops[(0, "fwd L2")].start_s == pytest.approx(ops[(0, "fwd L1")].end_s)
+
+
+def test_an_op_record_becomes_a_dict_of_every_field():
+    record = OpRecord(3, "comm", "all_gather L1", 0.5, 0.75, 1e6, 1, "forward", 1, "collective", "ring")
+    assert record.to_dict() == dataclasses.asdict(record)
 
 
 def test_compute_overlapping_communication_runs_slower_when_asked():

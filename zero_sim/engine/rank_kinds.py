@@ -83,8 +83,9 @@ class Backend:
         return None
 
     def admit(self, rank: int, step: int, op: Op, slots: simpy.Resource | None):
-        """Run collective ``op`` from the head of its stream: the stream waits until it ends."""
-        yield from self.engine.collective(rank, step, op)
+        """Run collective ``op`` from the head of its stream (a simpy generator): the stream waits
+        until it ends."""
+        return self.engine.collective(rank, step, op)
 
     def stage_latency(self, stage: Stage, caller: tuple, ranks: tuple[int, ...]):
         """Pay one plan stage's latency (a simpy generator); ``caller`` is (stream, group, index)."""
