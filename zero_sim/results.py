@@ -51,6 +51,7 @@ reaches (what ``nvidia-smi`` shows), and it is what must fit.  Defaults and thei
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from zero_sim.breakdown import PHASE_KEYS, step_breakdown
@@ -66,6 +67,7 @@ from zero_sim.vocabulary import (
     OPTIMIZER_STATE,
     PARAMS,
 )
+from zero_sim.vocabulary.records import OpRecord
 
 # GB per GPU outside the tensors (CUDA context with its kernels and cuBLAS workspaces, plus one
 # NCCL communicator's buffers); sources in the module docstring.  Unknown GPUs: the newest figure.
@@ -94,17 +96,32 @@ def allocator_reserve(recompute: str, given: float | None = None) -> float:
 
 @dataclass
 class SimResult:
-    """One simulation: ``metrics`` (the JSON contract), ``ops``, ``memory``, and how it was set up."""
+    """One simulation: ``metrics`` (the JSON contract), ``ops``, ``memory``, and how it was set up.
+
+    ``ops`` and ``memory`` are built from the engine's records the first time they are read: a
+    search that reads only ``metrics`` never pays for hundreds of thousands of dicts."""
 
     metrics: dict[str, Any]
-    ops: list[dict[str, Any]]
-    memory: list[dict[str, Any]]  # {rank, t_s, category, bytes}: the category's total after each change
+    records: list[OpRecord] = field(repr=False)
+    # rank -> (t, category, the category's total after the change)
+    memory_samples: dict[int, list[tuple[float, str, int]]] = field(repr=False)
     scenario: Scenario  # every setting, resolved (zero_sim.scenario_types); .to_dict() for JSON
     window: tuple[float, float]
     world_size: int
     simulated_ranks: list[int]
     notes: list[str] = field(default_factory=list)
     events: int = 0
+
+    @cached_property
+    def ops(self) -> list[dict[str, Any]]:
+        """Every op of every simulated rank, as :meth:`OpRecord.to_dict` writes it."""
+        return [r.to_dict() for r in self.records]
+
+    @cached_property
+    def memory(self) -> list[dict[str, Any]]:
+        """{rank, t_s, category, bytes}: each category's total after each change, every simulated rank."""
+        return [{"rank": rank, "t_s": t, "category": cat, "bytes": b}
+                for rank, samples in self.memory_samples.items() for t, cat, b in samples]
 
     def ops_frame(self):
         import pandas as pd

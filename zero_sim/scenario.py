@@ -388,13 +388,11 @@ def _result(p: Prepared, program: Program, run: RunOutput, scenario: Scenario) -
     metrics["config_notes"] = reading.notes if reading is not None else []
     # The stack assumed in one line, then each setting given that overrides it.
     metrics["stack_notes"] = list(p.stack_notes)
-    ops = [r.to_dict() for r in run.records]
-    memory = [{"rank": rank, "t_s": t, "category": cat, "bytes": b}
-              for rank, events in run.memory.items() for t, cat, b in events]
     ends = run.step_ends[run.simulated_ranks[0]]
     window = (ends[-2] if len(ends) > 1 else 0.0, ends[-1])
     notes = list(p.stack_notes) + list(program.notes) + (reading.notes if reading is not None else [])
-    return SimResult(metrics, ops, memory, scenario, window, s.gpus, run.simulated_ranks, notes, run.events)
+    return SimResult(metrics, run.records, run.memory, scenario, window, s.gpus, run.simulated_ranks, notes,
+                     run.events)
 
 
 def simulate(workload: Workload | None = None, **kwargs) -> SimResult:
