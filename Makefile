@@ -9,7 +9,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 PORT   ?= 8888
 
-.PHONY: lab test test-fast shell fuzz demo bench lint browser-deps allocator-deps clean
+.PHONY: lab lab-settings notebook-filter test test-fast shell fuzz demo bench lint browser-deps allocator-deps clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -22,9 +22,35 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	touch $(STAMP)
 
 # Headless-safe: no browser is opened; the URL with its token is printed. Root (containers) needs --allow-root.
-lab: $(STAMP) allocator-deps
-	$(BIN)/jupyter lab --no-browser --ip=127.0.0.1 --port=$(PORT) --notebook-dir=notebooks \
-	  $$( [ "$$(id -u)" = 0 ] && echo --allow-root )
+# The lab works on copies in out/lab/notebooks (a notebook updated in notebooks/ replaces its copy), so
+# running and editing them leaves the checkout clean; docs/ and runs/ sit beside them as in the checkout,
+# so the notebooks' links and paths work.
+LAB_ROOT := out/lab
+lab: $(STAMP) allocator-deps lab-settings notebook-filter
+	@mkdir -p $(LAB_ROOT)/notebooks runs
+	@cp -u notebooks/*.ipynb $(LAB_ROOT)/notebooks/
+	@ln -sfn ../../docs $(LAB_ROOT)/docs
+	@ln -sfn ../../runs $(LAB_ROOT)/runs
+	@echo "Notebooks are copies in $(LAB_ROOT)/notebooks: run and edit them freely."
+	$(BIN)/jupyter lab --no-browser --ip=127.0.0.1 --port=$(PORT) --notebook-dir=$(LAB_ROOT) \
+	  --LabApp.default_url=/lab/tree/notebooks $$( [ "$$(id -u)" = 0 ] && echo --allow-root )
+
+# JupyterLab's defaults for this environment: no news pop-up over the notebooks, no update check.
+LAB_OVERRIDES := $(VENV)/share/jupyter/lab/settings/overrides.json
+lab-settings: $(STAMP)
+	@mkdir -p $(dir $(LAB_OVERRIDES))
+	@echo '{"@jupyterlab/apputils-extension:notification": {"fetchNews": "false", "checkForUpdates": false}}' \
+	  > $(LAB_OVERRIDES)
+
+# Whoever edits notebooks/ itself commits them without outputs: git strips them as it reads the files
+# (the nbstripout filter that .gitattributes names, defined here in this clone's .git/config; cell ids
+# and the committed kernel metadata kept).
+KERNEL_DETAILS := codemirror_mode file_extension mimetype nbconvert_exporter pygments_lexer version
+notebook-filter: $(STAMP)
+	@if git rev-parse --git-dir >/dev/null 2>&1; then \
+	  git config filter.nbstripout.clean "'$(abspath $(BIN))/python' -m nbstripout --keep-id \
+	    --extra-keys '$(addprefix metadata.language_info.,$(KERNEL_DETAILS))'" && \
+	  git config filter.nbstripout.smudge cat; fi
 
 # The browser test needs Debian's chromium; install it when we can (root + apt),
 # otherwise the test skips and says why.
