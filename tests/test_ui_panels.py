@@ -127,6 +127,9 @@ def test_the_trace_button_writes_a_perfetto_trace(explorer, tmp_path):
     trace = json.loads(files[0].read_text())
     assert {e["name"] for e in trace["traceEvents"] if e["ph"] == "X"} >= {"fwd L1", "bwd L1"}
     assert files[0].name in explorer.trace_status.value
+    # The path named the step shown then; once the step changes, it is no longer said.
+    explorer.controls["micro_batch"].value = 16
+    assert explorer.trace_status.value == ""
 
 
 def test_the_panel_reproduces_as_a_command_line(explorer):
@@ -323,6 +326,9 @@ def _check_reads_well(fig):
             if ax.axison:
                 assert not _overlaps(box, ax.get_window_extent(renderer)), "a legend sits on the data"
     for ax in fig.axes:
+        if ax.get_title():
+            box = ax.title.get_window_extent(renderer)
+            assert whole.x0 - 1 <= box.x0 and box.x1 <= whole.x1 + 1, f"title cut: {ax.get_title()!r}"
         if not ax.axison:
             continue
         for axis, label in ((ax.xaxis, ax.get_xlabel()), (ax.yaxis, ax.get_ylabel())):
@@ -341,6 +347,17 @@ def test_every_panel_figure_fits_the_notebook_with_its_legends_beside_the_data(e
     _check_reads_well(NcclFitPanel({"pair": PCIE_PAIR}).figure.fig)
     planner = Planner(model="gpt2-124m", gpus=8, topology="dgx-a100", micro_batch=4, recompute=("none",))
     _check_reads_well(planner.figure.fig)
+
+
+def test_the_quickstart_timeline_keeps_its_long_title_inside_the_figure():
+    import matplotlib.pyplot as plt
+
+    result = simulate(model="gpt2-124m", strategy="ddp", gpus=8, topology="pcie", micro_batch=8)
+    fig, ax = plt.subplots(figsize=(9, 3.2), layout="constrained")  # notebook 00's figure
+    result.plot_timeline(ax=ax, max_ranks=2)
+    assert len(ax.get_title()) > 80
+    _check_reads_well(fig)
+    plt.close(fig)
 
 
 def test_the_cli_demo_figure_keeps_its_legends_off_the_curves():

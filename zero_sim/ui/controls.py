@@ -73,8 +73,8 @@ def with_stop(stops: list, value) -> list:
 
 
 def stop_options(name: str, stops: Iterable, marked=None, mark: str = "") -> list[tuple[str, object]]:
-    """(label, value) for each stop; the stop equal to ``marked`` gets `` (mark)`` after its number."""
-    return [(_stop_label(name, v) + (f" ({mark})" if mark and v == marked else ""), v) for v in stops]
+    """(label, value) for each stop; the stop equal to ``marked`` gets ``mark`` after its number."""
+    return [(_stop_label(name, v) + (mark if mark and v == marked else ""), v) for v in stops]
 
 
 def _stop_label(name: str, v) -> str:

@@ -155,13 +155,15 @@ class ScenarioPanel(Panel):
             continuous_update=False, tooltip=COMMON_SETTINGS["bandwidth_gbps"].help)
         self.controls["bandwidth_gbps"].add_class("zs-bandwidth")
         self.controls["bandwidth_override"] = W.Checkbox(
-            value=value is not None, description="override the topology's bottleneck link", indent=False)
+            value=value is not None, description="override the topology's bottleneck link (* its own speed)",
+            indent=False)
 
     @staticmethod
     def _bandwidth_stops(preset: float, value: float) -> list:
         """The stops, the topology's own bottleneck marked among them, and the value shown now."""
         stops = with_stop(with_stop(STOPS["bandwidth_gbps"], preset), value)
-        return stop_options("bandwidth_gbps", stops, marked=preset, mark="topology's")
+        # The slider's readout is a few characters wide: the topology's own speed is marked "*".
+        return stop_options("bandwidth_gbps", stops, marked=preset, mark="*")
 
     def _strategy_value(self) -> str:
         w = self.controls.get("strategy")

@@ -92,7 +92,7 @@ def plot_timeline(result, ax=None, max_ranks: int = 8, title: str | None = None,
         title = timeline_title(result, max_ranks if say_ranks else result.world_size)
     elif shown:
         title = f"{title} ({shown})"
-    ax.set_title(title)
+    ax.set_title(title, fontsize=10, wrap=True)  # wrapped at the figure's edge, never cut there
     if legend:
         used = {parse_op_name(name).kind for name in {op["name"] for op in result.ops} if _parses(name)}
         legend_beside(ax, [Patch(color=c, label=k) for k, c in COLORS.items() if k in used])
@@ -153,11 +153,12 @@ def plot_memory(result, ax=None, rank: int = 0, show_capacity: bool = True):
     mem = result.metrics["memory"]
     if show_capacity and mem["peak_bytes"] > 0.5 * mem["capacity_bytes"]:
         ax.axhline(mem["capacity_bytes"] / 1e9, color="black", linestyle="--", linewidth=1,
-                   label=f"{result.metrics['gpu']} capacity")
+                   label="capacity")  # the GPU is named in the title: a legend entry stays short
     ax.set_xlabel("time in step (ms)")
     ax.set_ylabel(f"memory, rank {rank} (GB)")
     short = "" if mem["fits"] else f" — does NOT fit, short by {mem['shortfall_bytes'] / 1e9:.2f} GB"
-    ax.set_title(f"memory: peak {mem['peak_bytes'] / 1e9:.2f} GB" + short)
+    ax.set_title(f"memory of one {result.metrics['gpu']}: tensors' peak {mem['peak_bytes'] / 1e9:.2f} GB"
+                 + short)
     # Top of the stack first, as the eye reads the picture.
     handles, labels = ax.get_legend_handles_labels()
     legend_beside(ax, handles[::-1], labels=labels[::-1])

@@ -107,7 +107,7 @@ class MemoryCalculator(Panel):
             f"<div style='line-height:1.6'>With <b>{name}</b>, each of the {r['gpus']} GPUs holds "
             f"<b>{format_gb(r['params_bytes'])}</b> of parameters + <b>{format_gb(r['grads_bytes'])}</b> "
             f"of gradients + <b>{format_gb(r['optimizer_bytes'])}</b> of optimizer state = "
-            f"<b>{format_gb(r['total_bytes'])}</b> of model states, which {fits} in a "
+            f"<b>{format_gb(r['total_bytes'])}</b> of model states, which {fits} in one "
             f"{self.controls['gpu'].value} ({format_gb(r['capacity_bytes'])}) before a single activation "
             f"is stored.<br>"
             f"Each GPU sends and receives about {vol} = {r['comm_volume_bytes'] / GB:.1f} GB per step "

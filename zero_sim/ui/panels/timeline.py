@@ -43,7 +43,8 @@ class TimelineExplorer(ScenarioPanel):
         self.errors.add_class("zs-error")
         self.notes = W.HTML()
         self.trace_button = W.Button(description="save Perfetto trace", icon="download",
-                                     tooltip="write this step as a Chrome/Perfetto trace JSON")
+                                     tooltip="write this step as a Chrome/Perfetto trace JSON",
+                                     layout=W.Layout(width="14em"))  # wide enough for the whole label
         self.trace_status = W.HTML()
         self.trace_status.add_class("zs-trace-status")
         self.trace_button.on_click(lambda _: self.save_trace())
@@ -71,6 +72,7 @@ class TimelineExplorer(ScenarioPanel):
 
     def render(self):
         fig = self.figure
+        self.trace_status.value = ""  # a path written for the step shown before would name another step
         if self.error:
             self.metrics.value = ""
             self.errors.value = error_html(self.error)
