@@ -29,7 +29,8 @@ def _executed(name: str):
     """A notebook to execute; one that starts real multi-process runs is marked slow, as those runs are."""
     code = "\n".join(c.source for c in nbformat.read(NOTEBOOKS_DIR / name, as_version=4).cells
                      if c.cell_type == "code")
-    return pytest.param(name, marks=pytest.mark.slow) if "launch(" in code else name
+    starts_runs = "launch(" in code or "launch_in_cluster(" in code
+    return pytest.param(name, marks=pytest.mark.slow) if starts_runs else name
 BUDGET_S = 60.0
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 
