@@ -45,7 +45,8 @@ def test_zero3_holds_more_in_flight_while_a_layer_is_gathered_than_between_layer
     moments = [timeline.moment(0, timeline.step_s * i / 200) for i in range(200)]
     in_flight = [m.in_flight_bytes for m in moments]
     assert max(in_flight) > min(in_flight)
-    gathering = [m.in_flight_bytes for m in moments if any(op["name"].startswith("all_gather") for op in m.comm)]
+    gathering = [m.in_flight_bytes for m in moments
+                 if any(op["name"].startswith("all_gather") for op in m.comm)]
     assert gathering and max(gathering) == max(in_flight)
 
 
