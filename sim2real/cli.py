@@ -35,6 +35,7 @@ from sim2real.validate_report import headline
 from zero_sim import cli
 from zero_sim.calibration import Calibration, fit_nccl_tests_text, topology_from_imports
 from zero_sim.calibration.format import FITTED_COLLECTIVES
+from zero_sim.calibration.from_traces import calibration_from_traces
 from zero_sim.published.fit import refit, write_fit
 from zero_sim.published.report import format_report, published_report, report_json
 from zero_sim.system.run_overheads import FIT_FILE
@@ -58,6 +59,9 @@ def _calibrate_args(cal) -> None:
                           "(repeatable: one per collective)")
     cal.add_argument("--nvidia-smi-topo", type=Path, default=None,
                      help="with --nccl-tests: also build a topology from `nvidia-smi topo -m` output")
+    cal.add_argument("--from-trace", type=Path, nargs="+", default=None, metavar="PATH",
+                     help="fit from PyTorch profiler traces of your own GPU run instead of measuring: "
+                          ".json or .json.gz files, or folders of them (see docs/calibration.md)")
 
 
 def _imported(args) -> Calibration:
@@ -99,7 +103,19 @@ def _measured(args) -> Calibration:
                            args.max_bytes, on_line=print, device=args.device, precision=precision)
 
 
+def _from_traces(args) -> int:
+    findings = calibration_from_traces(args.from_trace)
+    findings.calibration.save(args.out)
+    print(findings.report())
+    print(f"wrote {args.out}; use it with `zero-sim simulate --calibration {args.out}`")
+    return 0
+
+
 def _calibrate(args) -> int:
+    if args.from_trace:
+        if args.nccl_tests:
+            raise cli.UsageError("--from-trace and --nccl-tests are two sources of one calibration; give one")
+        return _from_traces(args)
     result = _imported(args) if args.nccl_tests else _measured(args)
     result.save(args.out)
     print(result.describe())

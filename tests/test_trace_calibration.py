@@ -1,0 +1,120 @@
+"""Calibrating from the user's own profiler traces, starting with a real one: DDP on two A100s."""
+
+import gzip
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from sim2real.cli import main as zero_sim
+from zero_sim import simulate
+from zero_sim.calibration import Calibration
+from zero_sim.calibration.format import CalibrationError
+from zero_sim.calibration.from_traces import calibration_from_traces
+
+A100_TRACE = Path(__file__).parent / "data" / "hta_a100_ddp" / "rank-0.json.gz"
+
+
+@pytest.fixture(scope="module")
+def findings():
+    return calibration_from_traces([A100_TRACE])
+
+
+def nccl_kernels():
+    events = json.load(gzip.open(A100_TRACE))["traceEvents"]
+    return [e for e in events if e.get("cat") == "kernel" and e["name"].startswith("nccl")]
+
+
+def test_the_device_properties_choose_the_gpu_preset(findings):
+    # The trace names an "A100-PG509-200" with 42.3 GB: the 40 GB part.
+    assert findings.gpu == "A100-40GB"
+    assert findings.ranks == [0] and findings.steps == 3
+
+
+def test_every_sized_all_reduce_kernel_feeds_a_fit_over_its_group(findings):
+    sized = [k for k in nccl_kernels() if k["args"].get("Collective name") == "allreduce"]
+    assert findings.collectives["all_reduce"]["calls"] == len(sized) == 15
+    fit = findings.calibration.collectives["all_reduce"]
+    assert fit.world_size == 2
+    # nccl-tests' size convention: elements x 4 bytes of float, the fastest call of each size.
+    assert sorted(fit.sizes) == sorted({4 * k["args"]["In msg nelems"] for k in sized})
+    for size, seconds in zip(fit.sizes, fit.times_s, strict=True):
+        fastest = min(k["dur"] for k in sized if 4 * k["args"]["In msg nelems"] == size) * 1e-6
+        assert seconds == pytest.approx(fastest)
+        assert fit.time(size) == pytest.approx(seconds, rel=fit.max_rel_error + 1e-9)
+    assert 1e9 < fit.busbw < 300e9 and fit.latency_s >= 0
+
+
+def test_kernel_time_is_split_by_phase_and_by_kind(findings):
+    # A convolutional network's backward pass does about twice its forward pass's work.
+    phases = findings.phases_ms
+    assert {"forward", "backward", "optimizer"} <= phases.keys()
+    assert 1.5 < phases["backward"] / phases["forward"] < 4
+    mix = findings.kernel_mix_ms
+    assert {"GEMM and convolution", "communication", "normalisation", "optimizer"} <= mix.keys()
+    assert sum(phases.values()) == pytest.approx(sum(mix.values()), rel=1e-6)
+    assert 0 < findings.idle_compute_ms < findings.step_ms
+
+
+def test_the_report_says_what_it_could_not_find(findings):
+    report = findings.report()
+    assert "A100-40GB" in report and "all_reduce n=2" in report
+    assert "not found: per-layer times" in report
+
+
+def test_the_file_written_is_one_the_simulator_reads(tmp_path, capsys):
+    out = tmp_path / "cal.json"
+    assert zero_sim(["calibrate", "--from-trace", str(A100_TRACE), "--out", str(out)]) == 0
+    assert f"wrote {out}" in capsys.readouterr().out
+    cal = Calibration.load(out)
+    assert cal.measured_on["traces"] == [A100_TRACE.name] and cal.measured_on["gpu"] == "A100-40GB"
+    fit = cal.collectives["all_reduce"]
+    with_trace = simulate(model="gpt2-124m", strategy="ddp", gpus=2, topology="p4d-efa", calibration=str(out))
+    plain = simulate(model="gpt2-124m", strategy="ddp", gpus=2, topology="p4d-efa")
+    # Two ranks' all-reduces now cost what the trace measured, not what the preset's links say.
+    assert with_trace.metrics["comm_time_s"] != pytest.approx(plain.metrics["comm_time_s"], rel=0.01)
+    first = next(op for op in with_trace.ops if op["name"].startswith("all_reduce") and op["rank"] == 0)
+    assert first["end_s"] - first["start_s"] >= fit.latency_s
+
+
+def test_a_folder_of_traces_is_read_whole(tmp_path):
+    shutil.copy(A100_TRACE, tmp_path / "rank-0.pt.trace.json.gz")
+    assert calibration_from_traces([tmp_path]).collectives["all_reduce"]["calls"] == 15
+
+
+def test_kernels_without_message_sizes_say_why_there_is_no_collective_fit(tmp_path):
+    data = json.load(gzip.open(A100_TRACE))
+    for e in data["traceEvents"]:
+        for key in ("In msg nelems", "Out msg nelems", "Group size"):
+            e.get("args", {}).pop(key, None)
+    older = tmp_path / "older.json"
+    older.write_text(json.dumps(data))
+    found = calibration_from_traces([older])
+    assert found.calibration.collectives == {}
+    assert any("NCCL message sizes" in why for why in found.not_found)
+
+
+@pytest.mark.parametrize("content, fragment", [
+    (b'{"a": 1}', "not a PyTorch profiler trace"),
+    (b'{"traceEvents": [', "not complete JSON"),
+    (b'{"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "aten::add", "ts": 0, "dur": 1}]}',
+     "hold no GPU kernels"),
+])
+def test_what_is_not_a_gpu_trace_is_one_sentence_and_status_2(tmp_path, capsys, content, fragment):
+    bad = tmp_path / "bad.json"
+    bad.write_bytes(content)
+    with pytest.raises(CalibrationError, match=fragment):
+        calibration_from_traces([bad])
+    assert zero_sim(["calibrate", "--from-trace", str(bad), "--out", str(tmp_path / "c.json")]) == 2
+    err = capsys.readouterr().err
+    assert fragment in err and err.count("\n") == 1 and not (tmp_path / "c.json").exists()
+
+
+def test_a_truncated_download_and_a_missing_path_are_told_apart(tmp_path):
+    cut = tmp_path / "cut.json.gz"
+    cut.write_bytes(A100_TRACE.read_bytes()[:5000])
+    with pytest.raises(CalibrationError, match="truncated"):
+        calibration_from_traces([cut])
+    with pytest.raises(CalibrationError, match="does not exist"):
+        calibration_from_traces([tmp_path / "nowhere.json"])

@@ -1,0 +1,275 @@
+"""A calibration from the user's own PyTorch profiler (Kineto) traces: what their GPUs measured.
+
+``calibration_from_traces(paths)`` reads one or more per-rank traces (``.json`` or
+``.json.gz``, files or a folder of them, the files ``torch.profiler`` writes and TensorBoard,
+Perfetto and Holistic Trace Analysis open) and returns a :class:`TraceFindings`: a
+:class:`~zero_sim.calibration.format.Calibration` the simulator reads (``--calibration``) and a
+report of what was found and what could not be.
+
+What it reads, and the rule for each:
+
+* **the device**: ``deviceProperties`` (name and memory) chooses the GPU preset
+  (:func:`zero_sim.system.device_names.preset_for_device`; an A100 whose name gives no memory
+  size is told apart by its memory, 40 or 80 GB);
+* **collectives**: every NCCL kernel, with the message size and group size newer PyTorch
+  records in its arguments (``Collective name``, ``In msg nelems``, ``Out msg nelems``,
+  ``Group size``, ``dtype``). Sizes follow nccl-tests' convention (the whole buffer: an
+  all-gather's output, a reduce-scatter's input). A kernel's duration also holds the time it
+  waited for the slowest peer to arrive, so the fastest call of each size and group stands for
+  the collective's own time; latency and bus bandwidth are then fitted per collective as for a
+  microbenchmark sweep (:func:`zero_sim.calibration.fit.fit_sweep`), for the group size seen most;
+* **phases**: each GPU kernel is traced back to the CPU launch that queued it (the shared
+  ``correlation`` id) and from there to the annotated region the launch ran in (``## forward ##``,
+  ``DistributedDataParallel.forward``, ``## backward ##``, ``Optimizer.step#...``); kernel time is
+  summed per phase and per profiler step (``ProfilerStep#N``), and the step of median length
+  reported;
+* **the kernel mix**: kernel time by kind, from the kernel's name (GEMM and convolution,
+  attention, normalisation, element-wise, optimizer, copies, communication);
+* **idle compute**: per step, the time no compute kernel ran on any stream, the upper bound of
+  what launch overhead and waiting for communication cost.
+
+Not found yet, and said so in the report: per-layer times (they need module annotations), the
+slowdown of compute beside NCCL kernels, and reading a trace larger than memory as a stream.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+import zlib
+from collections import Counter, defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from zero_sim.calibration.fit import fit_sweep
+from zero_sim.calibration.format import Calibration, CalibrationError
+from zero_sim.system.device_names import preset_for_device
+from zero_sim.vocabulary import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER
+from zero_sim.vocabulary.collectives import bus_factor
+
+# NCCL's own names for the collectives it records, and the simulator's.
+NCCL_NAMES = {"allreduce": ALL_REDUCE, "allgather": ALL_GATHER, "_allgather_base": ALL_GATHER,
+              "allgather_into_tensor_coalesced": ALL_GATHER, "reduce_scatter": REDUCE_SCATTER,
+              "_reduce_scatter_base": REDUCE_SCATTER, "reduce_scatter_tensor_coalesced": REDUCE_SCATTER}
+DTYPE_BYTES = {"float": 4, "float32": 4, "half": 2, "float16": 2, "bfloat16": 2, "double": 8, "long": 8,
+               "int": 4, "int64": 8, "int32": 4, "byte": 1, "char": 1, "bool": 1, "float8_e4m3fn": 1}
+# Kernel kinds by name, first match wins: communication before the rest (an NCCL kernel is not a GEMM).
+KERNEL_KINDS = (
+    ("communication", re.compile(r"^nccl", re.I)),
+    ("copies", re.compile(r"^Memcpy|^Memset|copy_kernel|CatArrayBatchedCopy", re.I)),
+    ("attention", re.compile(r"flash|fmha|attention|sdpa", re.I)),
+    ("GEMM and convolution", re.compile(r"gemm|xmma|cutlass|cublas|conv|dgrad|wgrad|fprop|scudnn|"
+                                        r"implicit_gemm", re.I)),
+    ("optimizer", re.compile(r"multi_tensor_apply|adam|sgd|fused_optimizer", re.I)),
+    ("normalisation", re.compile(r"norm|bn_", re.I)),
+    ("element-wise and other", re.compile(r".")),
+)
+PHASES = (("optimizer", re.compile(r"optimizer|Optimizer\.step", re.I)),
+          ("backward", re.compile(r"backward", re.I)),
+          ("forward", re.compile(r"forward", re.I)))
+A100_80GB_ABOVE_BYTES = 50e9  # an A100 reporting more memory than this is the 80 GB part
+
+
+@dataclass
+class TraceFindings:
+    """What the traces gave: a calibration for the simulator and the report of how it was found."""
+
+    calibration: Calibration
+    gpu: str | None
+    ranks: list[int]
+    steps: int
+    # The step of median length (of every rank's profiler steps): GPU kernel time per phase, per
+    # kernel kind, and the time no compute kernel ran.
+    phases_ms: dict[str, float] = field(default_factory=dict)
+    kernel_mix_ms: dict[str, float] = field(default_factory=dict)
+    idle_compute_ms: float | None = None
+    step_ms: float | None = None
+    collectives: dict[str, dict] = field(default_factory=dict)  # kind -> count, sizes, group size
+    not_found: list[str] = field(default_factory=list)
+
+    def report(self) -> str:
+        lines = [f"traces of rank(s) {', '.join(map(str, self.ranks))}: {self.steps} profiler step(s)"
+                 + (f"; the median one, {self.step_ms:.2f} ms, below" if self.step_ms else ""),
+                 f"device: {self.gpu or 'not recognised (the simulator keeps the GPU you give it)'}"]
+        if self.phases_ms:
+            lines.append("GPU time per step by phase: " + ", ".join(
+                f"{p} {ms:.2f} ms" for p, ms in self.phases_ms.items()))
+        if self.kernel_mix_ms:
+            total = sum(self.kernel_mix_ms.values()) or 1.0
+            lines.append("kernel mix per step: " + ", ".join(
+                f"{k} {ms:.2f} ms ({ms / total:.0%})" for k, ms in self.kernel_mix_ms.items()))
+        if self.idle_compute_ms is not None:
+            lines.append(f"no compute kernel running: {self.idle_compute_ms:.2f} ms per step (launch gaps "
+                         f"and waits for communication together)")
+        for kind, c in self.collectives.items():
+            lines.append(f"{kind}: {c['calls']} NCCL kernels over {c['group_size']} ranks, "
+                         f"{c['sizes']} sizes from {c['min_bytes']:,} to {c['max_bytes']:,} bytes")
+        lines.append(self.calibration.describe())
+        lines += [f"not found: {why}" for why in self.not_found]
+        return "\n".join(lines)
+
+
+def trace_files(paths: Iterable[str | Path]) -> list[Path]:
+    """The trace files among ``paths``: files as given, folders by their ``*.json`` and ``*.json.gz``."""
+    found: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            inside = sorted([*p.glob("*.json"), *p.glob("*.json.gz")])
+            if not inside:
+                raise CalibrationError(f"folder {str(p)!r} holds no .json or .json.gz trace; pass the folder "
+                                       f"torch.profiler wrote its traces to, or the files themselves")
+            found += inside
+        elif p.is_file():
+            found.append(p)
+        else:
+            raise CalibrationError(f"trace {str(p)!r} does not exist; pass a PyTorch profiler trace "
+                                   f"(.json or .json.gz) or a folder of them")
+    return found
+
+
+def read_trace(path: Path) -> dict:
+    """One trace file as a dict, or one sentence saying why it is not a profiler trace."""
+    try:
+        opener = gzip.open if path.suffix == ".gz" else open
+        with opener(path, "rt", encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, EOFError, zlib.error, UnicodeDecodeError) as exc:
+        raise CalibrationError(f"{path.name} cannot be read ({exc.__class__.__name__}: {exc}); a truncated "
+                               f"download or copy? Profile again or copy the file whole") from None
+    except json.JSONDecodeError as exc:
+        raise CalibrationError(f"{path.name} is not complete JSON ({exc.msg} at line {exc.lineno}); a "
+                               f"trace cut short while being written? Let the profiler finish, then copy "
+                               f"it") from None
+    if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):
+        raise CalibrationError(f"{path.name} is JSON but not a PyTorch profiler trace (no traceEvents "
+                               f"list); pass the files torch.profiler's trace handler writes")
+    return data
+
+
+def _device(data: dict) -> str | None:
+    props = (data.get("deviceProperties") or [{}])[0]
+    name = str(props.get("name", ""))
+    preset = preset_for_device(name) if name else None
+    if preset is None and "A100" in name.upper() and "PCIE" not in name.upper():
+        preset = "A100-80GB" if props.get("totalGlobalMem", 0) > A100_80GB_ABOVE_BYTES else "A100-40GB"
+    return preset
+
+
+def _nccl_rows(kernels: list[dict]) -> tuple[dict[int, list[dict]], dict[str, dict]]:
+    """nccl-tests-style rows (fastest call per collective, size and group) by group size, and a summary."""
+    fastest: dict[tuple[str, int, int], float] = {}
+    seen: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    for k in kernels:
+        args = k.get("args", {})
+        kind = NCCL_NAMES.get(str(args.get("Collective name", "")).lower())
+        group = args.get("Group size")
+        if kind is None or not isinstance(group, int) or group < 2:
+            continue
+        elem = DTYPE_BYTES.get(str(args.get("dtype", "")).lower())
+        nelems = args.get("Out msg nelems" if kind == ALL_GATHER else "In msg nelems")
+        if elem is None or not isinstance(nelems, int) or nelems <= 0 or not k.get("dur"):
+            continue
+        size = nelems * elem
+        key = (kind, size, group)
+        fastest[key] = min(fastest.get(key, float("inf")), float(k["dur"]))
+        seen[kind].append((size, group))
+    by_group: dict[int, list[dict]] = defaultdict(list)
+    for (kind, size, group), us in fastest.items():
+        algbw = size / (us * 1e-6) / 1e9
+        by_group[group].append({"collective": kind, "size_bytes": size, "time_us": us, "algbw_gbps": algbw,
+                                "busbw_gbps": algbw * bus_factor(kind, group)})
+    summary = {kind: {"calls": len(v), "group_size": Counter(g for _, g in v).most_common(1)[0][0],
+                      "sizes": len({s for s, _ in v}), "min_bytes": min(s for s, _ in v),
+                      "max_bytes": max(s for s, _ in v)} for kind, v in seen.items()}
+    return by_group, summary
+
+
+def _kind_of(name: str) -> str:
+    return next(kind for kind, pattern in KERNEL_KINDS if pattern.search(name))
+
+
+def _union_ms(spans: list[tuple[float, float]]) -> float:
+    total, end = 0.0, float("-inf")
+    for s, e in sorted(spans):
+        if e > end:
+            total += e - max(s, end)
+            end = e
+    return total / 1e3
+
+
+def _per_step(data: dict) -> tuple[list[dict], list[float]]:
+    """Per profiler step: kernel time by phase and by kind, idle compute; and the steps' lengths."""
+    events = [e for e in data["traceEvents"] if isinstance(e, dict) and e.get("ph") == "X"]
+    steps = sorted((e["ts"], e["ts"] + e["dur"]) for e in events
+                   if str(e.get("name", "")).startswith("ProfilerStep#"))
+    kernels = [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    launches = {e["args"]["correlation"]: e for e in events
+                if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})}
+    regions = [(e["ts"], e["ts"] + e["dur"], phase) for e in events if e.get("cat") == "user_annotation"
+               for phase, pattern in PHASES if pattern.search(str(e.get("name", "")))][:100_000]
+    rows: list[dict] = []
+    for lo, hi in steps or [(min((k["ts"] for k in kernels), default=0), float("inf"))]:
+        mine = [k for k in kernels if lo <= k["ts"] < hi]
+        phases: dict[str, float] = defaultdict(float)
+        kinds: dict[str, float] = defaultdict(float)
+        for k in mine:
+            kinds[_kind_of(str(k.get("name", "")))] += k["dur"] / 1e3
+            launch = launches.get(k.get("args", {}).get("correlation"))
+            at = launch["ts"] if launch else None
+            phase = next((p for s, e, p in regions if at is not None and s <= at <= e), "other")
+            phases[phase] += k["dur"] / 1e3
+        compute = [(k["ts"], k["ts"] + k["dur"]) for k in mine
+                   if _kind_of(str(k.get("name", ""))) != "communication"]
+        length = (hi - lo) / 1e3 if hi != float("inf") else None
+        idle = length - _union_ms(compute) if length else None
+        rows.append({"phases": dict(phases), "kinds": dict(kinds), "idle": idle, "length": length})
+    return rows, [r["length"] for r in rows if r["length"]]
+
+
+def _largest_first(ms: dict[str, float]) -> dict[str, float]:
+    return dict(sorted(ms.items(), key=lambda kv: -kv[1]))
+
+
+def calibration_from_traces(paths: Iterable[str | Path]) -> TraceFindings:
+    """Read the traces at ``paths`` (files or folders) and fit what they measured (module docstring)."""
+    files = trace_files(paths)
+    traces = [(p, read_trace(p)) for p in files]
+    kernels = [e for _, d in traces for e in d["traceEvents"]
+               if isinstance(e, dict) and e.get("cat") == "kernel"]
+    if not kernels:
+        raise CalibrationError(f"{', '.join(p.name for p in files)} hold no GPU kernels; profile with "
+                               f"ProfilerActivity.CUDA on a GPU run (a CPU-only trace has nothing to "
+                               f"calibrate)")
+    ranks = sorted({(d.get("distributedInfo") or {}).get("rank", i) for i, (_, d) in enumerate(traces)})
+    gpus = {g for g in (_device(d) for _, d in traces) if g}
+    by_group, summary = _nccl_rows([k for k in kernels if str(k.get("name", "")).startswith("nccl")])
+    not_found = []
+    fits = {}
+    if by_group:
+        group = max(by_group, key=lambda g: len(by_group[g]))
+        try:
+            fits = fit_sweep(by_group[group], group)
+        except CalibrationError as exc:
+            not_found.append(f"a collective fit: {exc}")
+    else:
+        not_found.append("NCCL message sizes: the kernels carry no 'In msg nelems' / 'Group size' arguments "
+                         "(PyTorch records them from 2.1 with record_shapes=True); no collective fit")
+    rows = [r for _, d in traces for r in _per_step(d)[0]]
+    # The step of median length stands for all: its phases and kinds add up, as medians per key would not.
+    timed = sorted((r for r in rows if r["length"]), key=lambda r: r["length"])
+    typical = timed[(len(timed) - 1) // 2] if timed else rows[0]
+    not_found += ["per-layer times: no module annotations (profile with with_modules=True or label "
+                  "layers with record_function); the simulator's compute model stays",
+                  "compute slowed beside NCCL kernels: not estimated from traces yet; the GPU's default "
+                  "stays"]
+    measured_on = {"source": "PyTorch profiler traces", "traces": [p.name for p in files],
+                   "ranks": ranks, "gpu": sorted(gpus)[0] if gpus else None}
+    calibration = Calibration(fits, None, "nccl", measured_on)
+    return TraceFindings(calibration, sorted(gpus)[0] if len(gpus) == 1 else None, ranks, len(timed),
+                         _largest_first(typical["phases"]), _largest_first(typical["kinds"]),
+                         typical["idle"], typical["length"], summary, not_found)
+
+
+__all__ = ["KERNEL_KINDS", "TraceFindings", "calibration_from_traces", "read_trace", "trace_files"]
