@@ -62,6 +62,10 @@ def _calibrate_args(cal) -> None:
     cal.add_argument("--from-trace", type=Path, nargs="+", default=None, metavar="PATH",
                      help="fit from PyTorch profiler traces of your own GPU run instead of measuring: "
                           ".json or .json.gz files, or folders of them (see docs/calibration.md)")
+    cal.add_argument("--tokens", type=int, default=None,
+                     help="with --from-trace: tokens per rank per step the traced run computed "
+                          "(micro-batch x sequence length), to use its layer times (read from run.json "
+                          "for real_runs traces)")
 
 
 def _imported(args) -> Calibration:
@@ -104,7 +108,9 @@ def _measured(args) -> Calibration:
 
 
 def _from_traces(args) -> int:
-    findings = calibration_from_traces(args.from_trace)
+    if args.tokens is not None and args.tokens < 1:
+        raise cli.UsageError(f"--tokens must be a positive number of tokens per rank, got {args.tokens}")
+    findings = calibration_from_traces(args.from_trace, tokens=args.tokens)
     findings.calibration.save(args.out)
     print(findings.report())
     print(f"wrote {args.out}; use it with `zero-sim simulate --calibration {args.out}`")

@@ -118,3 +118,58 @@ def test_a_truncated_download_and_a_missing_path_are_told_apart(tmp_path):
         calibration_from_traces([cut])
     with pytest.raises(CalibrationError, match="does not exist"):
         calibration_from_traces([tmp_path / "nowhere.json"])
+
+
+def labelled_cpu_trace(path: Path, layers: int = 4, steps: int = 3) -> Path:
+    """A CPU trace as real_runs --trace writes one: fwd/bwd spans per layer, layer i taking i+1 ms."""
+    events, t = [], 0.0
+    for step in range(steps):
+        events.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{step}", "ts": t,
+                       "dur": 1e5, "pid": 1, "tid": 1})
+        for direction, scale in (("fwd", 1.0), ("bwd", 2.0)):
+            for i in range(layers):
+                dur = (i + 1) * 1e3 * scale * (1.1 if step == 1 else 1.0)  # one slower step: medians
+                events.append({"ph": "X", "cat": "user_annotation", "name": f"{direction} L{i}", "ts": t,
+                               "dur": dur, "pid": 1, "tid": 1})
+                t += dur
+        t = (step + 1) * 1e5
+    path.write_text(json.dumps({"traceEvents": events, "distributedInfo": {"rank": 0, "world_size": 2}}))
+    return path
+
+
+def test_labelled_layers_become_the_compute_block_by_kind(tmp_path):
+    found = calibration_from_traces([labelled_cpu_trace(tmp_path / "rank0.json")], tokens=512)
+    compute = found.calibration.compute
+    # Layer 0 the embedding (1 ms), the last the head (4 ms), blocks the mean of layers 1 and 2.
+    assert compute.layer_seconds["embedding"] == pytest.approx({"fwd": 1e-3, "bwd": 2e-3})
+    assert compute.layer_seconds["block"] == pytest.approx({"fwd": 2.5e-3, "bwd": 5e-3})
+    assert compute.layer_seconds["head"] == pytest.approx({"fwd": 4e-3, "bwd": 8e-3})
+    assert compute.tokens == 512 and found.device_note.startswith("CPU")
+    assert any("gloo" in why for why in found.not_found)
+    # Without the tokens they computed at, the times are reported but not used.
+    unsized = calibration_from_traces([tmp_path / "rank0.json"])
+    assert unsized.calibration.compute is None and unsized.layer_ms["block"]["fwd"] == pytest.approx(2.5)
+    assert any("--tokens" in why for why in unsized.not_found)
+
+
+@pytest.mark.slow
+def test_a_real_runs_trace_calibrates_its_layers_at_the_tokens_of_its_run_json(tmp_path):
+    from real_runs.launch import launch
+    from sim2real.overlay import load_run
+    from sim2real.replay import predict_run
+
+    launch("ddp", nproc=2, out=tmp_path / "run", model="tiny", steps=5, global_batch=8, trace=True)
+    found = calibration_from_traces([tmp_path / "run" / "traces"])
+    assert found.ranks == [0, 1]
+    compute = found.calibration.compute
+    assert compute.tokens == 8 // 2 * 64  # global batch over ranks, times the tiny model's 64 tokens
+    assert compute.layer_seconds["block"]["bwd"] > compute.layer_seconds["block"]["fwd"] > 0
+    # The traced run replayed from its own trace's layer times.
+    out = tmp_path / "cal.json"
+    found.calibration.save(out)
+    replayed = predict_run(load_run(tmp_path / "run").run, str(out))
+    fwd = sum(op["end_s"] - op["start_s"] for op in replayed.step_ops(0) if op["name"].startswith("fwd L"))
+    blocks = len([op for op in replayed.step_ops(0) if op["name"].startswith("fwd L")]) - 2
+    traced = sum(compute.layer_seconds[k]["fwd"] for k in ("embedding", "head")) \
+        + blocks * compute.layer_seconds["block"]["fwd"]
+    assert fwd == pytest.approx(traced, rel=0.25)

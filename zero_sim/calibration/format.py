@@ -219,7 +219,8 @@ class Calibration:
             block = c.layer_seconds.get("block", {})
             parts.append(f"compute: block fwd {block.get('fwd', 0) * 1e3:.2f} ms / "
                          f"bwd {block.get('bwd', 0) * 1e3:.2f} ms "
-                         f"at {c.tokens} tokens, {c.ranks} rank(s) on {c.cores} core(s), slowest rank "
+                         f"at {c.tokens} tokens, {c.ranks} rank(s)"
+                         f"{'' if c.cores is None else f' on {c.cores} core(s)'}, slowest rank "
                          f"{c.slowest_rank_factor:.3f}x the mean")
         if self.cpu:
             parts.append(f"cpu: {self.cpu.collective_cpu_s * 1e6:.0f} us of compute lost per collective, "

@@ -28,8 +28,16 @@ What it reads, and the rule for each:
 * **idle compute**: per step, the time no compute kernel ran on any stream, the upper bound of
   what launch overhead and waiting for communication cost.
 
-Not found yet, and said so in the report: per-layer times (they need module annotations), the
-slowdown of compute beside NCCL kernels, and reading a trace larger than memory as a stream.
+* **per-layer times**: spans labelled ``fwd L<i>`` / ``bwd L<i>`` (what ``real_runs.train --trace``
+  writes; a user's own ``record_function`` labels work the same): on a GPU the kernels launched
+  inside each span from its thread, on a CPU the span itself. Layer 0 is the embedding, the last the
+  head, the rest blocks; each layer's median over its spans, each kind's mean over its layers. With
+  the tokens per rank the run computed (``tokens=``, or a real run's ``run.json`` beside its
+  traces) they become the calibration's compute block.
+
+Not found yet, and said so in the report: layers from ``with_modules`` module annotations, the
+slowdown of compute beside NCCL kernels, how compute is shared when more ranks than cores run (a
+CPU calibration's sweep measures it), and reading a trace larger than memory as a stream.
 """
 
 from __future__ import annotations
@@ -37,6 +45,7 @@ from __future__ import annotations
 import gzip
 import json
 import re
+import statistics
 import zlib
 from collections import Counter, defaultdict
 from collections.abc import Iterable
@@ -44,7 +53,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from zero_sim.calibration.fit import fit_sweep
-from zero_sim.calibration.format import Calibration, CalibrationError
+from zero_sim.calibration.format import Calibration, CalibrationError, ComputeCalibration
 from zero_sim.system.device_names import preset_for_device
 from zero_sim.vocabulary import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER
 from zero_sim.vocabulary.collectives import bus_factor
@@ -70,6 +79,9 @@ PHASES = (("optimizer", re.compile(r"optimizer|Optimizer\.step", re.I)),
           ("backward", re.compile(r"backward", re.I)),
           ("forward", re.compile(r"forward", re.I)))
 A100_80GB_ABOVE_BYTES = 50e9  # an A100 reporting more memory than this is the 80 GB part
+# Layer spans as this project's real runs label them (``fwd L3``, ``bwd L3``) or as a user can with
+# ``torch.profiler.record_function``; layer 0 is the embedding, the last the head, the rest blocks.
+LAYER_LABEL = re.compile(r"^(fwd|bwd) L(\d+)$")
 
 
 @dataclass
@@ -80,6 +92,7 @@ class TraceFindings:
     gpu: str | None
     ranks: list[int]
     steps: int
+    layer_ms: dict[str, dict[str, float]] = field(default_factory=dict)  # kind -> {"fwd", "bwd"} ms
     # The step of median length (of every rank's profiler steps): GPU kernel time per phase, per
     # kernel kind, and the time no compute kernel ran.
     phases_ms: dict[str, float] = field(default_factory=dict)
@@ -88,11 +101,15 @@ class TraceFindings:
     step_ms: float | None = None
     collectives: dict[str, dict] = field(default_factory=dict)  # kind -> count, sizes, group size
     not_found: list[str] = field(default_factory=list)
+    device_note: str = "not recognised (the simulator keeps the GPU you give it)"
 
     def report(self) -> str:
         lines = [f"traces of rank(s) {', '.join(map(str, self.ranks))}: {self.steps} profiler step(s)"
                  + (f"; the median one, {self.step_ms:.2f} ms, below" if self.step_ms else ""),
-                 f"device: {self.gpu or 'not recognised (the simulator keeps the GPU you give it)'}"]
+                 f"device: {self.gpu or self.device_note}"]
+        if self.layer_ms:
+            lines.append("per layer: " + ", ".join(
+                f"{kind} fwd {t['fwd']:.3f} ms / bwd {t['bwd']:.3f} ms" for kind, t in self.layer_ms.items()))
         if self.phases_ms:
             lines.append("GPU time per step by phase: " + ", ".join(
                 f"{p} {ms:.2f} ms" for p, ms in self.phases_ms.items()))
@@ -223,25 +240,81 @@ def _per_step(data: dict) -> tuple[list[dict], list[float]]:
         compute = [(k["ts"], k["ts"] + k["dur"]) for k in mine
                    if _kind_of(str(k.get("name", ""))) != "communication"]
         length = (hi - lo) / 1e3 if hi != float("inf") else None
-        idle = length - _union_ms(compute) if length else None
+        idle = length - _union_ms(compute) if length and kernels else None
         rows.append({"phases": dict(phases), "kinds": dict(kinds), "idle": idle, "length": length})
     return rows, [r["length"] for r in rows if r["length"]]
+
+
+def _layer_seconds(data: dict) -> dict[tuple[str, int], list[float]]:
+    """(direction, layer index) -> the seconds of each labelled span: on a GPU the kernels launched
+    inside the span (from its thread), on a CPU the span itself (the host thread computes)."""
+    events = [e for e in data["traceEvents"] if isinstance(e, dict) and e.get("ph") == "X"]
+    spans = [(m.group(1), int(m.group(2)), e) for e in events if e.get("cat") == "user_annotation"
+             for m in [LAYER_LABEL.match(str(e.get("name", "")))] if m]
+    kernels = [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    found: dict[tuple[str, int], list[float]] = defaultdict(list)
+    if not kernels:
+        for direction, index, e in spans:
+            found[(direction, index)].append(e["dur"] * 1e-6)
+        return found
+    launch_of = {e["args"]["correlation"]: e for e in events
+                 if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})}
+    launched = [(launch_of[k["args"]["correlation"]], k) for k in kernels
+                if k.get("args", {}).get("correlation") in launch_of]
+    for direction, index, span in spans:
+        lo, hi = span["ts"], span["ts"] + span["dur"]
+        found[(direction, index)].append(sum(k["dur"] for launch, k in launched
+                                             if launch.get("tid") == span.get("tid")
+                                             and lo <= launch["ts"] <= hi) * 1e-6)
+    return found
+
+
+def _by_kind(per_layer: dict[tuple[str, int], list[float]]) -> dict[str, dict[str, float]] | None:
+    """Layer times by kind (the lowest index the embedding, the highest the head, the rest blocks),
+    each layer's median over its spans, a kind's mean over its layers; None below three layers."""
+    indices = sorted({i for _, i in per_layer})
+    if len(indices) < 3:
+        return None
+    kinds = {indices[0]: "embedding", indices[-1]: "head"}
+    out: dict[str, dict[str, float]] = {}
+    for kind in ("embedding", "block", "head"):
+        mine = [i for i in indices if kinds.get(i, "block") == kind]
+        out[kind] = {d: statistics.fmean(statistics.median(per_layer[(d, i)]) for i in mine
+                                         if per_layer.get((d, i))) for d in ("fwd", "bwd")}
+    return out
+
+
+def tokens_of_run(path: Path) -> int | None:
+    """Tokens per rank per step of the real run whose traces folder ``path`` is (``run.json`` beside
+    it, as ``real_runs.train --trace`` leaves them), else None."""
+    run_json = (path if path.is_dir() else path.parent).parent / "run.json"
+    try:
+        run = json.loads(run_json.read_text())
+        return int(run["global_batch"]) // int(run["world_size"]) * int(run["seq_len"])
+    except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError):
+        return None
 
 
 def _largest_first(ms: dict[str, float]) -> dict[str, float]:
     return dict(sorted(ms.items(), key=lambda kv: -kv[1]))
 
 
-def calibration_from_traces(paths: Iterable[str | Path]) -> TraceFindings:
-    """Read the traces at ``paths`` (files or folders) and fit what they measured (module docstring)."""
+def calibration_from_traces(paths: Iterable[str | Path], tokens: int | None = None) -> TraceFindings:
+    """Read the traces at ``paths`` (files or folders) and fit what they measured (module docstring).
+
+    ``tokens``: tokens per rank per step the traced run computed (micro-batch x sequence length),
+    which the layer times need to be used at other sizes; read from the real run's ``run.json``
+    when the traces are a real run's, else the calibration keeps no compute block."""
+    paths = [Path(p) for p in paths]
     files = trace_files(paths)
     traces = [(p, read_trace(p)) for p in files]
     kernels = [e for _, d in traces for e in d["traceEvents"]
                if isinstance(e, dict) and e.get("cat") == "kernel"]
-    if not kernels:
-        raise CalibrationError(f"{', '.join(p.name for p in files)} hold no GPU kernels; profile with "
-                               f"ProfilerActivity.CUDA on a GPU run (a CPU-only trace has nothing to "
-                               f"calibrate)")
+    per_rank_layers = [_layer_seconds(d) for _, d in traces]
+    if not kernels and not any(per_rank_layers):
+        raise CalibrationError(f"{', '.join(p.name for p in files)} hold no GPU kernels and no labelled "
+                               f"layers; profile with ProfilerActivity.CUDA on a GPU run, or label layers "
+                               f"'fwd L<i>' / 'bwd L<i>' with record_function")
     ranks = sorted({(d.get("distributedInfo") or {}).get("rank", i) for i, (_, d) in enumerate(traces)})
     gpus = {g for g in (_device(d) for _, d in traces) if g}
     by_group, summary = _nccl_rows([k for k in kernels if str(k.get("name", "")).startswith("nccl")])
@@ -253,23 +326,43 @@ def calibration_from_traces(paths: Iterable[str | Path]) -> TraceFindings:
             fits = fit_sweep(by_group[group], group)
         except CalibrationError as exc:
             not_found.append(f"a collective fit: {exc}")
-    else:
+    elif kernels:
         not_found.append("NCCL message sizes: the kernels carry no 'In msg nelems' / 'Group size' arguments "
                          "(PyTorch records them from 2.1 with record_shapes=True); no collective fit")
+    else:
+        not_found.append("collectives: a CPU trace's gloo calls run on gloo's own threads with no kernel to "
+                         "time; measure the network with `zero-sim calibrate` (a collective sweep)")
     rows = [r for _, d in traces for r in _per_step(d)[0]]
     # The step of median length stands for all: its phases and kinds add up, as medians per key would not.
     timed = sorted((r for r in rows if r["length"]), key=lambda r: r["length"])
     typical = timed[(len(timed) - 1) // 2] if timed else rows[0]
-    not_found += ["per-layer times: no module annotations (profile with with_modules=True or label "
-                  "layers with record_function); the simulator's compute model stays",
-                  "compute slowed beside NCCL kernels: not estimated from traces yet; the GPU's default "
-                  "stays"]
+    merged: dict[tuple[str, int], list[float]] = defaultdict(list)
+    for layers in per_rank_layers:
+        for key, seconds in layers.items():
+            merged[key] += seconds
+    by_kind = _by_kind(merged)
+    tokens = tokens if tokens is not None else tokens_of_run(paths[0])
+    compute = None
+    if by_kind is None:
+        not_found.append("per-layer times: no spans labelled 'fwd L<i>' / 'bwd L<i>' (label each layer with "
+                         "record_function, as real_runs --trace does); the simulator's compute model stays")
+    elif tokens is None:
+        not_found.append("the tokens per rank the layers computed (give --tokens: micro-batch x sequence "
+                         "length); the layer times are reported but not used")
+    else:
+        compute = ComputeCalibration(by_kind, tokens, None, max(len(traces), len(ranks)), None)
+    if kernels:
+        not_found.append("compute slowed beside NCCL kernels: not estimated from traces yet; the GPU's "
+                         "default stays")
     measured_on = {"source": "PyTorch profiler traces", "traces": [p.name for p in files],
                    "ranks": ranks, "gpu": sorted(gpus)[0] if gpus else None}
-    calibration = Calibration(fits, None, "nccl", measured_on)
+    calibration = Calibration(fits, compute, "nccl" if kernels else None, measured_on)
+    layer_ms = {k: {d: t * 1e3 for d, t in v.items()} for k, v in (by_kind or {}).items()}
     return TraceFindings(calibration, sorted(gpus)[0] if len(gpus) == 1 else None, ranks, len(timed),
-                         _largest_first(typical["phases"]), _largest_first(typical["kinds"]),
-                         typical["idle"], typical["length"], summary, not_found)
+                         layer_ms, _largest_first(typical["phases"]), _largest_first(typical["kinds"]),
+                         typical["idle"], typical["length"], summary, not_found,
+                         "not recognised (the simulator keeps the GPU you give it)" if kernels
+                         else "CPU (no GPU kernels in the traces)")
 
 
 __all__ = ["KERNEL_KINDS", "TraceFindings", "calibration_from_traces", "read_trace", "trace_files"]
