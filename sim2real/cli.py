@@ -29,6 +29,8 @@ from real_runs.precision import PRECISIONS, default_precision
 from sim2real import measure
 from sim2real import validate as v
 from sim2real.gpu_grid import gpu_grid
+from sim2real.overlay import compare, load_run
+from sim2real.replay import predict_run
 from sim2real.repredict import format_repredicted, repredict
 from sim2real.sampling import FULL_GRID, QUICK_GRID, sample_cases
 from sim2real.validate_report import headline
@@ -154,6 +156,9 @@ def _validate_args(val) -> None:
                      help="predict again, with this code, the cases of validations run with --keep "
                           "(their --json output or a report's validation.json) and print old and new "
                           "errors side by side; nothing runs")
+    val.add_argument("--trace", type=Path, default=None, metavar="RUN_DIR",
+                     help="replay a traced real run (real_runs --trace: run.json beside traces/) from the "
+                          "calibration its own traces give, and print the error per phase; nothing runs")
     val.add_argument("--report", type=Path, default=None,
                      help="write report.md, validation.json and figures here")
     val.add_argument("--json", action="store_true", help="print the result as one JSON object")
@@ -192,7 +197,31 @@ def _validate_repredicted(args) -> int:
     return 0
 
 
+def _validate_trace(args) -> int:
+    """Self-consistency before any what-if: the traced run replayed from its own traces' calibration."""
+    run_dir = args.trace.parent if args.trace.name == "traces" else args.trace
+    if not (run_dir / "run.json").is_file() or not (run_dir / "traces").is_dir():
+        raise v.ValidationError(f"{str(args.trace)!r} is not a traced real run (run.json beside a traces/ "
+                                f"folder, as `python -m real_runs.train --trace` leaves it); for a trace of "
+                                f"your own run use `zero-sim calibrate --from-trace` instead")
+    findings = calibration_from_traces([run_dir / "traces"])
+    run = load_run(run_dir)
+    comparison = compare(run, predict_run(run.run, findings.calibration))
+    if args.json:
+        print(json.dumps({"summary": comparison.summary,
+                          "phases": comparison.phases.reset_index().to_dict("records"),
+                          "not_found": findings.not_found}, default=str))
+        return 0
+    print(findings.report())
+    print(comparison.pretty("phases").to_string())
+    print(f"step: predicted {comparison.summary['predicted_step_s'] * 1e3:.2f} ms, measured "
+          f"{comparison.summary['measured_step_s'] * 1e3:.2f} ms ({comparison.summary['step_error']:+.0%})")
+    return 0
+
+
 def _validate(args) -> int:
+    if args.trace is not None:
+        return _validate_trace(args)
     if args.repredict is not None:
         return _validate_repredicted(args)
     if args.published:

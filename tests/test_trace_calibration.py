@@ -153,7 +153,7 @@ def test_labelled_layers_become_the_compute_block_by_kind(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_real_runs_trace_calibrates_its_layers_at_the_tokens_of_its_run_json(tmp_path):
+def test_a_real_runs_trace_calibrates_its_layers_at_the_tokens_of_its_run_json(tmp_path, capsys):
     from real_runs.launch import launch
     from sim2real.overlay import load_run
     from sim2real.replay import predict_run
@@ -173,3 +173,15 @@ def test_a_real_runs_trace_calibrates_its_layers_at_the_tokens_of_its_run_json(t
     traced = sum(compute.layer_seconds[k]["fwd"] for k in ("embedding", "head")) \
         + blocks * compute.layer_seconds["block"]["fwd"]
     assert fwd == pytest.approx(traced, rel=0.25)
+    # validate --trace: the same replay, with the error per phase printed before any what-if.
+    assert zero_sim(["validate", "--trace", str(tmp_path / "run"), "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    phases = {row["phase"]: row for row in printed["phases"]}
+    assert {"step time", "compute", "forward", "backward"} <= phases.keys()
+    assert abs(phases["forward"]["error"]) < 0.5 and printed["summary"]["measured_step_s"] > 0
+
+
+def test_validate_trace_wants_a_traced_real_run(tmp_path, capsys):
+    assert zero_sim(["validate", "--trace", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "is not a traced real run" in err and "--from-trace" in err and err.count("\n") == 1
