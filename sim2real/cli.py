@@ -23,6 +23,8 @@ import signal
 import sys
 from pathlib import Path
 
+from tqdm import tqdm
+
 from real_runs.cluster import SHAPES, ClusterUnavailable, Stopped, stopping_on_signals, unavailable_reason
 from real_runs.launch import RunFailed
 from real_runs.precision import PRECISIONS, default_precision
@@ -112,7 +114,14 @@ def _measured(args) -> Calibration:
 def _from_traces(args) -> int:
     if args.tokens is not None and args.tokens < 1:
         raise cli.UsageError(f"--tokens must be a positive number of tokens per rank, got {args.tokens}")
-    findings = calibration_from_traces(args.from_trace, tokens=args.tokens)
+    # A bar on a terminal while large traces are read (bytes of each file as it streams).
+    with tqdm(unit="B", unit_scale=True, desc="reading traces", leave=False,
+              disable=not sys.stderr.isatty()) as bar:
+        def progress(done: int, total: int) -> None:
+            bar.total, bar.n = total, done
+            bar.refresh()
+
+        findings = calibration_from_traces(args.from_trace, tokens=args.tokens, on_progress=progress)
     findings.calibration.save(args.out)
     print(findings.report())
     print(f"wrote {args.out}; use it with `zero-sim simulate --calibration {args.out}`")

@@ -185,3 +185,29 @@ def test_validate_trace_wants_a_traced_real_run(tmp_path, capsys):
     assert zero_sim(["validate", "--trace", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "is not a traced real run" in err and "--from-trace" in err and err.count("\n") == 1
+
+
+def test_a_large_trace_is_streamed_keeping_only_what_a_calibration_reads(tmp_path):
+    import tracemalloc
+
+    from zero_sim.calibration.trace_reading import read_trace
+
+    # 100,000 host operator events (what fills real traces) beside one kernel: about 15 MB.
+    ops = ",".join(json.dumps({"ph": "X", "cat": "cpu_op", "name": f"aten::op_{i % 97}", "ts": i, "dur": 1,
+                               "pid": 1, "tid": 1, "args": {"Input Dims": [[1024, 1024]], "Ev Idx": i}})
+                   for i in range(100_000))
+    kernel = {"ph": "X", "cat": "kernel", "name": "ampere_sgemm", "ts": 5, "dur": 3, "pid": 0, "tid": 7,
+              "args": {"correlation": 9, "stream": 7, "grid": [1, 1, 1]}}
+    big = tmp_path / "big.json"
+    big.write_text('{"distributedInfo": {"rank": 3}, "traceEvents": ['
+                   + ops + "," + json.dumps(kernel) + "]}")
+    seen = []
+    tracemalloc.start()
+    data = read_trace(big, on_progress=lambda done, total: seen.append((done, total)))
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert data["distributedInfo"] == {"rank": 3}
+    assert data["traceEvents"] == [{**kernel, "args": {"correlation": 9, "stream": 7}}]
+    assert peak < big.stat().st_size / 8  # json.load would hold every event: several times the file
+    assert seen[-1] == (big.stat().st_size, big.stat().st_size)
+    assert all(a[0] <= b[0] for a, b in zip(seen, seen[1:], strict=False))

@@ -37,16 +37,15 @@ What it reads, and the rule for each:
 
 Not found yet, and said so in the report: layers from ``with_modules`` module annotations, the
 slowdown of compute beside NCCL kernels, how compute is shared when more ranks than cores run (a
-CPU calibration's sweep measures it), and reading a trace larger than memory as a stream.
+CPU calibration's sweep measures it). Files are read as a stream, keeping only the events used
+(:mod:`zero_sim.calibration.trace_reading`).
 """
 
 from __future__ import annotations
 
-import gzip
 import json
 import re
 import statistics
-import zlib
 from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -54,6 +53,7 @@ from pathlib import Path
 
 from zero_sim.calibration.fit import fit_sweep
 from zero_sim.calibration.format import Calibration, CalibrationError, ComputeCalibration
+from zero_sim.calibration.trace_reading import Progress, read_trace, trace_files
 from zero_sim.system.device_names import preset_for_device
 from zero_sim.vocabulary import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER
 from zero_sim.vocabulary.collectives import bus_factor
@@ -126,43 +126,6 @@ class TraceFindings:
         lines.append(self.calibration.describe())
         lines += [f"not found: {why}" for why in self.not_found]
         return "\n".join(lines)
-
-
-def trace_files(paths: Iterable[str | Path]) -> list[Path]:
-    """The trace files among ``paths``: files as given, folders by their ``*.json`` and ``*.json.gz``."""
-    found: list[Path] = []
-    for p in map(Path, paths):
-        if p.is_dir():
-            inside = sorted([*p.glob("*.json"), *p.glob("*.json.gz")])
-            if not inside:
-                raise CalibrationError(f"folder {str(p)!r} holds no .json or .json.gz trace; pass the folder "
-                                       f"torch.profiler wrote its traces to, or the files themselves")
-            found += inside
-        elif p.is_file():
-            found.append(p)
-        else:
-            raise CalibrationError(f"trace {str(p)!r} does not exist; pass a PyTorch profiler trace "
-                                   f"(.json or .json.gz) or a folder of them")
-    return found
-
-
-def read_trace(path: Path) -> dict:
-    """One trace file as a dict, or one sentence saying why it is not a profiler trace."""
-    try:
-        opener = gzip.open if path.suffix == ".gz" else open
-        with opener(path, "rt", encoding="utf-8") as f:
-            data = json.load(f)
-    except (OSError, EOFError, zlib.error, UnicodeDecodeError) as exc:
-        raise CalibrationError(f"{path.name} cannot be read ({exc.__class__.__name__}: {exc}); a truncated "
-                               f"download or copy? Profile again or copy the file whole") from None
-    except json.JSONDecodeError as exc:
-        raise CalibrationError(f"{path.name} is not complete JSON ({exc.msg} at line {exc.lineno}); a "
-                               f"trace cut short while being written? Let the profiler finish, then copy "
-                               f"it") from None
-    if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):
-        raise CalibrationError(f"{path.name} is JSON but not a PyTorch profiler trace (no traceEvents "
-                               f"list); pass the files torch.profiler's trace handler writes")
-    return data
 
 
 def _device(data: dict) -> str | None:
@@ -299,15 +262,17 @@ def _largest_first(ms: dict[str, float]) -> dict[str, float]:
     return dict(sorted(ms.items(), key=lambda kv: -kv[1]))
 
 
-def calibration_from_traces(paths: Iterable[str | Path], tokens: int | None = None) -> TraceFindings:
+def calibration_from_traces(paths: Iterable[str | Path], tokens: int | None = None,
+                            on_progress: Progress = None) -> TraceFindings:
     """Read the traces at ``paths`` (files or folders) and fit what they measured (module docstring).
 
     ``tokens``: tokens per rank per step the traced run computed (micro-batch x sequence length),
     which the layer times need to be used at other sizes; read from the real run's ``run.json``
-    when the traces are a real run's, else the calibration keeps no compute block."""
+    when the traces are a real run's, else the calibration keeps no compute block.
+    ``on_progress(bytes_read, total)`` hears how far each file's read has come."""
     paths = [Path(p) for p in paths]
     files = trace_files(paths)
-    traces = [(p, read_trace(p)) for p in files]
+    traces = [(p, read_trace(p, on_progress)) for p in files]
     kernels = [e for _, d in traces for e in d["traceEvents"]
                if isinstance(e, dict) and e.get("cat") == "kernel"]
     per_rank_layers = [_layer_seconds(d) for _, d in traces]
@@ -365,4 +330,4 @@ def calibration_from_traces(paths: Iterable[str | Path], tokens: int | None = No
                          else "CPU (no GPU kernels in the traces)")
 
 
-__all__ = ["KERNEL_KINDS", "TraceFindings", "calibration_from_traces", "read_trace", "trace_files"]
+__all__ = ["KERNEL_KINDS", "TraceFindings", "calibration_from_traces", "tokens_of_run"]
