@@ -43,6 +43,7 @@ CPU calibration's sweep measures it). Files are read as a stream, keeping only t
 
 from __future__ import annotations
 
+import bisect
 import json
 import re
 import statistics
@@ -179,56 +180,88 @@ def _union_ms(spans: list[tuple[float, float]]) -> float:
     return total / 1e3
 
 
-def _per_step(data: dict) -> tuple[list[dict], list[float]]:
-    """Per profiler step: kernel time by phase and by kind, idle compute; and the steps' lengths."""
-    events = [e for e in data["traceEvents"] if isinstance(e, dict) and e.get("ph") == "X"]
-    steps = sorted((e["ts"], e["ts"] + e["dur"]) for e in events
-                   if str(e.get("name", "")).startswith("ProfilerStep#"))
-    kernels = [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
-    launches = {e["args"]["correlation"]: e for e in events
-                if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})}
-    regions = [(e["ts"], e["ts"] + e["dur"], phase) for e in events if e.get("cat") == "user_annotation"
-               for phase, pattern in PHASES if pattern.search(str(e.get("name", "")))][:100_000]
+class _TraceIndex:
+    """One trace's events as the readers below need them, built once: kernels, the launch of each
+    kernel (by ``correlation``), profiler steps, and annotated regions sorted for lookups by time."""
+
+    def __init__(self, data: dict):
+        events = [e for e in data["traceEvents"] if isinstance(e, dict) and e.get("ph") == "X"]
+        self.kernels = [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+        launch_of = {e["args"]["correlation"]: e for e in events
+                     if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})}
+        self.launches = [launch_of.get(k.get("args", {}).get("correlation")) for k in self.kernels]
+        annotations = [e for e in events if e.get("cat") == "user_annotation"]
+        self.steps = sorted((e["ts"], e["ts"] + e["dur"]) for e in annotations
+                            if str(e.get("name", "")).startswith("ProfilerStep#"))
+        self.phases = _Regions((e["ts"], e["ts"] + e["dur"], phase) for e in annotations
+                               for phase, pattern in PHASES if pattern.search(str(e.get("name", "")))
+                               if not str(e.get("name", "")).startswith("ProfilerStep#"))
+        self.layers = [(m.group(1), int(m.group(2)), e) for e in annotations
+                       for m in [LAYER_LABEL.match(str(e.get("name", "")))] if m]
+
+
+class _Regions:
+    """Time regions, each with a label; :meth:`at` is the innermost one holding a time."""
+
+    LOOK_BACK = 16  # regions started before the nearest one that may still enclose the time
+
+    def __init__(self, regions: Iterable[tuple[float, float, object]]):
+        self.regions = sorted(regions, key=lambda r: r[0])
+        self.starts = [r[0] for r in self.regions]
+
+    def at(self, t: float | None, default=None):
+        if t is None:
+            return default
+        i = bisect.bisect_right(self.starts, t) - 1
+        for start, end, label in reversed(self.regions[max(0, i - self.LOOK_BACK):i + 1]):
+            if start <= t <= end:
+                return label
+        return default
+
+
+def _per_step(index: _TraceIndex) -> list[dict]:
+    """Per profiler step: kernel time by phase and by kind, idle compute, the step's length."""
+    kernels = index.kernels
     rows: list[dict] = []
-    for lo, hi in steps or [(min((k["ts"] for k in kernels), default=0), float("inf"))]:
-        mine = [k for k in kernels if lo <= k["ts"] < hi]
+    for lo, hi in index.steps or [(min((k["ts"] for k in kernels), default=0), float("inf"))]:
         phases: dict[str, float] = defaultdict(float)
         kinds: dict[str, float] = defaultdict(float)
-        for k in mine:
-            kinds[_kind_of(str(k.get("name", "")))] += k["dur"] / 1e3
-            launch = launches.get(k.get("args", {}).get("correlation"))
-            at = launch["ts"] if launch else None
-            phase = next((p for s, e, p in regions if at is not None and s <= at <= e), "other")
-            phases[phase] += k["dur"] / 1e3
-        compute = [(k["ts"], k["ts"] + k["dur"]) for k in mine
-                   if _kind_of(str(k.get("name", ""))) != "communication"]
+        compute = []
+        for k, launch in zip(kernels, index.launches, strict=True):
+            if not lo <= k["ts"] < hi:
+                continue
+            kind = _kind_of(str(k.get("name", "")))
+            kinds[kind] += k["dur"] / 1e3
+            phases[index.phases.at(launch["ts"] if launch else None, "other")] += k["dur"] / 1e3
+            if kind != "communication":
+                compute.append((k["ts"], k["ts"] + k["dur"]))
         length = (hi - lo) / 1e3 if hi != float("inf") else None
         idle = length - _union_ms(compute) if length and kernels else None
         rows.append({"phases": dict(phases), "kinds": dict(kinds), "idle": idle, "length": length})
-    return rows, [r["length"] for r in rows if r["length"]]
+    return rows
 
 
-def _layer_seconds(data: dict) -> dict[tuple[str, int], list[float]]:
+def _layer_seconds(index: _TraceIndex) -> dict[tuple[str, int], list[float]]:
     """(direction, layer index) -> the seconds of each labelled span: on a GPU the kernels launched
     inside the span (from its thread), on a CPU the span itself (the host thread computes)."""
-    events = [e for e in data["traceEvents"] if isinstance(e, dict) and e.get("ph") == "X"]
-    spans = [(m.group(1), int(m.group(2)), e) for e in events if e.get("cat") == "user_annotation"
-             for m in [LAYER_LABEL.match(str(e.get("name", "")))] if m]
-    kernels = [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
     found: dict[tuple[str, int], list[float]] = defaultdict(list)
-    if not kernels:
-        for direction, index, e in spans:
-            found[(direction, index)].append(e["dur"] * 1e-6)
+    if not index.kernels:
+        for direction, layer, e in index.layers:
+            found[(direction, layer)].append(e["dur"] * 1e-6)
         return found
-    launch_of = {e["args"]["correlation"]: e for e in events
-                 if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})}
-    launched = [(launch_of[k["args"]["correlation"]], k) for k in kernels
-                if k.get("args", {}).get("correlation") in launch_of]
-    for direction, index, span in spans:
-        lo, hi = span["ts"], span["ts"] + span["dur"]
-        found[(direction, index)].append(sum(k["dur"] for launch, k in launched
-                                             if launch.get("tid") == span.get("tid")
-                                             and lo <= launch["ts"] <= hi) * 1e-6)
+    # Each span's kernels: those whose launch falls inside it on the span's own thread.
+    spans_by_thread: dict[object, list] = defaultdict(list)
+    for n, (_, _, e) in enumerate(index.layers):
+        spans_by_thread[e.get("tid")].append((e["ts"], e["ts"] + e["dur"], n))
+    regions = {tid: _Regions(spans) for tid, spans in spans_by_thread.items()}
+    kernel_s = [0.0] * len(index.layers)
+    for k, launch in zip(index.kernels, index.launches, strict=True):
+        if launch is not None and launch.get("tid") in regions:
+            n = regions[launch["tid"]].at(launch["ts"])
+            if n is not None:
+                kernel_s[n] += k["dur"] * 1e-6
+    for (direction, layer, _), seconds in zip(index.layers, kernel_s, strict=True):
+        found[(direction, layer)].append(seconds)
     return found
 
 
@@ -275,7 +308,8 @@ def calibration_from_traces(paths: Iterable[str | Path], tokens: int | None = No
     traces = [(p, read_trace(p, on_progress)) for p in files]
     kernels = [e for _, d in traces for e in d["traceEvents"]
                if isinstance(e, dict) and e.get("cat") == "kernel"]
-    per_rank_layers = [_layer_seconds(d) for _, d in traces]
+    indexes = [_TraceIndex(d) for _, d in traces]
+    per_rank_layers = [_layer_seconds(i) for i in indexes]
     if not kernels and not any(per_rank_layers):
         raise CalibrationError(f"{', '.join(p.name for p in files)} hold no GPU kernels and no labelled "
                                f"layers; profile with ProfilerActivity.CUDA on a GPU run, or label layers "
@@ -297,7 +331,7 @@ def calibration_from_traces(paths: Iterable[str | Path], tokens: int | None = No
     else:
         not_found.append("collectives: a CPU trace's gloo calls run on gloo's own threads with no kernel to "
                          "time; measure the network with `zero-sim calibrate` (a collective sweep)")
-    rows = [r for _, d in traces for r in _per_step(d)[0]]
+    rows = [r for i in indexes for r in _per_step(i)]
     # The step of median length stands for all: its phases and kinds add up, as medians per key would not.
     timed = sorted((r for r in rows if r["length"]), key=lambda r: r["length"])
     typical = timed[(len(timed) - 1) // 2] if timed else rows[0]
