@@ -52,6 +52,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from zero_sim.breakdown import length as busy
+from zero_sim.breakdown import union
 from zero_sim.calibration.fit import fit_sweep
 from zero_sim.calibration.format import Calibration, CalibrationError, ComputeCalibration
 from zero_sim.calibration.trace_reading import Progress, read_trace, trace_files
@@ -171,15 +173,6 @@ def _kind_of(name: str) -> str:
     return next(kind for kind, pattern in KERNEL_KINDS if pattern.search(name))
 
 
-def _union_ms(spans: list[tuple[float, float]]) -> float:
-    total, end = 0.0, float("-inf")
-    for s, e in sorted(spans):
-        if e > end:
-            total += e - max(s, end)
-            end = e
-    return total / 1e3
-
-
 class _TraceIndex:
     """One trace's events as the readers below need them, built once: kernels, the launch of each
     kernel (by ``correlation``), profiler steps, and annotated regions sorted for lookups by time."""
@@ -236,7 +229,7 @@ def _per_step(index: _TraceIndex) -> list[dict]:
             if kind != "communication":
                 compute.append((k["ts"], k["ts"] + k["dur"]))
         length = (hi - lo) / 1e3 if hi != float("inf") else None
-        idle = length - _union_ms(compute) if length and kernels else None
+        idle = length - busy(union(compute)) / 1e3 if length and kernels else None
         rows.append({"phases": dict(phases), "kinds": dict(kinds), "idle": idle, "length": length})
     return rows
 

@@ -48,7 +48,7 @@ class RankMoment:
 class StrategyTimeline:
     """One strategy's simulated step, indexed for asking "what is happening at time t"."""
 
-    def __init__(self, result: SimResult, whole: dict[str, int]):
+    def __init__(self, result: SimResult):
         self.result = result
         self.start, self.end = result.window
         self.step_s = self.end - self.start
@@ -65,16 +65,17 @@ class StrategyTimeline:
         for cat in MODEL_STATES:
             if cat in first:
                 self.resident[cat] = max(first[cat][1])
-        self.held = {cat: (self.resident[cat] / whole[cat] if whole.get(cat) else 0.0)
-                     for cat in MODEL_STATES}
-        # rank -> stream -> ops sorted by start
+        self.held = {cat: 0.0 for cat in MODEL_STATES}  # set by StepFrames, against the whole arrays
+        # rank -> stream -> ops sorted by start, and their starts (for bisection)
         self._ops: dict[int, dict[str, list[dict]]] = {}
         for op in result.ops:
             if op["kind"] in ("compute", "collective"):
                 self._ops.setdefault(op["rank"], {}).setdefault(op["stream"], []).append(op)
-        for streams in self._ops.values():
-            for ops in streams.values():
+        self._starts: dict[tuple[int, str], list[float]] = {}
+        for rank, streams in self._ops.items():
+            for stream, ops in streams.items():
                 ops.sort(key=lambda op: op["start_s"])
+                self._starts[(rank, stream)] = [op["start_s"] for op in ops]
         topo = result.scenario.cluster
         self.link = link_label(topo.topology, result.world_size, topo.gpus_per_node)
 
@@ -85,7 +86,7 @@ class StrategyTimeline:
 
     def running(self, rank: int, stream: str, t_abs: float) -> dict | None:
         ops = self._ops.get(rank, {}).get(stream, [])
-        i = bisect.bisect_right([op["start_s"] for op in ops], t_abs) - 1
+        i = bisect.bisect_right(self._starts.get((rank, stream), []), t_abs) - 1
         # Ops of one stream never overlap, so only the last one started can still be running.
         if i >= 0 and ops[i]["end_s"] > t_abs:
             return ops[i]
@@ -117,13 +118,12 @@ class StepFrames:
     def __init__(self, results: dict[str, SimResult]):
         if not results:
             raise ValueError("StepFrames needs at least one simulation result")
-        whole: dict[str, int] = {}
-        for result in results.values():
-            rank = min(result.simulated_ranks)
-            for sample in result.memory:
-                if sample["rank"] == rank and sample["category"] in MODEL_STATES:
-                    whole[sample["category"]] = max(whole.get(sample["category"], 0), sample["bytes"])
-        self.timelines = {label: StrategyTimeline(r, whole) for label, r in results.items()}
+        self.timelines = {label: StrategyTimeline(r) for label, r in results.items()}
+        # "Whole" is the most any strategy keeps of an array (DDP keeps each whole).
+        whole = {cat: max(t.resident[cat] for t in self.timelines.values()) for cat in MODEL_STATES}
+        for timeline in self.timelines.values():
+            timeline.held = {cat: timeline.resident[cat] / whole[cat] if whole[cat] else 0.0
+                             for cat in MODEL_STATES}
         self.longest_s = max(t.step_s for t in self.timelines.values())
 
     def frame(self, t_s: float, ranks: int = 4) -> dict[str, list[RankMoment]]:
