@@ -11,9 +11,12 @@ by the topology matrix.  Anything ``nvidia-smi`` cannot tell (it is missing, or 
 from __future__ import annotations
 
 import functools
+import re
 import subprocess
 
 SMI_TIMEOUT_S = 20
+# nvidia-smi underlines the matrix's header with terminal escape codes even into a pipe.
+TERMINAL_CODES = re.compile(r"\x1b\[[0-9;]*m")
 
 
 def _smi(*args: str) -> str | None:
@@ -21,7 +24,7 @@ def _smi(*args: str) -> str | None:
         done = subprocess.run(["nvidia-smi", *args], capture_output=True, text=True, timeout=SMI_TIMEOUT_S)
     except (OSError, subprocess.SubprocessError):
         return None
-    return done.stdout.strip() or None if done.returncode == 0 else None
+    return TERMINAL_CODES.sub("", done.stdout).strip() or None if done.returncode == 0 else None
 
 
 @functools.cache

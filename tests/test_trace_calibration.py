@@ -95,6 +95,25 @@ def test_kernels_without_message_sizes_say_why_there_is_no_collective_fit(tmp_pa
     assert any("NCCL message sizes" in why for why in found.not_found)
 
 
+def test_older_traces_give_sizes_on_c10ds_op_around_the_launch_instead_of_the_kernel(tmp_path, findings):
+    # PyTorch before the kernels carried their sizes recorded them on record_param_comms, the CPU op
+    # around the collective's launch; the fit comes out the same from there.
+    data = json.load(gzip.open(A100_TRACE))
+    for e in data["traceEvents"]:
+        if e.get("cat") == "kernel":
+            for key in ("Collective name", "In msg nelems", "Out msg nelems", "Group size", "dtype"):
+                e.get("args", {}).pop(key, None)
+    older = tmp_path / "older.json"
+    older.write_text(json.dumps(data))
+    fit, again = findings.calibration.collectives["all_reduce"], calibration_from_traces([older])
+    assert again.calibration.collectives["all_reduce"] == fit
+
+
+def test_zeroing_the_gradients_is_not_the_optimizer(findings):
+    # Optimizer.zero_grad opens each step; the update (Optimizer.step) closes it.
+    assert findings.optimizer_ms < 0.2 * findings.step_ms
+
+
 @pytest.mark.parametrize("content, fragment", [
     (b'{"a": 1}', "not a PyTorch profiler trace"),
     (b'{"traceEvents": [', "not complete JSON"),

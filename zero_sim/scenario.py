@@ -46,7 +46,7 @@ from zero_sim.system.gpt_layers import gpt_workload
 from zero_sim.system.gpu_spread import GPU_SPEED_SIGMA, slowest_gpu_factor
 from zero_sim.system.gpus import GPUS
 from zero_sim.system.hardware import ComputeModel, default_overlap_slowdown
-from zero_sim.system.host_costs import host_costs
+from zero_sim.system.host_costs import MeasuredHostCosts, host_costs
 from zero_sim.system.model_presets import PRESETS, human_params, preset, synthesize_shape
 from zero_sim.system.run_overheads import run_overhead
 from zero_sim.system.topology import PRESETS as TOPOLOGIES
@@ -267,6 +267,28 @@ def _modelled_gpu(gpu, calibration: Calibration | None) -> bool:
     return gpu.name != "CPU" and not (calibration is not None and calibration.compute is not None)
 
 
+def _host(workload, s: CommonSettings, calibration: Calibration | None, modelled_gpu: bool):
+    """Who prices the host's issuing of each layer: the per-op model for modelled GPU compute, the
+    host times a trace measured beside its kernel times, else nobody (a layer table timed end to end
+    already holds them; CPU ranks' host *is* their compute)."""
+    if modelled_gpu:
+        return host_costs(workload, s.kernel_host_us)
+    measured = _measured(calibration, "host_seconds")
+    return MeasuredHostCosts(measured) if measured else None
+
+
+def _measured(calibration: Calibration | None, name: str):
+    """A figure of the calibration's compute block, None where it has none."""
+    return getattr(calibration.compute, name) if calibration and calibration.compute else None
+
+
+def _step_host_s(s: CommonSettings, calibration: Calibration | None, modelled_gpu: bool) -> float:
+    """The training loop's host work per step: the stack's for modelled compute, a trace's measure."""
+    if modelled_gpu:
+        return (s.step_host_ms or 0.0) * 1e-3
+    return _measured(calibration, "step_host_s") or 0.0
+
+
 def _precision(s: CommonSettings) -> Precision:
     precision = PRECISIONS[s.precision]
     if s.optimizer_k is not None:
@@ -295,8 +317,9 @@ def prepare(workload: Workload | None = None, **kwargs) -> Prepared:
     modelled_gpu = _modelled_gpu(gpu, calibration)
     ctx = Context(workload, s.gpus, topo.ranks_per_node, compute, _precision(s), s.grad_accum,
                   s.host_overhead_us * 1e-6, knobs,
-                  host=host_costs(workload, s.kernel_host_us) if modelled_gpu else None,
-                  step_host_s=(s.step_host_ms or 0.0) * 1e-3 if modelled_gpu else 0.0)
+                  host=_host(workload, s, calibration, modelled_gpu),
+                  step_host_s=_step_host_s(s, calibration, modelled_gpu),
+                  optimizer_host_s_per_param=_measured(calibration, "optimizer_host_seconds_per_param"))
     try:
         strategy.validate(ctx)
     except StrategyError as exc:

@@ -171,6 +171,15 @@ class ComputeCalibration:
     model: str | None = None
     # the slowest rank's pass over the mean rank's, for passes started together (1: one rank)
     slowest_rank_factor: float = 1.0
+    # Host seconds to issue each layer kind's kernels (fwd, bwd), where ``layer_seconds`` holds GPU
+    # kernel time alone (a profiler trace's); None where the layer times already hold the host's part
+    # (timed end to end).  Host time does not grow with the tokens, so it is kept apart.
+    host_seconds: dict[str, dict[str, float]] | None = None
+    # With ``host_seconds``: the host's time per parameter to issue the update (a per-parameter
+    # Python loop is host-bound), and the training loop's own host work per step, which ends in a
+    # sync (data to the GPU, the loss read).
+    optimizer_host_seconds_per_param: float | None = None
+    step_host_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -222,6 +231,12 @@ class Calibration:
                          f"at {c.tokens} tokens, {c.ranks} rank(s)"
                          f"{'' if c.cores is None else f' on {c.cores} core(s)'}, slowest rank "
                          f"{c.slowest_rank_factor:.3f}x the mean")
+            if c.host_seconds:
+                host = c.host_seconds.get("block", {})
+                parts[-1] += (f"; GPU kernel time, issued by a host taking block fwd "
+                              f"{host.get('fwd', 0) * 1e3:.2f} ms / bwd {host.get('bwd', 0) * 1e3:.2f} ms")
+            if c.optimizer_seconds_per_param is not None:
+                parts[-1] += f"; optimizer {c.optimizer_seconds_per_param * 1e9:.2f} ns per parameter"
         if self.cpu:
             parts.append(f"cpu: {self.cpu.collective_cpu_s * 1e6:.0f} us of compute lost per collective, "
                          f"compute {self.cpu.overlap_slowdown:.0%} slower while a large collective streams, "
@@ -253,7 +268,10 @@ class Calibration:
                 "optimizer_seconds_per_param": self.compute.optimizer_seconds_per_param,
                 "ranks": self.compute.ranks, "cores": self.compute.cores,
                 "sharing_factor": self.compute.sharing_factor, "model": self.compute.model,
-                "slowest_rank_factor": self.compute.slowest_rank_factor},
+                "slowest_rank_factor": self.compute.slowest_rank_factor,
+                "host_seconds": self.compute.host_seconds,
+                "optimizer_host_seconds_per_param": self.compute.optimizer_host_seconds_per_param,
+                "step_host_s": self.compute.step_host_s},
             "topology": None if self.topology is None else topology_dict(self.topology),
             "cpu": None if self.cpu is None else asdict(self.cpu),
         }
@@ -282,7 +300,10 @@ class Calibration:
         c = f.compute
         compute = None if c is None else ComputeCalibration(
             {kind: {"fwd": t.fwd, "bwd": t.bwd} for kind, t in c.layer_seconds.items()}, c.tokens,
-            c.optimizer_seconds_per_param, c.ranks, c.cores, c.sharing_factor, c.model, c.slowest_rank_factor)
+            c.optimizer_seconds_per_param, c.ranks, c.cores, c.sharing_factor, c.model, c.slowest_rank_factor,
+            None if c.host_seconds is None else {kind: {"fwd": t.fwd, "bwd": t.bwd}
+                                                 for kind, t in c.host_seconds.items()},
+            c.optimizer_host_seconds_per_param, c.step_host_s)
         u = f.cpu
         cpu = None if u is None else CpuCalibration(u.collective_cpu_s, u.overlap_slowdown, u.ranks, u.cores,
                                                     u.call_cpu_s, u.streaming_cores,

@@ -78,9 +78,12 @@ KERNEL_KINDS = (
     ("normalisation", re.compile(r"norm|bn_", re.I)),
     ("element-wise and other", re.compile(r".")),
 )
-PHASES = (("optimizer", re.compile(r"optimizer|Optimizer\.step", re.I)),
-          ("backward", re.compile(r"backward", re.I)),
-          ("forward", re.compile(r"forward", re.I)))
+# Zeroing the gradients (``Optimizer.zero_grad``, at a step's start) is not the update.
+PHASES = (("optimizer", re.compile(r"^(?!.*zero_grad).*optimizer|^opt ", re.I)),
+          ("backward", re.compile(r"backward|^bwd L\d+$|^autograd::engine::evaluate_function", re.I)),
+          ("forward", re.compile(r"forward|^fwd L\d+$", re.I)))
+# Kernels are launched by cudaLaunchKernel (runtime) or cuLaunchKernelEx (driver: cuBLAS on Hopper).
+LAUNCH_CATEGORIES = ("cuda_runtime", "cuda_driver")
 A100_80GB_ABOVE_BYTES = 50e9  # an A100 reporting more memory than this is the 80 GB part
 # Layer spans as this project's real runs label them (``fwd L3``, ``bwd L3``) or as a user can with
 # ``torch.profiler.record_function``; layer 0 is the embedding, the last the head, the rest blocks.
@@ -105,14 +108,23 @@ class TraceFindings:
     collectives: dict[str, dict] = field(default_factory=dict)  # kind -> count, sizes, group size
     not_found: list[str] = field(default_factory=list)
     device_note: str = "not recognised (the simulator keeps the GPU you give it)"
+    host_layer_ms: dict[str, dict[str, float]] = field(default_factory=dict)  # the host's part, GPU traces
+    optimizer_ms: float | None = None  # the update's wall time per step (host start to last kernel)
 
     def report(self) -> str:
         lines = [f"traces of rank(s) {', '.join(map(str, self.ranks))}: {self.steps} profiler step(s)"
                  + (f"; the median one, {self.step_ms:.2f} ms, below" if self.step_ms else ""),
                  f"device: {self.gpu or self.device_note}"]
         if self.layer_ms:
-            lines.append("per layer: " + ", ".join(
+            lines.append(("per layer, GPU kernels: " if self.host_layer_ms else "per layer: ") + ", ".join(
                 f"{kind} fwd {t['fwd']:.3f} ms / bwd {t['bwd']:.3f} ms" for kind, t in self.layer_ms.items()))
+        if self.host_layer_ms:
+            lines.append("per layer, host issuing them (the profiler's own cost included): " + ", ".join(
+                f"{kind} fwd {t['fwd']:.3f} ms / bwd {t['bwd']:.3f} ms"
+                for kind, t in self.host_layer_ms.items()))
+        if self.optimizer_ms is not None:
+            lines.append(f"optimizer: {self.optimizer_ms:.2f} ms per step (from its start on the host to its "
+                         f"last kernel)")
         if self.phases_ms:
             lines.append("GPU time per step by phase: " + ", ".join(
                 f"{p} {ms:.2f} ms" for p, ms in self.phases_ms.items()))
@@ -181,16 +193,57 @@ class _TraceIndex:
         events = [e for e in data["traceEvents"] if isinstance(e, dict) and e.get("ph") == "X"]
         self.kernels = [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
         launch_of = {e["args"]["correlation"]: e for e in events
-                     if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})}
+                     if e.get("cat") in LAUNCH_CATEGORIES and "correlation" in e.get("args", {})}
         self.launches = [launch_of.get(k.get("args", {}).get("correlation")) for k in self.kernels]
         annotations = [e for e in events if e.get("cat") == "user_annotation"]
         self.steps = sorted((e["ts"], e["ts"] + e["dur"]) for e in annotations
                             if str(e.get("name", "")).startswith("ProfilerStep#"))
-        self.phases = _Regions((e["ts"], e["ts"] + e["dur"], phase) for e in annotations
-                               for phase, pattern in PHASES if pattern.search(str(e.get("name", "")))
-                               if not str(e.get("name", "")).startswith("ProfilerStep#"))
+        # A launch's phase is the innermost phase region on its own thread (autograd launches backward
+        # kernels from a thread of its own), else the innermost on any thread (a user's "## backward ##"
+        # on the main thread while autograd's thread launches).
+        marked = [(e["ts"], e["ts"] + e["dur"], phase, e.get("tid"))
+                  for e in events if e.get("cat") in ("user_annotation", "cpu_op")
+                  and not str(e.get("name", "")).startswith("ProfilerStep#")
+                  for phase in [_phase_of(str(e.get("name", "")))] if phase]
+        self.phases = _Regions((lo, hi, phase) for lo, hi, phase, _ in marked)
+        self.phases_by_thread = _by_thread(marked)
         self.layers = [(m.group(1), int(m.group(2)), e) for e in annotations
                        for m in [LAYER_LABEL.match(str(e.get("name", "")))] if m]
+        self.comms = _by_thread((e["ts"], e["ts"] + e["dur"], e.get("args", {}), e.get("tid"))
+                                for e in events if e.get("name") == "record_param_comms")
+
+    def phase_of_launch(self, launch: dict | None) -> str:
+        if launch is None:
+            return "other"
+        own = self.phases_by_thread.get(launch.get("tid"))
+        return (own.at(launch["ts"]) if own else None) or self.phases.at(launch["ts"], "other")
+
+    def nccl_kernels(self) -> list[dict]:
+        """The NCCL kernels, each with its collective's sizes: from its own arguments (newer PyTorch)
+        or, where it has none, from c10d's ``record_param_comms`` op around its launch (older PyTorch)."""
+        found = []
+        for k, launch in zip(self.kernels, self.launches, strict=True):
+            if not str(k.get("name", "")).startswith("nccl"):
+                continue
+            if "Collective name" not in k.get("args", {}) and launch is not None:
+                comms = self.comms.get(launch.get("tid"))
+                sizes = comms.at(launch["ts"]) if comms else None
+                if sizes:
+                    k = {**k, "args": {**sizes, **k.get("args", {})}}
+            found.append(k)
+        return found
+
+
+def _phase_of(name: str) -> str | None:
+    return next((phase for phase, pattern in PHASES if pattern.search(name)), None)
+
+
+def _by_thread(regions: Iterable[tuple[float, float, object, object]]) -> dict[object, _Regions]:
+    """(start, end, label, thread) -> one :class:`_Regions` per thread."""
+    grouped: dict[object, list] = defaultdict(list)
+    for lo, hi, label, tid in regions:
+        grouped[tid].append((lo, hi, label))
+    return {tid: _Regions(r) for tid, r in grouped.items()}
 
 
 class _Regions:
@@ -225,7 +278,7 @@ def _per_step(index: _TraceIndex) -> list[dict]:
                 continue
             kind = _kind_of(str(k.get("name", "")))
             kinds[kind] += k["dur"] / 1e3
-            phases[index.phases.at(launch["ts"] if launch else None, "other")] += k["dur"] / 1e3
+            phases[index.phase_of_launch(launch)] += k["dur"] / 1e3
             if kind != "communication":
                 compute.append((k["ts"], k["ts"] + k["dur"]))
         length = (hi - lo) / 1e3 if hi != float("inf") else None
@@ -234,27 +287,63 @@ def _per_step(index: _TraceIndex) -> list[dict]:
     return rows
 
 
-def _layer_seconds(index: _TraceIndex) -> dict[tuple[str, int], list[float]]:
-    """(direction, layer index) -> the seconds of each labelled span: on a GPU the kernels launched
-    inside the span (from its thread), on a CPU the span itself (the host thread computes)."""
-    found: dict[tuple[str, int], list[float]] = defaultdict(list)
+def _layer_seconds(index: _TraceIndex) -> tuple[dict, dict]:
+    """Two maps (direction, layer index) -> seconds of each labelled span: the layer's compute (on a
+    GPU the kernels launched inside the span from its thread, on a CPU the span itself, as the host
+    thread computes) and, on a GPU, the host's (the span: the time to issue those kernels)."""
+    compute: dict[tuple[str, int], list[float]] = defaultdict(list)
+    host: dict[tuple[str, int], list[float]] = defaultdict(list)
     if not index.kernels:
         for direction, layer, e in index.layers:
-            found[(direction, layer)].append(e["dur"] * 1e-6)
-        return found
+            compute[(direction, layer)].append(e["dur"] * 1e-6)
+        return compute, host
     # Each span's kernels: those whose launch falls inside it on the span's own thread.
-    spans_by_thread: dict[object, list] = defaultdict(list)
-    for n, (_, _, e) in enumerate(index.layers):
-        spans_by_thread[e.get("tid")].append((e["ts"], e["ts"] + e["dur"], n))
-    regions = {tid: _Regions(spans) for tid, spans in spans_by_thread.items()}
+    regions = _by_thread((e["ts"], e["ts"] + e["dur"], n, e.get("tid"))
+                         for n, (_, _, e) in enumerate(index.layers))
     kernel_s = [0.0] * len(index.layers)
     for k, launch in zip(index.kernels, index.launches, strict=True):
         if launch is not None and launch.get("tid") in regions:
             n = regions[launch["tid"]].at(launch["ts"])
             if n is not None:
                 kernel_s[n] += k["dur"] * 1e-6
-    for (direction, layer, _), seconds in zip(index.layers, kernel_s, strict=True):
-        found[(direction, layer)].append(seconds)
+    for (direction, layer, e), seconds in zip(index.layers, kernel_s, strict=True):
+        compute[(direction, layer)].append(seconds)
+        host[(direction, layer)].append(e["dur"] * 1e-6)
+    return compute, host
+
+
+@dataclass(frozen=True)
+class _StepParts:
+    """One profiler step's optimizer and training-loop figures (seconds)."""
+
+    optimizer_gpu: float  # the update's kernels
+    optimizer_host: float  # the host inside the optimizer's regions, issuing them
+    optimizer_wall: float  # from the update's start on the host to its last kernel's end
+    loop_host: float  # the loop's own host work: before the first layer, after the last kernel
+
+
+def _step_parts(index: _TraceIndex) -> list[_StepParts]:
+    """Per profiler step with an optimizer region: what the update and the loop around it cost."""
+    found = []
+    layer_starts = sorted(e["ts"] for _, _, e in index.layers)
+    for lo, hi in index.steps:
+        regions = [(a, b) for a, b, phase in index.phases.regions if phase == "optimizer" and lo <= a < hi]
+        if not regions:
+            continue
+        first, last = min(a for a, _ in regions), max(b for _, b in regions)
+        gpu, last_kernel = 0.0, 0.0
+        for k, launch in zip(index.kernels, index.launches, strict=True):
+            if launch is None or not lo <= launch["ts"] < hi:
+                continue
+            last_kernel = max(last_kernel, k["ts"] + k["dur"])
+            if index.phase_of_launch(launch) == "optimizer":
+                gpu += k["dur"]
+                last = max(last, k["ts"] + k["dur"])
+        starts = layer_starts[bisect.bisect_left(layer_starts, lo):bisect.bisect_left(layer_starts, hi)]
+        before = (starts[0] - lo) if starts else 0.0
+        after = max(0.0, hi - max(last, last_kernel, max(b for _, b in regions)))
+        found.append(_StepParts(gpu * 1e-6, busy(union(regions)) * 1e-6, (last - first) * 1e-6,
+                                (before + after) * 1e-6))
     return found
 
 
@@ -273,15 +362,46 @@ def _by_kind(per_layer: dict[tuple[str, int], list[float]]) -> dict[str, dict[st
     return out
 
 
-def tokens_of_run(path: Path) -> int | None:
-    """Tokens per rank per step of the real run whose traces folder ``path`` is (``run.json`` beside
-    it, as ``real_runs.train --trace`` leaves them), else None."""
+def _run_of(path: Path) -> dict:
+    """The ``run.json`` of the real run whose traces folder (or a trace in it) ``path`` is, as
+    ``real_runs.train --trace`` leaves them; {} for anyone else's traces."""
     run_json = (path if path.is_dir() else path.parent).parent / "run.json"
     try:
         run = json.loads(run_json.read_text())
+    except (OSError, ValueError):
+        return {}
+    return run if isinstance(run, dict) else {}
+
+
+def tokens_of_run(path: Path) -> int | None:
+    """Tokens per rank per step of the real run whose traces ``path`` holds, else None."""
+    run = _run_of(path)
+    try:
         return int(run["global_batch"]) // int(run["world_size"]) * int(run["seq_len"])
-    except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError):
+    except (KeyError, TypeError, ValueError, ZeroDivisionError):
         return None
+
+
+# The real runs' strategies that keep the whole optimizer state on every rank; the rest shard it.
+UNSHARDED_OPTIMIZER = ("ddp", "ddp-torch")
+
+
+def params_updated_of_run(path: Path) -> int | None:
+    """Parameters each rank's optimizer updates in the real run whose traces ``path`` holds."""
+    run = _run_of(path)
+    try:
+        params, world = int(run["params"]), int(run["world_size"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    return params if run.get("strategy") in UNSHARDED_OPTIMIZER else -(-params // world)
+
+
+def _merged(per_rank: Iterable[dict]) -> dict[tuple[str, int], list[float]]:
+    merged: dict[tuple[str, int], list[float]] = defaultdict(list)
+    for layers in per_rank:
+        for key, seconds in layers.items():
+            merged[key] += seconds
+    return merged
 
 
 def _largest_first(ms: dict[str, float]) -> dict[str, float]:
@@ -299,17 +419,18 @@ def calibration_from_traces(paths: Iterable[str | Path], tokens: int | None = No
     paths = [Path(p) for p in paths]
     files = trace_files(paths)
     traces = [(p, read_trace(p, on_progress)) for p in files]
-    kernels = [e for _, d in traces for e in d["traceEvents"]
-               if isinstance(e, dict) and e.get("cat") == "kernel"]
     indexes = [_TraceIndex(d) for _, d in traces]
-    per_rank_layers = [_layer_seconds(i) for i in indexes]
+    kernels = [k for i in indexes for k in i.kernels if k.get("cat") == "kernel"]
+    per_rank = [_layer_seconds(i) for i in indexes]
+    per_rank_layers = [compute for compute, _ in per_rank]
     if not kernels and not any(per_rank_layers):
         raise CalibrationError(f"{', '.join(p.name for p in files)} hold no GPU kernels and no labelled "
                                f"layers; profile with ProfilerActivity.CUDA on a GPU run, or label layers "
                                f"'fwd L<i>' / 'bwd L<i>' with record_function")
     ranks = sorted({(d.get("distributedInfo") or {}).get("rank", i) for i, (_, d) in enumerate(traces)})
     gpus = {g for g in (_device(d) for _, d in traces) if g}
-    by_group, summary = _nccl_rows([k for k in kernels if str(k.get("name", "")).startswith("nccl")])
+    nccl = [k for i in indexes for k in i.nccl_kernels()]
+    by_group, summary = _nccl_rows(nccl)
     not_found = []
     fits = {}
     if by_group:
@@ -318,9 +439,13 @@ def calibration_from_traces(paths: Iterable[str | Path], tokens: int | None = No
             fits = fit_sweep(by_group[group], group)
         except CalibrationError as exc:
             not_found.append(f"a collective fit: {exc}")
+    elif nccl:
+        not_found.append("NCCL message sizes: neither the kernels nor c10d's record_param_comms ops carry "
+                         "'In msg nelems' / 'Group size' for groups of two ranks or more (PyTorch records "
+                         "them from 2.1); no collective fit")
     elif kernels:
-        not_found.append("NCCL message sizes: the kernels carry no 'In msg nelems' / 'Group size' arguments "
-                         "(PyTorch records them from 2.1 with record_shapes=True); no collective fit")
+        not_found.append("collectives: no NCCL kernel ran (a one-GPU run communicates nothing); trace a run "
+                         "of two GPUs or more, or import nccl-tests output, for the network")
     else:
         not_found.append("collectives: a CPU trace's gloo calls run on gloo's own threads with no kernel to "
                          "time; measure the network with `zero-sim calibrate` (a collective sweep)")
@@ -328,12 +453,22 @@ def calibration_from_traces(paths: Iterable[str | Path], tokens: int | None = No
     # The step of median length stands for all: its phases and kinds add up, as medians per key would not.
     timed = sorted((r for r in rows if r["length"]), key=lambda r: r["length"])
     typical = timed[(len(timed) - 1) // 2] if timed else rows[0]
-    merged: dict[tuple[str, int], list[float]] = defaultdict(list)
-    for layers in per_rank_layers:
-        for key, seconds in layers.items():
-            merged[key] += seconds
-    by_kind = _by_kind(merged)
+    by_kind = _by_kind(_merged(per_rank_layers))
+    host_by_kind = _by_kind(_merged(host for _, host in per_rank)) if kernels else None
     tokens = tokens if tokens is not None else tokens_of_run(paths[0])
+    parts = [p for i in indexes for p in _step_parts(i)]
+    optimizer_ms = statistics.median(p.optimizer_wall for p in parts) * 1e3 if parts else None
+    updated = params_updated_of_run(paths[0])
+    per_param = host_per_param = loop_host_s = None
+    if parts and updated and kernels:  # a GPU trace: kernels and the host's issuing apart
+        per_param = statistics.median(p.optimizer_gpu for p in parts) / updated
+        host_per_param = statistics.median(p.optimizer_host for p in parts) / updated
+        loop_host_s = statistics.median(p.loop_host for p in parts)
+    elif parts and updated:  # a CPU trace: the host computes the update
+        per_param = statistics.median(p.optimizer_wall for p in parts) / updated
+    if optimizer_ms and not updated:
+        not_found.append("the parameters each rank's optimizer updates (the traces are not a real run's "
+                         "with its run.json); the optimizer's time is reported but the GPU model's is used")
     compute = None
     if by_kind is None:
         not_found.append("per-layer times: no spans labelled 'fwd L<i>' / 'bwd L<i>' (label each layer with "
@@ -342,7 +477,9 @@ def calibration_from_traces(paths: Iterable[str | Path], tokens: int | None = No
         not_found.append("the tokens per rank the layers computed (give --tokens: micro-batch x sequence "
                          "length); the layer times are reported but not used")
     else:
-        compute = ComputeCalibration(by_kind, tokens, None, max(len(traces), len(ranks)), None)
+        compute = ComputeCalibration(by_kind, tokens, per_param, max(len(traces), len(ranks)), None,
+                                     host_seconds=host_by_kind,
+                                     optimizer_host_seconds_per_param=host_per_param, step_host_s=loop_host_s)
     if kernels:
         not_found.append("compute slowed beside NCCL kernels: not estimated from traces yet; the GPU's "
                          "default stays")
@@ -350,11 +487,12 @@ def calibration_from_traces(paths: Iterable[str | Path], tokens: int | None = No
                    "ranks": ranks, "gpu": sorted(gpus)[0] if gpus else None}
     calibration = Calibration(fits, compute, "nccl" if kernels else None, measured_on)
     layer_ms = {k: {d: t * 1e3 for d, t in v.items()} for k, v in (by_kind or {}).items()}
+    host_layer_ms = {k: {d: t * 1e3 for d, t in v.items()} for k, v in (host_by_kind or {}).items()}
     return TraceFindings(calibration, sorted(gpus)[0] if len(gpus) == 1 else None, ranks, len(timed),
                          layer_ms, _largest_first(typical["phases"]), _largest_first(typical["kinds"]),
                          typical["idle"], typical["length"], summary, not_found,
                          "not recognised (the simulator keeps the GPU you give it)" if kernels
-                         else "CPU (no GPU kernels in the traces)")
+                         else "CPU (no GPU kernels in the traces)", host_layer_ms, optimizer_ms)
 
 
 __all__ = ["KERNEL_KINDS", "TraceFindings", "calibration_from_traces", "tokens_of_run"]

@@ -84,6 +84,9 @@ class ComputeFile(_Strict):
     sharing_factor: _number(above=0.0, hi=1e6) | None = None
     model: str | None = None
     slowest_rank_factor: _number(lo=1.0, below=10.0) = 1.0
+    host_seconds: dict[Literal[LAYER_KINDS], LayerTimesFile] | None = None
+    optimizer_host_seconds_per_param: _number(lo=0.0, hi=1.0) | None = None
+    step_host_s: _number(lo=0.0, hi=3600.0) | None = None
 
 
 class CpuFile(_Strict):

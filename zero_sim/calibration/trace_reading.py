@@ -25,8 +25,14 @@ import ijson
 
 from zero_sim.calibration.format import CalibrationError
 
-KEPT_CATEGORIES = {"kernel", "gpu_memcpy", "gpu_memset", "cuda_runtime", "user_annotation",
+# Kernel launches come from the runtime (cudaLaunchKernel) or the driver (cuLaunchKernelEx: cuBLAS's
+# Hopper GEMMs); annotations from the user and from torch.
+KEPT_CATEGORIES = {"kernel", "gpu_memcpy", "gpu_memset", "cuda_runtime", "cuda_driver", "user_annotation",
                    "gpu_user_annotation"}
+# Of the many CPU ops, only two kinds are read: autograd's backward functions (they mark backward
+# launches on autograd's own thread, where no user annotation is) and c10d's record of each collective
+# (its message and group sizes, which older PyTorch records there and not on the NCCL kernel).
+KEPT_CPU_OPS = ("autograd::engine::evaluate_function", "record_param_comms")
 KEPT_FIELDS = ("ph", "cat", "name", "ts", "dur", "tid", "pid")
 KEPT_ARGS = ("correlation", "stream", "Collective name", "In msg nelems", "Out msg nelems", "Group size",
              "dtype")
@@ -54,7 +60,11 @@ def trace_files(paths: Iterable[str | Path]) -> list[Path]:
 
 def _slim(event: dict) -> dict | None:
     """The parts of an event a calibration reads, or None for an event it never reads."""
-    if not isinstance(event, dict) or event.get("cat") not in KEPT_CATEGORIES or event.get("ph") != "X":
+    if not isinstance(event, dict) or event.get("ph") != "X":
+        return None
+    cat = event.get("cat")
+    kept_op = cat == "cpu_op" and str(event.get("name", "")).startswith(KEPT_CPU_OPS)
+    if cat not in KEPT_CATEGORIES and not kept_op:
         return None
     kept = {k: event[k] for k in KEPT_FIELDS if k in event}
     args = event.get("args")
@@ -121,4 +131,4 @@ def read_trace(path: Path, on_progress: Progress = None) -> dict:
     return {**header, "traceEvents": events}
 
 
-__all__ = ["KEPT_ARGS", "KEPT_CATEGORIES", "read_trace", "trace_files"]
+__all__ = ["KEPT_ARGS", "KEPT_CATEGORIES", "KEPT_CPU_OPS", "read_trace", "trace_files"]

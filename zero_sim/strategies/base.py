@@ -85,6 +85,7 @@ class Context:
     # Host time to issue each layer's kernels (zero_sim.system.host_costs); None: the flat per-op figure.
     host: Any = None
     step_host_s: float = 0.0  # the training loop's own host work per step, ending in a sync
+    optimizer_host_s_per_param: float | None = None  # measured host time to issue the update (traces)
 
     def forward_host_s(self, layer: Layer) -> float | None:
         return self.host.forward_s(layer.kind) if self.host is not None else None
@@ -268,9 +269,11 @@ class Step:
     def update_layers(self, deps: tuple[int, ...], share: float = 1.0, layers=None) -> list[int]:
         """One ``opt L<i>`` per layer (every layer by default) on the compute stream, updating
         ``share`` of it after ``deps``."""
-        seconds = self.ctx.compute.optimizer_time
+        seconds, host = self.ctx.compute.optimizer_time, self.ctx.optimizer_host_s_per_param
         return [self.b.compute(opt(layer.index), OPTIMIZER, seconds(int(layer.numel * share)),
-                               layer=layer.index, deps=deps) for layer in (layers or self.w.layers)]
+                               layer=layer.index, deps=deps,
+                               host_s=None if host is None else host * int(layer.numel * share))
+                for layer in (layers or self.w.layers)]
 
 
 class Strategy:

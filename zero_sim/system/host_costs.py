@@ -101,6 +101,21 @@ class HostCosts:
         return BACKWARD_HOST_FACTOR * self.forward_s(kind)
 
 
+@dataclass(frozen=True)
+class MeasuredHostCosts:
+    """Host seconds per layer kind as a profiler trace measured them (the spans around each layer's
+    launches, :mod:`zero_sim.calibration.from_traces`): the same host, model and stack, so no op count
+    or per-op figure is needed."""
+
+    seconds: dict[str, dict[str, float]]  # kind -> {"fwd": s, "bwd": s}
+
+    def forward_s(self, kind: str) -> float:
+        return self.seconds.get(kind, {}).get("fwd", 0.0)
+
+    def backward_s(self, kind: str) -> float:
+        return self.seconds.get(kind, {}).get("bwd", 0.0)
+
+
 def host_costs(workload, kernel_host_us: float) -> HostCosts | None:
     """The host model for a GPT workload at ``kernel_host_us`` per op; None without a shape
     (a workload read off a module) or at zero cost."""
