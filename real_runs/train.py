@@ -263,7 +263,7 @@ def _run_record(args, cfg, n_params: int, world: int, device, out: Path, times: 
         losses=losses, final_loss=float(losses[-1]), param_l2=param_l2,
         memory={str(r): m for r, m in enumerate(per_rank)}, model_states_formula=model_states,
         versions=_versions(), files=_outputs(out),
-        gpu=gpu_stamp() if device.type == "cuda" else None)
+        gpu=gpu_stamp() if device.type == "cuda" else None, cores=len(os.sched_getaffinity(0)))
 
 
 def _lost_peer(e: Exception) -> bool:

@@ -200,6 +200,37 @@ def test_a_real_runs_trace_calibrates_its_layers_at_the_tokens_of_its_run_json(t
     assert abs(phases["forward"]["error"]) < 0.5 and printed["summary"]["measured_step_s"] > 0
 
 
+@pytest.mark.slow
+def test_a_two_rank_trace_predicts_the_four_rank_run_on_the_emulated_cluster(tmp_path, figures):
+    from real_runs.cluster import ClusterShape, launch_in_cluster, unavailable_reason
+    from sim2real.replay import predict_run
+
+    if (why := unavailable_reason()) is not None:
+        pytest.skip(why)
+    shape, run = ClusterShape("uniform", 10.0), dict(model="tiny", steps=8, global_batch=8)
+    two = launch_in_cluster("ddp", 2, tmp_path / "two", shape, trace=True, **run)
+    four = launch_in_cluster("ddp", 4, tmp_path / "four", shape, **run)
+    calibration = calibration_from_traces([tmp_path / "two" / "traces"]).calibration
+    compute = calibration.compute
+    assert (compute.ranks, compute.cores) == (2, two["cores"])
+    from_trace, preset = predict_run(four, calibration), predict_run(four)
+    itself = predict_run(two, calibration)
+
+    def error(sim, measured):
+        return sim.metrics["step_time_s"] / measured["median_step_s"] - 1
+
+    figures(f"2 ranks from their own trace: {error(itself, two):+.0%}",
+            f"4 ranks from the 2-rank trace: {error(from_trace, four):+.0%}; "
+            f"from the CPU preset: {error(preset, four):+.0%} "
+            f"(measured {four['median_step_s'] * 1e3:.1f} ms, {four['cores']} cores)")
+    # Four ranks compute half the tokens each; on fewer cores than ranks they also take turns.
+    block = next(op for op in from_trace.step_ops(0) if op["name"] == "fwd L2" and op["rank"] == 0)
+    turns = max(1.0, 4 / two["cores"]) / max(1.0, 2 / two["cores"])
+    assert block["end_s"] - block["start_s"] == pytest.approx(compute.layer_seconds["block"]["fwd"] / 2 * turns,
+                                                              rel=0.05)
+    assert abs(error(itself, two)) < 0.3
+
+
 def test_validate_trace_wants_a_traced_real_run(tmp_path, capsys):
     assert zero_sim(["validate", "--trace", str(tmp_path)]) == 2
     err = capsys.readouterr().err

@@ -243,13 +243,27 @@ def _compute_model(s: CommonSettings, gpu, calibration: Calibration | None) -> C
                             f"{s.backend}; use --backend {calibration.backend} or another calibration")
     if calibration is not None and calibration.compute is not None:
         c = calibration.compute
-        return ComputeModel(gpu, efficiency=s.efficiency, layer_seconds=c.layer_seconds,
+        shared = cores_shared(s.gpus, c.ranks, c.cores) if gpu.name == "CPU" else 1.0
+        per_param = c.optimizer_seconds_per_param
+        return ComputeModel(gpu, efficiency=s.efficiency,
+                            layer_seconds={kind: {d: t * shared for d, t in times.items()}
+                                           for kind, times in c.layer_seconds.items()},
                             calibrated_tokens=c.tokens,
-                            optimizer_seconds_per_param=c.optimizer_seconds_per_param,
+                            optimizer_seconds_per_param=None if per_param is None else per_param * shared,
                             slowest_rank_factor=c.slowest_rank_factor)
     return ComputeModel(gpu, efficiency=s.efficiency,
                         slowest_rank_factor=slowest_gpu_factor(s.gpus, s.gpu_spread),
                         run_overhead=_run_overhead(s, gpu))
+
+
+def cores_shared(ranks: int, measured_ranks: int, cores: int | None) -> float:
+    """How much slower each CPU rank computes with ``ranks`` on the machine than the calibration's
+    ``measured_ranks`` did on its ``cores``: every rank runs one thread (as the real runs do), so
+    beyond one rank per core the ranks take turns, ``ranks / cores`` of them to a core.  Without
+    the cores measured, the calibration is taken as it is."""
+    if not cores:
+        return 1.0
+    return max(1.0, ranks / cores) / max(1.0, measured_ranks / cores)
 
 
 def _run_overhead(s: CommonSettings, gpu) -> float:

@@ -382,6 +382,18 @@ def tokens_of_run(path: Path) -> int | None:
         return None
 
 
+def _ranks_of_run(path: Path, traces: list, ranks: list[int]) -> int:
+    """Ranks computing at once when traced: the run's world size, else one per trace read."""
+    world = _run_of(path).get("world_size")
+    return world if isinstance(world, int) and world > 0 else max(len(traces), len(ranks))
+
+
+def cores_of_run(path: Path) -> int | None:
+    """CPU cores the real run whose traces ``path`` holds could use (its ranks share them)."""
+    cores = _run_of(path).get("cores")
+    return cores if isinstance(cores, int) and cores > 0 else None
+
+
 # The real runs' strategies that keep the whole optimizer state on every rank; the rest shard it.
 UNSHARDED_OPTIMIZER = ("ddp", "ddp-torch")
 
@@ -464,8 +476,8 @@ def calibration_from_traces(paths: Iterable[str | Path], tokens: int | None = No
         per_param = statistics.median(p.optimizer_gpu for p in parts) / updated
         host_per_param = statistics.median(p.optimizer_host for p in parts) / updated
         loop_host_s = statistics.median(p.loop_host for p in parts)
-    elif parts and updated:  # a CPU trace: the host computes the update
-        per_param = statistics.median(p.optimizer_wall for p in parts) / updated
+    elif parts and updated:  # a CPU trace: the host computes the update (its regions, not the waits between)
+        per_param = statistics.median(p.optimizer_host for p in parts) / updated
     if optimizer_ms and not updated:
         not_found.append("the parameters each rank's optimizer updates (the traces are not a real run's "
                          "with its run.json); the optimizer's time is reported but the GPU model's is used")
@@ -477,7 +489,10 @@ def calibration_from_traces(paths: Iterable[str | Path], tokens: int | None = No
         not_found.append("the tokens per rank the layers computed (give --tokens: micro-batch x sequence "
                          "length); the layer times are reported but not used")
     else:
-        compute = ComputeCalibration(by_kind, tokens, per_param, max(len(traces), len(ranks)), None,
+        # A CPU trace's layers ran at the traced run's share of its cores; say how many to scale by.
+        cores = None if kernels else cores_of_run(paths[0])
+        traced_ranks = _ranks_of_run(paths[0], traces, ranks)
+        compute = ComputeCalibration(by_kind, tokens, per_param, traced_ranks, cores,
                                      host_seconds=host_by_kind,
                                      optimizer_host_seconds_per_param=host_per_param, step_host_s=loop_host_s)
     if kernels:

@@ -132,6 +132,7 @@ class RunFile(_Record):
     versions: dict[str, Any] | None = None
     files: list[str] | None = None
     gpu: dict[str, Any] | None = None  # CUDA runs: the device stamp (real_runs.gpu_stamp)
+    cores: int | None = None  # CPU cores the ranks could run on: ranks beyond them share cores
 
 
 # run.json's keys in the order the writer lists them: the fields above, by their names in the file.
