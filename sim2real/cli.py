@@ -66,6 +66,9 @@ def _calibrate_args(cal) -> None:
     cal.add_argument("--from-trace", type=Path, nargs="+", default=None, metavar="PATH",
                      help="fit from PyTorch profiler traces of your own GPU run instead of measuring: "
                           ".json or .json.gz files, or folders of them (see docs/calibration.md)")
+    cal.add_argument("--untraced-step-ms", type=float, default=None,
+                     help="with --from-trace: the step time the same run shows without the profiler (from "
+                          "its logs), so the profiler's own host cost is taken out of the host times")
     cal.add_argument("--tokens", type=int, default=None,
                      help="with --from-trace: tokens per rank per step the traced run computed "
                           "(micro-batch x sequence length), to use its layer times (read from run.json "
@@ -114,6 +117,9 @@ def _measured(args) -> Calibration:
 def _from_traces(args) -> int:
     if args.tokens is not None and args.tokens < 1:
         raise cli.UsageError(f"--tokens must be a positive number of tokens per rank, got {args.tokens}")
+    if args.untraced_step_ms is not None and not 0 < args.untraced_step_ms < 1e7:
+        raise cli.UsageError(f"--untraced-step-ms must be a positive time in milliseconds, got "
+                             f"{args.untraced_step_ms}")
     # A bar on a terminal while large traces are read (bytes of each file as it streams).
     with tqdm(unit="B", unit_scale=True, desc="reading traces", leave=False,
               disable=not sys.stderr.isatty()) as bar:
@@ -121,7 +127,8 @@ def _from_traces(args) -> int:
             bar.total, bar.n = total, done
             bar.refresh()
 
-        findings = calibration_from_traces(args.from_trace, tokens=args.tokens, on_progress=progress)
+        findings = calibration_from_traces(args.from_trace, tokens=args.tokens, on_progress=progress,
+                                           untraced_step_ms=args.untraced_step_ms)
     findings.calibration.save(args.out)
     print(findings.report())
     print(f"wrote {args.out}; use it with `zero-sim simulate --calibration {args.out}`")

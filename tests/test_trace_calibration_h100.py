@@ -1,7 +1,8 @@
-"""Calibrating from a trace of this project's own run on one H100, and replaying that run from it.
+"""Calibrating from traces of this project's own runs on one GPU, replaying them, and predicting others.
 
-The run (tests/data/h100_gpt2_124m_ddp, README there): gpt2-124m, DDP, bf16, 8 x 1024 tokens. Its
-layers were also timed alone with CUDA events, which bound what the trace may say from above.
+The runs (tests/data/h100_gpt2_124m_ddp and h200_gpt2_350m_ddp, READMEs there): DDP, bf16, 8 x 1024
+tokens, each also run untraced. The H100 run's layers were also timed alone with CUDA events, which
+bound what the trace may say from above; the H200 run was also run untraced at batch 4 and 16.
 """
 
 import json
@@ -14,6 +15,7 @@ from zero_sim.calibration import Calibration
 from zero_sim.calibration.from_traces import calibration_from_traces
 
 RUN = Path(__file__).parent / "data" / "h100_gpt2_124m_ddp"
+H200_RUN = Path(__file__).parent / "data" / "h200_gpt2_350m_ddp"
 TRACES = RUN / "traced" / "traces"
 H100_BF16_PEAK_FLOPS = 989e12  # dense bf16, the H100 SXM datasheet
 BLOCK_PARAMS = 768 * 3 * 768 + 768 * 768 + 2 * 768 * 3072  # gpt2-124m's block matrices (biases aside)
@@ -80,3 +82,36 @@ def test_the_traced_run_replays_from_its_own_trace(capsys, figures):
     for phase in ("forward", "backward", "optimizer"):
         row = phases[phase]
         assert row["predicted_s"] == pytest.approx(row["measured_s"], rel=0.2), phase
+
+
+def measured_step_s(run_dir: Path) -> float:
+    return json.loads((run_dir / "run.json").read_text())["median_step_s"]
+
+
+def test_the_profilers_own_host_cost_comes_out_given_the_untraced_step():
+    # Traced, the host-bound step took 88 ms; the same run's log said 57 ms without the profiler.
+    untraced = measured_step_s(RUN / "untraced") * 1e3
+    plain = calibration_from_traces([TRACES]).calibration.compute
+    cleared = calibration_from_traces([TRACES], untraced_step_ms=untraced)
+    kept = cleared.calibration.compute.host_seconds["block"]["fwd"] / plain.host_seconds["block"]["fwd"]
+    assert 0.3 < kept < 1.0
+    assert cleared.calibration.compute.layer_seconds == plain.layer_seconds  # kernels are the GPU's
+    assert any("profiler's own cost taken out" in line for line in cleared.not_found)
+
+
+def test_a_trace_at_one_batch_predicts_the_untraced_run_at_others_closer_than_the_presets(figures):
+    from sim2real.replay import predict_run
+
+    untraced_b8 = measured_step_s(H200_RUN / "untraced_b8") * 1e3
+    calibration = calibration_from_traces([H200_RUN / "traced" / "traces"],
+                                          untraced_step_ms=untraced_b8).calibration
+    lines = []
+    for batch in (4, 8, 16):
+        run = json.loads((H200_RUN / f"untraced_b{batch}" / "run.json").read_text())
+        measured = run["median_step_s"]
+        from_trace = predict_run(run, calibration).metrics["step_time_s"] / measured - 1
+        preset = predict_run(run).metrics["step_time_s"] / measured - 1
+        lines.append(f"gpt2-350m on an H200, batch {batch}: from the batch-8 trace {from_trace:+.0%}, "
+                     f"from presets {preset:+.0%} (measured {measured * 1e3:.1f} ms)")
+        assert abs(from_trace) < 0.35 and abs(from_trace) < abs(preset)
+    figures(*lines)
