@@ -11,83 +11,68 @@ What it reads, and the rule for each:
 * **the device**: ``deviceProperties`` (name and memory) chooses the GPU preset
   (:func:`zero_sim.system.device_names.preset_for_device`; an A100 whose name gives no memory
   size is told apart by its memory, 40 or 80 GB);
-* **collectives**: every NCCL kernel, with the message size and group size newer PyTorch
-  records in its arguments (``Collective name``, ``In msg nelems``, ``Out msg nelems``,
-  ``Group size``, ``dtype``). Sizes follow nccl-tests' convention (the whole buffer: an
-  all-gather's output, a reduce-scatter's input). A kernel's duration also holds the time it
-  waited for the slowest peer to arrive, so the fastest call of each size and group stands for
-  the collective's own time; latency and bus bandwidth are then fitted per collective as for a
-  microbenchmark sweep (:func:`zero_sim.calibration.fit.fit_sweep`), for the group size seen most;
-* **phases**: each GPU kernel is traced back to the CPU launch that queued it (the shared
-  ``correlation`` id) and from there to the annotated region the launch ran in (``## forward ##``,
-  ``DistributedDataParallel.forward``, ``## backward ##``, ``Optimizer.step#...``); kernel time is
-  summed per phase and per profiler step (``ProfilerStep#N``), and the step of median length
-  reported;
+* **collectives**: every NCCL kernel, with the message size and group size PyTorch records in
+  the kernel's arguments (``Collective name``, ``In msg nelems``, ``Out msg nelems``, ``Group
+  size``, ``dtype``) or, in older traces, on c10d's ``record_param_comms`` op around its launch.
+  Sizes follow nccl-tests' convention (the whole buffer: an all-gather's output, a
+  reduce-scatter's input). A kernel's duration also holds the time it waited for the slowest
+  peer, so the fastest call of each size and group stands for the collective's own time;
+  latency and bus bandwidth are then fitted per collective as for a microbenchmark sweep
+  (:func:`zero_sim.calibration.fit.fit_sweep`), for the group size seen most;
+* **phases**: each kernel is traced back to its launch and the annotated region around it
+  (:mod:`zero_sim.calibration.trace_index`); kernel time is summed per phase and per profiler
+  step (``ProfilerStep#N``), and the step of median length reported;
 * **the kernel mix**: kernel time by kind, from the kernel's name (GEMM and convolution,
   attention, normalisation, element-wise, optimizer, copies, communication);
 * **idle compute**: per step, the time no compute kernel ran on any stream, the upper bound of
-  what launch overhead and waiting for communication cost.
-
+  what launch overhead and waiting for communication cost;
 * **per-layer times**: spans labelled ``fwd L<i>`` / ``bwd L<i>`` (what ``real_runs.train --trace``
-  writes; a user's own ``record_function`` labels work the same): on a GPU the kernels launched
-  inside each span from its thread, on a CPU the span itself. Layer 0 is the embedding, the last the
-  head, the rest blocks; each layer's median over its spans, each kind's mean over its layers. With
-  the tokens per rank the run computed (``tokens=``, or a real run's ``run.json`` beside its
-  traces) they become the calibration's compute block.
+  writes; a user's own ``record_function`` labels work the same). On a GPU two figures per layer:
+  the kernels launched inside the span from its thread (GPU time, which grows with the tokens)
+  and the span itself (the host's time to issue them, which does not); the simulator's host
+  lane then issues each layer at the measured pace, so a host-bound step stays host-bound.  On
+  a CPU the span is the compute.  Layer 0 is the embedding, the last the head, the rest blocks;
+  each layer's median over its spans, each kind's mean over its layers.  With the tokens per
+  rank the run computed (``tokens=``, or a real run's ``run.json``) they become the
+  calibration's compute block;
+* **the update and the loop**: the optimizer's kernels and its regions' host time per
+  parameter updated (from a real run's ``run.json``), and the loop's own host work per step
+  (before the first layer, after the last kernel), which ends in a sync;
+* **the profiler's own cost**: recording every CPU op slows the host; given the step time the
+  run shows untraced (``untraced_step_ms``) the host times shrink by the difference
+  (:func:`without_profiler`).  A CPU trace's ranks share the run's cores (``cores`` from its
+  ``run.json``), which the simulator scales by (:func:`zero_sim.scenario.cores_shared`).
 
 Not found yet, and said so in the report: layers from ``with_modules`` module annotations, the
-slowdown of compute beside NCCL kernels, how compute is shared when more ranks than cores run (a
-CPU calibration's sweep measures it). Files are read as a stream, keeping only the events used
+slowdown of compute beside NCCL kernels, communication's CPU cost on cores the ranks share (a CPU
+calibration's sweep measures it).  Files are read as a stream, keeping only the events used
 (:mod:`zero_sim.calibration.trace_reading`).
 """
 
 from __future__ import annotations
 
-import bisect
 import json
-import re
 import statistics
 from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from zero_sim.breakdown import length as busy
-from zero_sim.breakdown import union
 from zero_sim.calibration.fit import fit_sweep
 from zero_sim.calibration.format import Calibration, CalibrationError, ComputeCalibration
+from zero_sim.calibration.trace_index import KERNEL_KINDS, TraceIndex, layer_seconds, per_step, step_parts
 from zero_sim.calibration.trace_reading import Progress, read_trace, trace_files
 from zero_sim.system.device_names import preset_for_device
 from zero_sim.vocabulary import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER
 from zero_sim.vocabulary.collectives import bus_factor
 
+A100_80GB_ABOVE_BYTES = 50e9  # an A100 reporting more memory than this is the 80 GB part
 # NCCL's own names for the collectives it records, and the simulator's.
 NCCL_NAMES = {"allreduce": ALL_REDUCE, "allgather": ALL_GATHER, "_allgather_base": ALL_GATHER,
               "allgather_into_tensor_coalesced": ALL_GATHER, "reduce_scatter": REDUCE_SCATTER,
               "_reduce_scatter_base": REDUCE_SCATTER, "reduce_scatter_tensor_coalesced": REDUCE_SCATTER}
 DTYPE_BYTES = {"float": 4, "float32": 4, "half": 2, "float16": 2, "bfloat16": 2, "double": 8, "long": 8,
                "int": 4, "int64": 8, "int32": 4, "byte": 1, "char": 1, "bool": 1, "float8_e4m3fn": 1}
-# Kernel kinds by name, first match wins: communication before the rest (an NCCL kernel is not a GEMM).
-KERNEL_KINDS = (
-    ("communication", re.compile(r"^nccl", re.I)),
-    ("copies", re.compile(r"^Memcpy|^Memset|copy_kernel|CatArrayBatchedCopy", re.I)),
-    ("attention", re.compile(r"flash|fmha|attention|sdpa", re.I)),
-    ("GEMM and convolution", re.compile(r"gemm|xmma|cutlass|cublas|conv|dgrad|wgrad|fprop|scudnn|"
-                                        r"implicit_gemm", re.I)),
-    ("optimizer", re.compile(r"multi_tensor_apply|adam|sgd|fused_optimizer", re.I)),
-    ("normalisation", re.compile(r"norm|bn_", re.I)),
-    ("element-wise and other", re.compile(r".")),
-)
-# Zeroing the gradients (``Optimizer.zero_grad``, at a step's start) is not the update.
-PHASES = (("optimizer", re.compile(r"^(?!.*zero_grad).*optimizer|^opt ", re.I)),
-          ("backward", re.compile(r"backward|^bwd L\d+$|^autograd::engine::evaluate_function", re.I)),
-          ("forward", re.compile(r"forward|^fwd L\d+$", re.I)))
-# Kernels are launched by cudaLaunchKernel (runtime) or cuLaunchKernelEx (driver: cuBLAS on Hopper).
-LAUNCH_CATEGORIES = ("cuda_runtime", "cuda_driver")
-A100_80GB_ABOVE_BYTES = 50e9  # an A100 reporting more memory than this is the 80 GB part
-# Layer spans as this project's real runs label them (``fwd L3``, ``bwd L3``) or as a user can with
-# ``torch.profiler.record_function``; layer 0 is the embedding, the last the head, the rest blocks.
-LAYER_LABEL = re.compile(r"^(fwd|bwd) L(\d+)$")
 
 
 @dataclass
@@ -179,172 +164,6 @@ def _nccl_rows(kernels: list[dict]) -> tuple[dict[int, list[dict]], dict[str, di
                       "sizes": len({s for s, _ in v}), "min_bytes": min(s for s, _ in v),
                       "max_bytes": max(s for s, _ in v)} for kind, v in seen.items()}
     return by_group, summary
-
-
-def _kind_of(name: str) -> str:
-    return next(kind for kind, pattern in KERNEL_KINDS if pattern.search(name))
-
-
-class _TraceIndex:
-    """One trace's events as the readers below need them, built once: kernels, the launch of each
-    kernel (by ``correlation``), profiler steps, and annotated regions sorted for lookups by time."""
-
-    def __init__(self, data: dict):
-        events = [e for e in data["traceEvents"] if isinstance(e, dict) and e.get("ph") == "X"]
-        self.kernels = [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
-        launch_of = {e["args"]["correlation"]: e for e in events
-                     if e.get("cat") in LAUNCH_CATEGORIES and "correlation" in e.get("args", {})}
-        self.launches = [launch_of.get(k.get("args", {}).get("correlation")) for k in self.kernels]
-        annotations = [e for e in events if e.get("cat") == "user_annotation"]
-        self.steps = sorted((e["ts"], e["ts"] + e["dur"]) for e in annotations
-                            if str(e.get("name", "")).startswith("ProfilerStep#"))
-        # A launch's phase is the innermost phase region on its own thread (autograd launches backward
-        # kernels from a thread of its own), else the innermost on any thread (a user's "## backward ##"
-        # on the main thread while autograd's thread launches).
-        marked = [(e["ts"], e["ts"] + e["dur"], phase, e.get("tid"))
-                  for e in events if e.get("cat") in ("user_annotation", "cpu_op")
-                  and not str(e.get("name", "")).startswith("ProfilerStep#")
-                  for phase in [_phase_of(str(e.get("name", "")))] if phase]
-        self.phases = _Regions((lo, hi, phase) for lo, hi, phase, _ in marked)
-        self.phases_by_thread = _by_thread(marked)
-        self.layers = [(m.group(1), int(m.group(2)), e) for e in annotations
-                       for m in [LAYER_LABEL.match(str(e.get("name", "")))] if m]
-        self.comms = _by_thread((e["ts"], e["ts"] + e["dur"], e.get("args", {}), e.get("tid"))
-                                for e in events if e.get("name") == "record_param_comms")
-
-    def phase_of_launch(self, launch: dict | None) -> str:
-        if launch is None:
-            return "other"
-        own = self.phases_by_thread.get(launch.get("tid"))
-        return (own.at(launch["ts"]) if own else None) or self.phases.at(launch["ts"], "other")
-
-    def nccl_kernels(self) -> list[dict]:
-        """The NCCL kernels, each with its collective's sizes: from its own arguments (newer PyTorch)
-        or, where it has none, from c10d's ``record_param_comms`` op around its launch (older PyTorch)."""
-        found = []
-        for k, launch in zip(self.kernels, self.launches, strict=True):
-            if not str(k.get("name", "")).startswith("nccl"):
-                continue
-            if "Collective name" not in k.get("args", {}) and launch is not None:
-                comms = self.comms.get(launch.get("tid"))
-                sizes = comms.at(launch["ts"]) if comms else None
-                if sizes:
-                    k = {**k, "args": {**sizes, **k.get("args", {})}}
-            found.append(k)
-        return found
-
-
-def _phase_of(name: str) -> str | None:
-    return next((phase for phase, pattern in PHASES if pattern.search(name)), None)
-
-
-def _by_thread(regions: Iterable[tuple[float, float, object, object]]) -> dict[object, _Regions]:
-    """(start, end, label, thread) -> one :class:`_Regions` per thread."""
-    grouped: dict[object, list] = defaultdict(list)
-    for lo, hi, label, tid in regions:
-        grouped[tid].append((lo, hi, label))
-    return {tid: _Regions(r) for tid, r in grouped.items()}
-
-
-class _Regions:
-    """Time regions, each with a label; :meth:`at` is the innermost one holding a time."""
-
-    LOOK_BACK = 16  # regions started before the nearest one that may still enclose the time
-
-    def __init__(self, regions: Iterable[tuple[float, float, object]]):
-        self.regions = sorted(regions, key=lambda r: r[0])
-        self.starts = [r[0] for r in self.regions]
-
-    def at(self, t: float | None, default=None):
-        if t is None:
-            return default
-        i = bisect.bisect_right(self.starts, t) - 1
-        for start, end, label in reversed(self.regions[max(0, i - self.LOOK_BACK):i + 1]):
-            if start <= t <= end:
-                return label
-        return default
-
-
-def _per_step(index: _TraceIndex) -> list[dict]:
-    """Per profiler step: kernel time by phase and by kind, idle compute, the step's length."""
-    kernels = index.kernels
-    rows: list[dict] = []
-    for lo, hi in index.steps or [(min((k["ts"] for k in kernels), default=0), float("inf"))]:
-        phases: dict[str, float] = defaultdict(float)
-        kinds: dict[str, float] = defaultdict(float)
-        compute = []
-        for k, launch in zip(kernels, index.launches, strict=True):
-            if not lo <= k["ts"] < hi:
-                continue
-            kind = _kind_of(str(k.get("name", "")))
-            kinds[kind] += k["dur"] / 1e3
-            phases[index.phase_of_launch(launch)] += k["dur"] / 1e3
-            if kind != "communication":
-                compute.append((k["ts"], k["ts"] + k["dur"]))
-        length = (hi - lo) / 1e3 if hi != float("inf") else None
-        idle = length - busy(union(compute)) / 1e3 if length and kernels else None
-        rows.append({"phases": dict(phases), "kinds": dict(kinds), "idle": idle, "length": length})
-    return rows
-
-
-def _layer_seconds(index: _TraceIndex) -> tuple[dict, dict]:
-    """Two maps (direction, layer index) -> seconds of each labelled span: the layer's compute (on a
-    GPU the kernels launched inside the span from its thread, on a CPU the span itself, as the host
-    thread computes) and, on a GPU, the host's (the span: the time to issue those kernels)."""
-    compute: dict[tuple[str, int], list[float]] = defaultdict(list)
-    host: dict[tuple[str, int], list[float]] = defaultdict(list)
-    if not index.kernels:
-        for direction, layer, e in index.layers:
-            compute[(direction, layer)].append(e["dur"] * 1e-6)
-        return compute, host
-    # Each span's kernels: those whose launch falls inside it on the span's own thread.
-    regions = _by_thread((e["ts"], e["ts"] + e["dur"], n, e.get("tid"))
-                         for n, (_, _, e) in enumerate(index.layers))
-    kernel_s = [0.0] * len(index.layers)
-    for k, launch in zip(index.kernels, index.launches, strict=True):
-        if launch is not None and launch.get("tid") in regions:
-            n = regions[launch["tid"]].at(launch["ts"])
-            if n is not None:
-                kernel_s[n] += k["dur"] * 1e-6
-    for (direction, layer, e), seconds in zip(index.layers, kernel_s, strict=True):
-        compute[(direction, layer)].append(seconds)
-        host[(direction, layer)].append(e["dur"] * 1e-6)
-    return compute, host
-
-
-@dataclass(frozen=True)
-class _StepParts:
-    """One profiler step's optimizer and training-loop figures (seconds)."""
-
-    optimizer_gpu: float  # the update's kernels
-    optimizer_host: float  # the host inside the optimizer's regions, issuing them
-    optimizer_wall: float  # from the update's start on the host to its last kernel's end
-    loop_host: float  # the loop's own host work: before the first layer, after the last kernel
-
-
-def _step_parts(index: _TraceIndex) -> list[_StepParts]:
-    """Per profiler step with an optimizer region: what the update and the loop around it cost."""
-    found = []
-    layer_starts = sorted(e["ts"] for _, _, e in index.layers)
-    for lo, hi in index.steps:
-        regions = [(a, b) for a, b, phase in index.phases.regions if phase == "optimizer" and lo <= a < hi]
-        if not regions:
-            continue
-        first, last = min(a for a, _ in regions), max(b for _, b in regions)
-        gpu, last_kernel = 0.0, 0.0
-        for k, launch in zip(index.kernels, index.launches, strict=True):
-            if launch is None or not lo <= launch["ts"] < hi:
-                continue
-            last_kernel = max(last_kernel, k["ts"] + k["dur"])
-            if index.phase_of_launch(launch) == "optimizer":
-                gpu += k["dur"]
-                last = max(last, k["ts"] + k["dur"])
-        starts = layer_starts[bisect.bisect_left(layer_starts, lo):bisect.bisect_left(layer_starts, hi)]
-        before = (starts[0] - lo) if starts else 0.0
-        after = max(0.0, hi - max(last, last_kernel, max(b for _, b in regions)))
-        found.append(_StepParts(gpu * 1e-6, busy(union(regions)) * 1e-6, (last - first) * 1e-6,
-                                (before + after) * 1e-6))
-    return found
 
 
 def _by_kind(per_layer: dict[tuple[str, int], list[float]]) -> dict[str, dict[str, float]] | None:
@@ -448,9 +267,9 @@ def calibration_from_traces(paths: Iterable[str | Path], tokens: int | None = No
     paths = [Path(p) for p in paths]
     files = trace_files(paths)
     traces = [(p, read_trace(p, on_progress)) for p in files]
-    indexes = [_TraceIndex(d) for _, d in traces]
+    indexes = [TraceIndex(d) for _, d in traces]
     kernels = [k for i in indexes for k in i.kernels if k.get("cat") == "kernel"]
-    per_rank = [_layer_seconds(i) for i in indexes]
+    per_rank = [layer_seconds(i) for i in indexes]
     per_rank_layers = [compute for compute, _ in per_rank]
     if not kernels and not any(per_rank_layers):
         raise CalibrationError(f"{', '.join(p.name for p in files)} hold no GPU kernels and no labelled "
@@ -478,14 +297,14 @@ def calibration_from_traces(paths: Iterable[str | Path], tokens: int | None = No
     else:
         not_found.append("collectives: a CPU trace's gloo calls run on gloo's own threads with no kernel to "
                          "time; measure the network with `zero-sim calibrate` (a collective sweep)")
-    rows = [r for i in indexes for r in _per_step(i)]
+    rows = [r for i in indexes for r in per_step(i)]
     # The step of median length stands for all: its phases and kinds add up, as medians per key would not.
     timed = sorted((r for r in rows if r["length"]), key=lambda r: r["length"])
     typical = timed[(len(timed) - 1) // 2] if timed else rows[0]
     by_kind = _by_kind(_merged(per_rank_layers))
     host_by_kind = _by_kind(_merged(host for _, host in per_rank)) if kernels else None
     tokens = tokens if tokens is not None else tokens_of_run(paths[0])
-    parts = [p for i in indexes for p in _step_parts(i)]
+    parts = [p for i in indexes for p in step_parts(i)]
     optimizer_ms = statistics.median(p.optimizer_wall for p in parts) * 1e3 if parts else None
     updated = params_updated_of_run(paths[0])
     per_param = host_per_param = loop_host_s = None

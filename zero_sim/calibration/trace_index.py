@@ -1,0 +1,214 @@
+"""One profiler trace, indexed for a calibration: its kernels, their launches, steps, phases, layers.
+
+A Kineto trace is a flat list of events on CPU threads and GPU streams.  What a calibration needs
+is their relations: each GPU kernel's launch (the shared ``correlation`` id of a ``cudaLaunchKernel``
+or, for cuBLAS on Hopper, ``cuLaunchKernelEx``), the phase and layer each launch ran in (annotated
+regions on the launching thread: autograd launches backward from a thread of its own, where only
+its ``evaluate_function`` ops mark it), and the profiler steps.  :class:`TraceIndex` builds them once;
+the readers below turn them into per-step, per-layer and per-update figures for
+:mod:`zero_sim.calibration.from_traces`.
+"""
+
+from __future__ import annotations
+
+import bisect
+import re
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from zero_sim.breakdown import length as busy
+from zero_sim.breakdown import union
+
+# Kernel kinds by name, first match wins: communication before the rest (an NCCL kernel is not a GEMM).
+KERNEL_KINDS = (
+    ("communication", re.compile(r"^nccl", re.I)),
+    ("copies", re.compile(r"^Memcpy|^Memset|copy_kernel|CatArrayBatchedCopy", re.I)),
+    ("attention", re.compile(r"flash|fmha|attention|sdpa", re.I)),
+    ("GEMM and convolution", re.compile(r"gemm|xmma|cutlass|cublas|conv|dgrad|wgrad|fprop|scudnn|"
+                                        r"implicit_gemm", re.I)),
+    ("optimizer", re.compile(r"multi_tensor_apply|adam|sgd|fused_optimizer", re.I)),
+    ("normalisation", re.compile(r"norm|bn_", re.I)),
+    ("element-wise and other", re.compile(r".")),
+)
+# Zeroing the gradients (``Optimizer.zero_grad``, at a step's start) is not the update.
+PHASES = (("optimizer", re.compile(r"^(?!.*zero_grad).*optimizer|^opt ", re.I)),
+          ("backward", re.compile(r"backward|^bwd L\d+$|^autograd::engine::evaluate_function", re.I)),
+          ("forward", re.compile(r"forward|^fwd L\d+$", re.I)))
+# Kernels are launched by cudaLaunchKernel (runtime) or cuLaunchKernelEx (driver: cuBLAS on Hopper).
+LAUNCH_CATEGORIES = ("cuda_runtime", "cuda_driver")
+# Layer spans as this project's real runs label them (``fwd L3``, ``bwd L3``) or as a user can with
+# ``torch.profiler.record_function``; layer 0 is the embedding, the last the head, the rest blocks.
+LAYER_LABEL = re.compile(r"^(fwd|bwd) L(\d+)$")
+
+
+def kind_of(name: str) -> str:
+    return next(kind for kind, pattern in KERNEL_KINDS if pattern.search(name))
+
+
+class TraceIndex:
+    """One trace's events as the readers below need them, built once: kernels, the launch of each
+    kernel (by ``correlation``), profiler steps, and annotated regions sorted for lookups by time."""
+
+    def __init__(self, data: dict):
+        events = [e for e in data["traceEvents"] if isinstance(e, dict) and e.get("ph") == "X"]
+        self.kernels = [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+        launch_of = {e["args"]["correlation"]: e for e in events
+                     if e.get("cat") in LAUNCH_CATEGORIES and "correlation" in e.get("args", {})}
+        self.launches = [launch_of.get(k.get("args", {}).get("correlation")) for k in self.kernels]
+        annotations = [e for e in events if e.get("cat") == "user_annotation"]
+        self.steps = sorted((e["ts"], e["ts"] + e["dur"]) for e in annotations
+                            if str(e.get("name", "")).startswith("ProfilerStep#"))
+        # A launch's phase is the innermost phase region on its own thread (autograd launches backward
+        # kernels from a thread of its own), else the innermost on any thread (a user's "## backward ##"
+        # on the main thread while autograd's thread launches).
+        marked = [(e["ts"], e["ts"] + e["dur"], phase, e.get("tid"))
+                  for e in events if e.get("cat") in ("user_annotation", "cpu_op")
+                  and not str(e.get("name", "")).startswith("ProfilerStep#")
+                  for phase in [phase_of(str(e.get("name", "")))] if phase]
+        self.phases = Regions((lo, hi, phase) for lo, hi, phase, _ in marked)
+        self.phases_by_thread = by_thread(marked)
+        self.layers = [(m.group(1), int(m.group(2)), e) for e in annotations
+                       for m in [LAYER_LABEL.match(str(e.get("name", "")))] if m]
+        self.comms = by_thread((e["ts"], e["ts"] + e["dur"], e.get("args", {}), e.get("tid"))
+                                for e in events if e.get("name") == "record_param_comms")
+
+    def phase_of_launch(self, launch: dict | None) -> str:
+        if launch is None:
+            return "other"
+        own = self.phases_by_thread.get(launch.get("tid"))
+        return (own.at(launch["ts"]) if own else None) or self.phases.at(launch["ts"], "other")
+
+    def nccl_kernels(self) -> list[dict]:
+        """The NCCL kernels, each with its collective's sizes: from its own arguments (newer PyTorch)
+        or, where it has none, from c10d's ``record_param_comms`` op around its launch (older PyTorch)."""
+        found = []
+        for k, launch in zip(self.kernels, self.launches, strict=True):
+            if not str(k.get("name", "")).startswith("nccl"):
+                continue
+            if "Collective name" not in k.get("args", {}) and launch is not None:
+                comms = self.comms.get(launch.get("tid"))
+                sizes = comms.at(launch["ts"]) if comms else None
+                if sizes:
+                    k = {**k, "args": {**sizes, **k.get("args", {})}}
+            found.append(k)
+        return found
+
+
+def phase_of(name: str) -> str | None:
+    return next((phase for phase, pattern in PHASES if pattern.search(name)), None)
+
+
+def by_thread(regions: Iterable[tuple[float, float, object, object]]) -> dict[object, Regions]:
+    """(start, end, label, thread) -> one :class:`Regions` per thread."""
+    grouped: dict[object, list] = defaultdict(list)
+    for lo, hi, label, tid in regions:
+        grouped[tid].append((lo, hi, label))
+    return {tid: Regions(r) for tid, r in grouped.items()}
+
+
+class Regions:
+    """Time regions, each with a label; :meth:`at` is the innermost one holding a time."""
+
+    LOOK_BACK = 16  # regions started before the nearest one that may still enclose the time
+
+    def __init__(self, regions: Iterable[tuple[float, float, object]]):
+        self.regions = sorted(regions, key=lambda r: r[0])
+        self.starts = [r[0] for r in self.regions]
+
+    def at(self, t: float | None, default=None):
+        if t is None:
+            return default
+        i = bisect.bisect_right(self.starts, t) - 1
+        for start, end, label in reversed(self.regions[max(0, i - self.LOOK_BACK):i + 1]):
+            if start <= t <= end:
+                return label
+        return default
+
+
+def per_step(index: TraceIndex) -> list[dict]:
+    """Per profiler step: kernel time by phase and by kind, idle compute, the step's length."""
+    kernels = index.kernels
+    rows: list[dict] = []
+    for lo, hi in index.steps or [(min((k["ts"] for k in kernels), default=0), float("inf"))]:
+        phases: dict[str, float] = defaultdict(float)
+        kinds: dict[str, float] = defaultdict(float)
+        compute = []
+        for k, launch in zip(kernels, index.launches, strict=True):
+            if not lo <= k["ts"] < hi:
+                continue
+            kind = kind_of(str(k.get("name", "")))
+            kinds[kind] += k["dur"] / 1e3
+            phases[index.phase_of_launch(launch)] += k["dur"] / 1e3
+            if kind != "communication":
+                compute.append((k["ts"], k["ts"] + k["dur"]))
+        length = (hi - lo) / 1e3 if hi != float("inf") else None
+        idle = length - busy(union(compute)) / 1e3 if length and kernels else None
+        rows.append({"phases": dict(phases), "kinds": dict(kinds), "idle": idle, "length": length})
+    return rows
+
+
+def layer_seconds(index: TraceIndex) -> tuple[dict, dict]:
+    """Two maps (direction, layer index) -> seconds of each labelled span: the layer's compute (on a
+    GPU the kernels launched inside the span from its thread, on a CPU the span itself, as the host
+    thread computes) and, on a GPU, the host's (the span: the time to issue those kernels)."""
+    compute: dict[tuple[str, int], list[float]] = defaultdict(list)
+    host: dict[tuple[str, int], list[float]] = defaultdict(list)
+    if not index.kernels:
+        for direction, layer, e in index.layers:
+            compute[(direction, layer)].append(e["dur"] * 1e-6)
+        return compute, host
+    # Each span's kernels: those whose launch falls inside it on the span's own thread.
+    regions = by_thread((e["ts"], e["ts"] + e["dur"], n, e.get("tid"))
+                         for n, (_, _, e) in enumerate(index.layers))
+    kernel_s = [0.0] * len(index.layers)
+    for k, launch in zip(index.kernels, index.launches, strict=True):
+        if launch is not None and launch.get("tid") in regions:
+            n = regions[launch["tid"]].at(launch["ts"])
+            if n is not None:
+                kernel_s[n] += k["dur"] * 1e-6
+    for (direction, layer, e), seconds in zip(index.layers, kernel_s, strict=True):
+        compute[(direction, layer)].append(seconds)
+        host[(direction, layer)].append(e["dur"] * 1e-6)
+    return compute, host
+
+
+@dataclass(frozen=True)
+class StepParts:
+    """One profiler step's optimizer and training-loop figures (seconds)."""
+
+    optimizer_gpu: float  # the update's kernels
+    optimizer_host: float  # the host inside the optimizer's regions, issuing them
+    optimizer_wall: float  # from the update's start on the host to its last kernel's end
+    loop_host: float  # the loop's own host work: before the first layer, after the last kernel
+
+
+def step_parts(index: TraceIndex) -> list[StepParts]:
+    """Per profiler step with an optimizer region: what the update and the loop around it cost."""
+    found = []
+    layer_starts = sorted(e["ts"] for _, _, e in index.layers)
+    for lo, hi in index.steps:
+        regions = [(a, b) for a, b, phase in index.phases.regions if phase == "optimizer" and lo <= a < hi]
+        if not regions:
+            continue
+        first, last = min(a for a, _ in regions), max(b for _, b in regions)
+        gpu, last_kernel = 0.0, 0.0
+        for k, launch in zip(index.kernels, index.launches, strict=True):
+            if launch is None or not lo <= launch["ts"] < hi:
+                continue
+            last_kernel = max(last_kernel, k["ts"] + k["dur"])
+            if index.phase_of_launch(launch) == "optimizer":
+                gpu += k["dur"]
+                last = max(last, k["ts"] + k["dur"])
+        starts = layer_starts[bisect.bisect_left(layer_starts, lo):bisect.bisect_left(layer_starts, hi)]
+        before = (starts[0] - lo) if starts else 0.0
+        after = max(0.0, hi - max(last, last_kernel, max(b for _, b in regions)))
+        found.append(StepParts(gpu * 1e-6, busy(union(regions)) * 1e-6, (last - first) * 1e-6,
+                                (before + after) * 1e-6))
+    return found
+
+
+
+
+__all__ = ["KERNEL_KINDS", "LAYER_LABEL", "PHASES", "Regions", "StepParts", "TraceIndex", "by_thread",
+           "kind_of", "layer_seconds", "per_step", "step_parts"]
