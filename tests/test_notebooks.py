@@ -39,7 +39,7 @@ def test_the_suite_has_its_notebooks():
     for stem in ("00_quickstart", "01_memory_for_engineers", "02_timeline_explorer",
                  "03_ddp_buckets_and_interconnects", "04_zero2_backward_hooks", "05_zero3_on_slow_networks",
                  "06_real_runs_overlay", "07_planner", "08_reading_a_real_trace",
-                 "09_play_a_step_and_check_yourself"):
+                 "09_play_a_step_and_check_yourself", "10_bring_your_own_trace"):
         assert f"{stem}.ipynb" in NOTEBOOKS, f"notebooks/{stem}.ipynb is missing"
 
 

@@ -95,6 +95,7 @@ class TraceFindings:
     device_note: str = "not recognised (the simulator keeps the GPU you give it)"
     host_layer_ms: dict[str, dict[str, float]] = field(default_factory=dict)  # the host's part, GPU traces
     optimizer_ms: float | None = None  # the update's wall time per step (host start to last kernel)
+    host_note: str | None = None  # how the host's times were taken: with the profiler's cost or without
 
     def report(self) -> str:
         lines = [f"traces of rank(s) {', '.join(map(str, self.ranks))}: {self.steps} profiler step(s)"
@@ -104,9 +105,11 @@ class TraceFindings:
             lines.append(("per layer, GPU kernels: " if self.host_layer_ms else "per layer: ") + ", ".join(
                 f"{kind} fwd {t['fwd']:.3f} ms / bwd {t['bwd']:.3f} ms" for kind, t in self.layer_ms.items()))
         if self.host_layer_ms:
-            lines.append("per layer, host issuing them (the profiler's own cost included): " + ", ".join(
+            lines.append("per layer, host issuing them: " + ", ".join(
                 f"{kind} fwd {t['fwd']:.3f} ms / bwd {t['bwd']:.3f} ms"
                 for kind, t in self.host_layer_ms.items()))
+        if self.host_note:
+            lines.append(f"host: {self.host_note}")
         if self.optimizer_ms is not None:
             lines.append(f"optimizer: {self.optimizer_ms:.2f} ms per step (from its start on the host to its "
                          f"last kernel)")
@@ -350,15 +353,14 @@ def calibration_from_traces(paths: Iterable[str | Path], tokens: int | None = No
     measured_on = {"source": "PyTorch profiler traces", "traces": [p.name for p in files],
                    "ranks": ranks, "gpu": sorted(gpus)[0] if gpus else None}
     calibration = Calibration(fits, compute, "nccl" if kernels else None, measured_on)
-    if profiler_note:
-        not_found.append(profiler_note)
     layer_ms = {k: {d: t * 1e3 for d, t in v.items()} for k, v in (by_kind or {}).items()}
     host_layer_ms = {k: {d: t * 1e3 for d, t in v.items()} for k, v in (host_by_kind or {}).items()}
     return TraceFindings(calibration, sorted(gpus)[0] if len(gpus) == 1 else None, ranks, len(timed),
                          layer_ms, _largest_first(typical["phases"]), _largest_first(typical["kinds"]),
                          typical["idle"], typical["length"], summary, not_found,
                          "not recognised (the simulator keeps the GPU you give it)" if kernels
-                         else "CPU (no GPU kernels in the traces)", host_layer_ms, optimizer_ms)
+                         else "CPU (no GPU kernels in the traces)", host_layer_ms, optimizer_ms,
+                         profiler_note)
 
 
 __all__ = ["KERNEL_KINDS", "TraceFindings", "calibration_from_traces", "tokens_of_run"]
