@@ -20,9 +20,9 @@ The pieces, each a deliberate choice:
   is ``backend=nccl`` on the GPU preset its stamp names (``run.json`` ``gpu.name``, see
   :mod:`zero_sim.system.device_names`), on one node: PCIe when its recorded
   ``nvidia-smi topo -m`` shows no NVLink, else the NVSwitch box of that GPU generation.
-  Without a calibration its compute is the preset's model: the real model's layers carry
-  FLOPs but no per-op breakdown, so they run at the GPU's default efficiency
-  (docs/compute.md, "Which time a layer gets").
+  Without a calibration its compute is the preset's per-op model: each layer also carries
+  the GPU model's split of its work by kernel kind and the workload the GPT shape whose
+  launches the host issues (:func:`real_shape_workload`), as a preset model would.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from __future__ import annotations
 from real_runs.precision import precision_of_run
 from zero_sim.scenario import simulate
 from zero_sim.system.device_names import node_topology, preset_for_device
+from zero_sim.system.gpt_layers import GPTShape, gpt_workload
 from zero_sim.system.workload import Layer, Workload
 from zero_sim.vocabulary.buckets import DEFAULT_BUCKET_MB
 
@@ -59,8 +60,16 @@ class ReplayError(ValueError):
     """A run that cannot be replayed; the message is one sentence saying why."""
 
 
-def real_workload(model_config: dict, micro_batch: int, seq_len: int, name: str = "real") -> Workload:
-    """The real GPT (``real_runs.model``) as a simulator workload, read on the meta device."""
+def real_workload(model_config: dict, micro_batch: int, seq_len: int, name: str = "real",
+                  per_op: bool = False) -> Workload:
+    """The real GPT (``real_runs.model``) as a simulator workload, read on the meta device.
+
+    ``per_op``: also give each layer the GPU model's split of its work by kernel kind (matrix
+    products, attention, the eager element-wise chains, the fp32 loss) and the workload its GPT
+    shape, from which the host's launches are counted, as for a preset model; the tensors and
+    activations stay the ones read off the module.  GPU replays want it: FLOPs alone leave out
+    the memory-bound kernels and the host that launches them, and price a small model on a fast
+    GPU several times too fast."""
     # torch only here: replaying a run's workload builds its model on the meta device, and
     # nothing else in the bridge needs torch to be loaded.
     import torch
@@ -87,10 +96,23 @@ def real_workload(model_config: dict, micro_batch: int, seq_len: int, name: str 
                              micro_batch=micro_batch)
     last = len(w.layers) - 1
     kinds = ["embedding" if i == 0 else "head" if i == last else "block" for i in range(len(w.layers))]
+    shaped = real_shape_workload(cfg, micro_batch, seq_len) if per_op else None
     layers = tuple(Layer(lay.index, kind, lay.tensors, lay.fwd_flops, lay.activation_bytes,
-                         lay.checkpointed_activation_bytes)
+                         lay.checkpointed_activation_bytes,
+                         work=shaped.layers[lay.index].work if shaped else None)
                    for lay, kind in zip(w.layers, kinds, strict=True))
-    return Workload(w.name, layers, w.seq_len, w.micro_batch, w.recompute)
+    if shaped is None:
+        return Workload(w.name, layers, w.seq_len, w.micro_batch, w.recompute)
+    return Workload(w.name, layers, w.seq_len, w.micro_batch, w.recompute, shaped.shape, shaped.attention,
+                    shaped.elementwise)
+
+
+def real_shape_workload(cfg, micro_batch: int, seq_len: int) -> Workload:
+    """The real GPT as the simulator's GPT shape: pre-norm LayerNorm blocks, a 4x GELU MLP, learned
+    positions, an untied head, no dropout, SDPA attention and eager element-wise ops, as
+    ``real_runs.model`` writes them (its qkv projection has no bias, a 0.02% difference in size)."""
+    shape = GPTShape(cfg.n_layer, cfg.d_model, cfg.n_head, cfg.vocab, seq_len, tied=False, dropout=False)
+    return gpt_workload(shape, micro_batch, seq_len, name="real", attention="flash", elementwise="eager")
 
 
 def scenario_for_run(run: dict, calibration=None) -> tuple[dict, Workload]:
@@ -128,7 +150,7 @@ def scenario_for_run(run: dict, calibration=None) -> tuple[dict, Workload]:
     if calibration is not None:
         kw["calibration"] = calibration
     name = f"{run.get('model', 'real')} (real_runs)"
-    return kw, real_workload(cfg, micro, seq_len, name)
+    return kw, real_workload(cfg, micro, seq_len, name, per_op=run.get("device", "cpu") != "cpu")
 
 
 def gpu_machine(run: dict, world: int) -> dict:
