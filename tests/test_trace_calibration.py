@@ -60,7 +60,7 @@ def test_kernel_time_is_split_by_phase_and_by_kind(findings):
 def test_the_report_says_what_it_could_not_find(findings):
     report = findings.report()
     assert "A100-40GB" in report and "all_reduce n=2" in report
-    assert "not found: per-layer times" in report
+    assert "not found: per-layer times" in report and "slower (the same kernels" in report
 
 
 def test_the_file_written_is_one_the_simulator_reads(tmp_path, capsys):
@@ -107,6 +107,22 @@ def test_older_traces_give_sizes_on_c10ds_op_around_the_launch_instead_of_the_ke
     older.write_text(json.dumps(data))
     fit, again = findings.calibration.collectives["all_reduce"], calibration_from_traces([older])
     assert again.calibration.collectives["all_reduce"] == fit
+
+
+def test_compute_beside_nccl_kernels_is_compared_with_the_same_kernels_alone(findings, tmp_path):
+    # The same kernel with the same grid and block, alone and while an all-reduce runs beside it.
+    slowdown = findings.calibration.overlap_slowdown
+    assert findings.overlap_configs >= 5 and 0.0 <= slowdown < 0.35
+    findings.calibration.save(tmp_path / "cal.json")
+    cal = Calibration.load(tmp_path / "cal.json")
+    assert cal.overlap_slowdown == slowdown
+    # The simulator takes it for this GPU's compute beside communication, unless told otherwise.
+    from zero_sim.scenario import prepare, rank_figures
+
+    given = prepare(model="gpt2-124m", gpus=2, topology="p4d-efa", calibration=cal)
+    assert rank_figures(given).overlap_slowdown == slowdown
+    told = prepare(model="gpt2-124m", gpus=2, topology="p4d-efa", calibration=cal, overlap_slowdown=0.2)
+    assert rank_figures(told).overlap_slowdown == 0.2
 
 
 def test_zeroing_the_gradients_is_not_the_optimizer(findings):
@@ -249,7 +265,7 @@ def test_a_large_trace_is_streamed_keeping_only_what_a_calibration_reads(tmp_pat
                                "pid": 1, "tid": 1, "args": {"Input Dims": [[1024, 1024]], "Ev Idx": i}})
                    for i in range(100_000))
     kernel = {"ph": "X", "cat": "kernel", "name": "ampere_sgemm", "ts": 5, "dur": 3, "pid": 0, "tid": 7,
-              "args": {"correlation": 9, "stream": 7, "grid": [1, 1, 1]}}
+              "args": {"correlation": 9, "stream": 7, "registers per thread": 32}}
     big = tmp_path / "big.json"
     big.write_text('{"distributedInfo": {"rank": 3}, "traceEvents": ['
                    + ops + "," + json.dumps(kernel) + "]}")

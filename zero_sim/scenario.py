@@ -357,13 +357,15 @@ class RankFigures:
 
 def rank_figures(p: Prepared) -> RankFigures:
     """The calibration's CPU figures when it measured this many ranks; an explicit
-    ``--overlap-slowdown`` still wins, and without either the GPU's default applies."""
+    ``--overlap-slowdown`` still wins, then a trace's measured GPU slowdown, else the GPU's default."""
     s, calibration = p.settings, p.calibration
     cpu = calibration.cpu if calibration is not None else None
     if cpu is not None and cpu.ranks == s.gpus:
         slowdown = s.overlap_slowdown if s.overlap_slowdown is not None else cpu.overlap_slowdown
         return RankFigures(slowdown, cpu.collective_cpu_s, cpu.comm_rate_while_computing, cpu.bytes_pace)
     slowdown = s.overlap_slowdown
+    if slowdown is None and calibration is not None and p.gpu.name != "CPU":
+        slowdown = calibration.overlap_slowdown  # measured beside NCCL kernels in a trace
     return RankFigures(slowdown if slowdown is not None else default_overlap_slowdown(p.gpu.name))
 
 

@@ -212,6 +212,9 @@ class Calibration:
     # a real box's, from nvidia-smi topo + nccl-tests (`--topology calibrated`)
     topology: TopologySpec | None = None
     cpu: CpuCalibration | None = None
+    # GPU compute's slowdown while NCCL kernels run beside it (a fraction: 0.06 is 6% slower), as a
+    # profiler trace measured it (the same kernels with and without a collective running)
+    overlap_slowdown: float | None = None
 
     def fit_for(self, kind: str, world_size: int) -> CollectiveFit | None:
         fit = self.collectives.get(kind)
@@ -237,6 +240,8 @@ class Calibration:
                               f"{host.get('fwd', 0) * 1e3:.2f} ms / bwd {host.get('bwd', 0) * 1e3:.2f} ms")
             if c.optimizer_seconds_per_param is not None:
                 parts[-1] += f"; optimizer {c.optimizer_seconds_per_param * 1e9:.2f} ns per parameter"
+        if self.overlap_slowdown is not None:
+            parts.append(f"GPU compute {self.overlap_slowdown:.0%} slower beside NCCL kernels")
         if self.cpu:
             parts.append(f"cpu: {self.cpu.collective_cpu_s * 1e6:.0f} us of compute lost per collective, "
                          f"compute {self.cpu.overlap_slowdown:.0%} slower while a large collective streams, "
@@ -274,6 +279,7 @@ class Calibration:
                 "step_host_s": self.compute.step_host_s},
             "topology": None if self.topology is None else topology_dict(self.topology),
             "cpu": None if self.cpu is None else asdict(self.cpu),
+            "overlap_slowdown": self.overlap_slowdown,
         }
 
     def save(self, path: str | os.PathLike) -> None:
@@ -309,7 +315,8 @@ class Calibration:
                                                     u.call_cpu_s, u.streaming_cores,
                                                     u.comm_rate_while_computing,
                                                     u.comm_bytes_rate_while_computing)
-        return cls(fits, compute, f.backend, f.measured_on or {}, topology_spec(f.topology), cpu)
+        return cls(fits, compute, f.backend, f.measured_on or {}, topology_spec(f.topology), cpu,
+                   f.overlap_slowdown)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> Calibration:

@@ -43,9 +43,12 @@ What it reads, and the rule for each:
   (:func:`without_profiler`).  A CPU trace's ranks share the run's cores (``cores`` from its
   ``run.json``), which the simulator scales by (:func:`zero_sim.scenario.cores_shared`).
 
-Not found yet, and said so in the report: layers from ``with_modules`` module annotations, the
-slowdown of compute beside NCCL kernels, communication's CPU cost on cores the ranks share (a CPU
-calibration's sweep measures it).  Files are read as a stream, keeping only the events used
+* **compute beside communication**: the same kernels (name, grid, block) alone and while an NCCL
+  kernel runs (:func:`zero_sim.calibration.trace_index.slowdown_beside_nccl`), the file's
+  ``overlap_slowdown``.
+
+Not found yet, and said so in the report: layers from ``with_modules`` module annotations,
+communication's CPU cost on cores the ranks share (a CPU calibration's sweep measures it).  Files are read as a stream, keeping only the events used
 (:mod:`zero_sim.calibration.trace_reading`).
 """
 
@@ -60,7 +63,14 @@ from pathlib import Path
 
 from zero_sim.calibration.fit import fit_sweep
 from zero_sim.calibration.format import Calibration, CalibrationError, ComputeCalibration
-from zero_sim.calibration.trace_index import KERNEL_KINDS, TraceIndex, layer_seconds, per_step, step_parts
+from zero_sim.calibration.trace_index import (
+    KERNEL_KINDS,
+    TraceIndex,
+    layer_seconds,
+    per_step,
+    slowdown_beside_nccl,
+    step_parts,
+)
 from zero_sim.calibration.trace_reading import Progress, read_trace, trace_files
 from zero_sim.system.device_names import preset_for_device
 from zero_sim.vocabulary import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER
@@ -96,6 +106,7 @@ class TraceFindings:
     host_layer_ms: dict[str, dict[str, float]] = field(default_factory=dict)  # the host's part, GPU traces
     optimizer_ms: float | None = None  # the update's wall time per step (host start to last kernel)
     host_note: str | None = None  # how the host's times were taken: with the profiler's cost or without
+    overlap_configs: int = 0  # launch configurations seen both alone and beside NCCL kernels
 
     def report(self) -> str:
         lines = [f"traces of rank(s) {', '.join(map(str, self.ranks))}: {self.steps} profiler step(s)"
@@ -123,6 +134,10 @@ class TraceFindings:
         if self.idle_compute_ms is not None:
             lines.append(f"no compute kernel running: {self.idle_compute_ms:.2f} ms per step (launch gaps "
                          f"and waits for communication together)")
+        if self.overlap_configs:
+            lines.append(f"compute beside NCCL kernels: {self.calibration.overlap_slowdown:.1%} slower (the "
+                         f"same kernels alone and beside a collective, {self.overlap_configs} launch "
+                         f"configurations)")
         for kind, c in self.collectives.items():
             lines.append(f"{kind}: {c['calls']} NCCL kernels over {c['group_size']} ranks, "
                          f"{c['sizes']} sizes from {c['min_bytes']:,} to {c['max_bytes']:,} bytes")
@@ -347,12 +362,14 @@ def calibration_from_traces(paths: Iterable[str | Path], tokens: int | None = No
         compute = ComputeCalibration(by_kind, tokens, per_param, traced_ranks, cores,
                                      host_seconds=host_by_kind,
                                      optimizer_host_seconds_per_param=host_per_param, step_host_s=loop_host_s)
-    if kernels:
-        not_found.append("compute slowed beside NCCL kernels: not estimated from traces yet; the GPU's "
-                         "default stays")
+    beside = slowdown_beside_nccl([k for i in indexes for k in i.kernels]) if nccl else None
+    if nccl and beside is None:
+        not_found.append("compute slowed beside NCCL kernels: too few kernels ran both alone and beside a "
+                         "collective to compare; the GPU's default stays")
     measured_on = {"source": "PyTorch profiler traces", "traces": [p.name for p in files],
                    "ranks": ranks, "gpu": sorted(gpus)[0] if gpus else None}
-    calibration = Calibration(fits, compute, "nccl" if kernels else None, measured_on)
+    calibration = Calibration(fits, compute, "nccl" if kernels else None, measured_on,
+                              overlap_slowdown=None if beside is None else round(beside[0], 4))
     layer_ms = {k: {d: t * 1e3 for d, t in v.items()} for k, v in (by_kind or {}).items()}
     host_layer_ms = {k: {d: t * 1e3 for d, t in v.items()} for k, v in (host_by_kind or {}).items()}
     return TraceFindings(calibration, sorted(gpus)[0] if len(gpus) == 1 else None, ranks, len(timed),
@@ -360,7 +377,7 @@ def calibration_from_traces(paths: Iterable[str | Path], tokens: int | None = No
                          typical["idle"], typical["length"], summary, not_found,
                          "not recognised (the simulator keeps the GPU you give it)" if kernels
                          else "CPU (no GPU kernels in the traces)", host_layer_ms, optimizer_ms,
-                         profiler_note)
+                         profiler_note, beside[1] if beside else 0)
 
 
 __all__ = ["KERNEL_KINDS", "TraceFindings", "calibration_from_traces", "tokens_of_run"]

@@ -159,6 +159,7 @@ class CalibrationFile(_Strict):
     compute: ComputeFile | None = None
     topology: TopologyFile | None = None
     cpu: CpuFile | None = None
+    overlap_slowdown: _number(lo=0.0, hi=100.0) | None = None
 
 
 def topology_dict(spec: TopologySpec) -> dict:

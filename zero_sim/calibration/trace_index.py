@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import bisect
 import re
+import statistics
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -210,5 +211,42 @@ def step_parts(index: TraceIndex) -> list[StepParts]:
 
 
 
+# Fewer launch configurations seen both alone and beside NCCL than this give no slowdown figure.
+MIN_PAIRED_CONFIGS = 5
+
+
+def slowdown_beside_nccl(kernels: list[dict]) -> tuple[float, int] | None:
+    """How much slower compute kernels run while an NCCL kernel runs beside them, and on how many
+    launch configurations that was seen; None where too few were seen both ways.
+
+    Rule: the same kernel with the same grid and block is the same work, so its median duration
+    while overlapping an NCCL kernel over its median alone is the slowdown that communication
+    costs it (NCCL's kernels hold SMs and HBM bandwidth).  Configurations are weighted by the
+    time they would have taken alone, as a step's lost time is."""
+    nccl = sorted((k["ts"], k["ts"] + k["dur"]) for k in kernels if str(k.get("name", "")).startswith("nccl"))
+    starts = [a for a, _ in nccl]
+    groups: dict[tuple, tuple[list[float], list[float]]] = defaultdict(lambda: ([], []))
+    for k in kernels:
+        if k.get("cat") != "kernel" or str(k.get("name", "")).startswith("nccl") or not k.get("dur"):
+            continue
+        lo, hi = k["ts"], k["ts"] + k["dur"]
+        i = bisect.bisect_left(starts, hi)
+        beside = any(a < hi and b > lo for a, b in nccl[max(0, i - 4):i])
+        args = k.get("args", {})
+        groups[(k.get("name"), str(args.get("grid")), str(args.get("block")))][beside].append(k["dur"])
+    weighted = total = 0.0
+    paired = 0
+    for alone, beside in groups.values():
+        if len(alone) >= 2 and beside:
+            typical = statistics.median(alone)
+            weight = typical * len(beside)
+            weighted += statistics.median(beside) / typical * weight
+            total += weight
+            paired += 1
+    if paired < MIN_PAIRED_CONFIGS or total <= 0:
+        return None
+    return max(0.0, weighted / total - 1.0), paired
+
+
 __all__ = ["KERNEL_KINDS", "LAYER_LABEL", "PHASES", "Regions", "StepParts", "TraceIndex", "by_thread",
-           "kind_of", "layer_seconds", "per_step", "step_parts"]
+           "kind_of", "layer_seconds", "per_step", "slowdown_beside_nccl", "step_parts"]

@@ -35,7 +35,7 @@ KEPT_CATEGORIES = {"kernel", "gpu_memcpy", "gpu_memset", "cuda_runtime", "cuda_d
 KEPT_CPU_OPS = ("autograd::engine::evaluate_function", "record_param_comms")
 KEPT_FIELDS = ("ph", "cat", "name", "ts", "dur", "tid", "pid")
 KEPT_ARGS = ("correlation", "stream", "Collective name", "In msg nelems", "Out msg nelems", "Group size",
-             "dtype")
+             "dtype", "grid", "block")
 HEADER_KEYS = ("deviceProperties", "distributedInfo")
 Progress = Callable[[int, int], None] | None
 
