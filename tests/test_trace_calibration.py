@@ -249,6 +249,31 @@ def test_a_two_rank_trace_predicts_the_four_rank_run_on_the_emulated_cluster(tmp
     assert abs(error(itself, two)) < 0.4
 
 
+def test_without_labels_the_layers_come_from_module_annotations(tmp_path):
+    import torch
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    from real_runs.model import build_model
+    from real_runs.presets import PRESETS
+
+    # A user's own loop, profiled with with_stack and with_modules and no record_function labels.
+    cfg = PRESETS["tiny"]
+    model, tokens = build_model(cfg, 0, torch.device("cpu")), torch.randint(0, cfg.vocab, (4, cfg.max_seq))
+    trace = tmp_path / "trace.json"
+    with profile(activities=[ProfilerActivity.CPU], with_stack=True, with_modules=True,
+                 schedule=schedule(wait=0, warmup=1, active=2, repeat=1),
+                 on_trace_ready=lambda p: p.export_chrome_trace(str(trace))) as prof:
+        for _ in range(3):
+            model(tokens, tokens).backward()
+            prof.step()
+    found = calibration_from_traces([trace], tokens=4 * cfg.max_seq)
+    assert "Block as the blocks" in found.layers_note and "forward only" in found.layers_note
+    block = found.calibration.compute.layer_seconds["block"]
+    # No module marks backward: it is taken as twice the forward (a CPU trace has no phases).
+    assert block["fwd"] > 0 and block["bwd"] == pytest.approx(2 * block["fwd"])
+    assert "layers: from module annotations" in found.report()
+
+
 def test_validate_trace_wants_a_traced_real_run(tmp_path, capsys):
     assert zero_sim(["validate", "--trace", str(tmp_path)]) == 2
     err = capsys.readouterr().err

@@ -47,8 +47,13 @@ What it reads, and the rule for each:
   kernel runs (:func:`zero_sim.calibration.trace_index.slowdown_beside_nccl`), the file's
   ``overlap_slowdown``.
 
-Not found yet, and said so in the report: layers from ``with_modules`` module annotations,
-communication's CPU cost on cores the ranks share (a CPU calibration's sweep measures it).  Files are read as a stream, keeping only the events used
+* **layers without labels**: where no span is labelled, the module annotations a trace taken with
+  ``with_stack=True, with_modules=True`` holds (``nn.Module: Block_3``): the outermost repeated
+  module class are the blocks (:func:`zero_sim.calibration.trace_index.module_layers`), forward
+  only, each layer's backward taken as the backward phase's share of the forward's, said so.
+
+Not found yet, and said so in the report: communication's CPU cost on cores the ranks share (a
+CPU calibration's sweep measures it).  Files are read as a stream, keeping only the events used
 (:mod:`zero_sim.calibration.trace_reading`).
 """
 
@@ -107,11 +112,14 @@ class TraceFindings:
     optimizer_ms: float | None = None  # the update's wall time per step (host start to last kernel)
     host_note: str | None = None  # how the host's times were taken: with the profiler's cost or without
     overlap_configs: int = 0  # launch configurations seen both alone and beside NCCL kernels
+    layers_note: str | None = None  # where the layers were found other than by their labels, and how
 
     def report(self) -> str:
         lines = [f"traces of rank(s) {', '.join(map(str, self.ranks))}: {self.steps} profiler step(s)"
                  + (f"; the median one, {self.step_ms:.2f} ms, below" if self.step_ms else ""),
                  f"device: {self.gpu or self.device_note}"]
+        if self.layers_note:
+            lines.append(f"layers: {self.layers_note}")
         if self.layer_ms:
             lines.append(("per layer, GPU kernels: " if self.host_layer_ms else "per layer: ") + ", ".join(
                 f"{kind} fwd {t['fwd']:.3f} ms / bwd {t['bwd']:.3f} ms" for kind, t in self.layer_ms.items()))
@@ -245,6 +253,15 @@ def params_updated_of_run(path: Path) -> int | None:
     return params if run.get("strategy") in UNSHARDED_OPTIMIZER else -(-params // world)
 
 
+def _with_backward(layers: dict, ratio: float) -> dict:
+    """Forward-only layer times with each backward at ``ratio`` times its forward."""
+    out = dict(layers)
+    for (direction, layer), seconds in layers.items():
+        if direction == "fwd" and ("bwd", layer) not in layers:
+            out[("bwd", layer)] = [t * ratio for t in seconds]
+    return out
+
+
 def _merged(per_rank: Iterable[dict]) -> dict[tuple[str, int], list[float]]:
     merged: dict[tuple[str, int], list[float]] = defaultdict(list)
     for layers in per_rank:
@@ -319,6 +336,20 @@ def calibration_from_traces(paths: Iterable[str | Path], tokens: int | None = No
     # The step of median length stands for all: its phases and kinds add up, as medians per key would not.
     timed = sorted((r for r in rows if r["length"]), key=lambda r: r["length"])
     typical = timed[(len(timed) - 1) // 2] if timed else rows[0]
+    modules = sorted({i.block_class for i in indexes if i.block_class})
+    layers_note = None
+    if modules:
+        # Module annotations show the forward only: each layer's backward is taken as the forward's
+        # share of the backward phase (the backward's kernels over the forward's), or 2x (its FLOPs).
+        phases = typical["phases"]
+        ratio = phases["backward"] / phases["forward"] if phases.get("forward") and phases.get("backward") \
+            else 2.0
+        per_rank_layers = [_with_backward(layers, ratio) for layers in per_rank_layers]
+        hosts = [_with_backward(host, 1.0) for _, host in per_rank]
+        per_rank = list(zip(per_rank_layers, hosts, strict=True))
+        layers_note = (f"from module annotations ({', '.join(modules)} as the blocks; "
+                       f"forward only, each layer's backward taken as {ratio:.2f}x its forward"
+                       f"{', the backward phase over the forward' if ratio != 2.0 else ', its FLOPs'})")
     by_kind = _by_kind(_merged(per_rank_layers))
     host_by_kind = _by_kind(_merged(host for _, host in per_rank)) if kernels else None
     tokens = tokens if tokens is not None else tokens_of_run(paths[0])
@@ -338,8 +369,10 @@ def calibration_from_traces(paths: Iterable[str | Path], tokens: int | None = No
     compute = None
     profiler_note = None
     if by_kind is None:
-        not_found.append("per-layer times: no spans labelled 'fwd L<i>' / 'bwd L<i>' (label each layer with "
-                         "record_function, as real_runs --trace does); the simulator's compute model stays")
+        not_found.append("per-layer times: no spans labelled 'fwd L<i>' / 'bwd L<i>' and no module "
+                         "annotations (label each layer with record_function, as real_runs --trace does, "
+                         "or profile with with_stack=True, with_modules=True); the simulator's compute "
+                         "model stays")
     elif tokens is None:
         not_found.append("the tokens per rank the layers computed (give --tokens: micro-batch x sequence "
                          "length); the layer times are reported but not used")
@@ -377,7 +410,7 @@ def calibration_from_traces(paths: Iterable[str | Path], tokens: int | None = No
                          typical["idle"], typical["length"], summary, not_found,
                          "not recognised (the simulator keeps the GPU you give it)" if kernels
                          else "CPU (no GPU kernels in the traces)", host_layer_ms, optimizer_ms,
-                         profiler_note, beside[1] if beside else 0)
+                         profiler_note, beside[1] if beside else 0, layers_note)
 
 
 __all__ = ["KERNEL_KINDS", "TraceFindings", "calibration_from_traces", "tokens_of_run"]

@@ -41,6 +41,7 @@ LAUNCH_CATEGORIES = ("cuda_runtime", "cuda_driver")
 # Layer spans as this project's real runs label them (``fwd L3``, ``bwd L3``) or as a user can with
 # ``torch.profiler.record_function``; layer 0 is the embedding, the last the head, the rest blocks.
 LAYER_LABEL = re.compile(r"^(fwd|bwd) L(\d+)$")
+MODULE_CALL = re.compile(r"^nn\.Module: (.+)_(\d+)$")  # with_modules: a module's forward
 
 
 def kind_of(name: str) -> str:
@@ -71,6 +72,10 @@ class TraceIndex:
         self.phases_by_thread = by_thread(marked)
         self.layers = [(m.group(1), int(m.group(2)), e) for e in annotations
                        for m in [LAYER_LABEL.match(str(e.get("name", "")))] if m]
+        # Without labels, the layers the module annotations show (forward only), and their class.
+        self.block_class: str | None = None
+        if not self.layers:
+            self.block_class, self.layers = module_layers(events)
         self.comms = by_thread((e["ts"], e["ts"] + e["dur"], e.get("args", {}), e.get("tid"))
                                 for e in events if e.get("name") == "record_param_comms")
 
@@ -94,6 +99,49 @@ class TraceIndex:
                     k = {**k, "args": {**sizes, **k.get("args", {})}}
             found.append(k)
         return found
+
+
+def module_layers(events: list[dict]) -> tuple[str | None, list[tuple[str, int, dict]]]:
+    """The model's forward layers from ``nn.Module: <Class>_<i>`` events (``with_modules=True``):
+    the blocks are the outermost class with two instances or more (a decoder layer, not the
+    linears inside it); per call of the module around them, layer 0 is from its start to the
+    first block, the last layer from the last block to its end.  Returns the block class and the
+    spans as ``(direction, layer, event)``; (None, []) where no repeated module is found."""
+    calls = [(m.group(1), int(m.group(2)), e) for e in events if e.get("cat") == "python_function"
+             for m in [MODULE_CALL.match(str(e.get("name", "")))] if m]
+    instances: dict[str, set[int]] = defaultdict(set)
+    for cls, i, _ in calls:
+        instances[cls].add(i)
+    repeated = [cls for cls, seen in sorted(instances.items(), key=lambda kv: -len(kv[1])) if len(seen) >= 2]
+
+    def first(cls: str) -> dict:
+        return next(e for c, _, e in calls if c == cls)
+
+    def holds(outer: dict, inner: dict) -> bool:
+        return (outer is not inner and outer.get("tid") == inner.get("tid") and outer["ts"] <= inner["ts"]
+                and inner["ts"] + inner["dur"] <= outer["ts"] + outer["dur"])
+
+    outermost = [cls for cls in repeated
+                 if not any(holds(e, first(cls)) for c, _, e in calls if c in repeated and c != cls)]
+    if not outermost:
+        return None, []
+    blocks_class = outermost[0]
+    blocks = sorted((e for c, _, e in calls if c == blocks_class), key=lambda e: e["ts"])
+    tops = [e for c, _, e in calls if c not in repeated and any(holds(e, b) for b in blocks[:1])]
+    layers: list[tuple[str, int, dict]] = []
+    for top in sorted({id(t): t for t in tops}.values(), key=lambda e: e["ts"]) or []:
+        inside = [b for b in blocks if holds(top, b)]
+        if not inside:
+            continue
+        end = top["ts"] + top["dur"]
+        layers.append(("fwd", 0, _span(top["ts"], inside[0]["ts"], top)))
+        layers += [("fwd", n + 1, b) for n, b in enumerate(inside)]
+        layers.append(("fwd", len(inside) + 1, _span(inside[-1]["ts"] + inside[-1]["dur"], end, top)))
+    return blocks_class, layers
+
+
+def _span(start: float, end: float, like: dict) -> dict:
+    return {"ts": start, "dur": max(0.0, end - start), "tid": like.get("tid"), "name": "module span"}
 
 
 def phase_of(name: str) -> str | None:
@@ -249,4 +297,4 @@ def slowdown_beside_nccl(kernels: list[dict]) -> tuple[float, int] | None:
 
 
 __all__ = ["KERNEL_KINDS", "LAYER_LABEL", "PHASES", "Regions", "StepParts", "TraceIndex", "by_thread",
-           "kind_of", "layer_seconds", "per_step", "slowdown_beside_nccl", "step_parts"]
+           "kind_of", "layer_seconds", "module_layers", "per_step", "slowdown_beside_nccl", "step_parts"]

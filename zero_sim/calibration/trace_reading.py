@@ -33,6 +33,8 @@ KEPT_CATEGORIES = {"kernel", "gpu_memcpy", "gpu_memset", "cuda_runtime", "cuda_d
 # launches on autograd's own thread, where no user annotation is) and c10d's record of each collective
 # (its message and group sizes, which older PyTorch records there and not on the NCCL kernel).
 KEPT_CPU_OPS = ("autograd::engine::evaluate_function", "record_param_comms")
+# With with_stack and with_modules, each nn.Module's forward is a python_function event of this name.
+MODULE_CALLS = "nn.Module: "
 KEPT_FIELDS = ("ph", "cat", "name", "ts", "dur", "tid", "pid")
 KEPT_ARGS = ("correlation", "stream", "Collective name", "In msg nelems", "Out msg nelems", "Group size",
              "dtype", "grid", "block")
@@ -63,7 +65,9 @@ def _slim(event: dict) -> dict | None:
     if not isinstance(event, dict) or event.get("ph") != "X":
         return None
     cat = event.get("cat")
-    kept_op = cat == "cpu_op" and str(event.get("name", "")).startswith(KEPT_CPU_OPS)
+    name = str(event.get("name", ""))
+    kept_op = (cat == "cpu_op" and name.startswith(KEPT_CPU_OPS)) or (cat == "python_function"
+                                                                       and name.startswith(MODULE_CALLS))
     if cat not in KEPT_CATEGORIES and not kept_op:
         return None
     kept = {k: event[k] for k in KEPT_FIELDS if k in event}
