@@ -155,6 +155,32 @@ def test_a_truncated_download_and_a_missing_path_are_told_apart(tmp_path):
         calibration_from_traces([tmp_path / "nowhere.json"])
 
 
+def test_a_cuda_graphs_kernels_belong_to_the_region_of_its_one_launch(tmp_path):
+    # A replayed CUDA graph is one cudaGraphLaunch; CUPTI gives each of its kernels that launch's
+    # correlation id, so they land in the phase and the layer around the launch, on two streams.
+    def x(cat, name, ts, dur, tid=1, **args):
+        return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "pid": 0, "tid": tid, "args": args}
+
+    events = [x("user_annotation", "ProfilerStep#1", 0, 1000),
+              x("user_annotation", "## forward ##", 0, 400), x("user_annotation", "fwd L0", 10, 30),
+              x("user_annotation", "fwd L1", 50, 300), x("user_annotation", "fwd L2", 360, 30),
+              x("cuda_runtime", "cudaLaunchKernel", 12, 5, correlation=1),
+              x("cuda_runtime", "cudaGraphLaunch", 60, 20, correlation=2),
+              x("cuda_runtime", "cudaLaunchKernel", 362, 5, correlation=3),
+              x("user_annotation", "## backward ##", 400, 500),
+              x("kernel", "embedding_kernel", 20, 10, tid=7, correlation=1, stream=7),
+              *[x("kernel", f"ampere_gemm_{i}", 100 + 60 * i, 50, tid=7 + i % 2, correlation=2,
+                  stream=7 + i % 2) for i in range(4)],
+              x("kernel", "head_gemm", 380, 10, tid=7, correlation=3, stream=7)]
+    trace = tmp_path / "graphs.json"
+    trace.write_text(json.dumps({"traceEvents": events}))
+    found = calibration_from_traces([trace], tokens=128)
+    assert found.phases_ms == {"forward": pytest.approx(0.22)}
+    assert found.layer_ms["block"]["fwd"] == pytest.approx(0.2)  # the graph's four kernels in fwd L1
+    # Only forward spans were labelled: the report says what backward was taken as.
+    assert "forward only" in found.layers_note and found.layer_ms["block"]["bwd"] == pytest.approx(0.4)
+
+
 def labelled_cpu_trace(path: Path, layers: int = 4, steps: int = 3) -> Path:
     """A CPU trace as real_runs --trace writes one: fwd/bwd spans per layer, layer i taking i+1 ms."""
     events, t = [], 0.0

@@ -337,19 +337,21 @@ def calibration_from_traces(paths: Iterable[str | Path], tokens: int | None = No
     timed = sorted((r for r in rows if r["length"]), key=lambda r: r["length"])
     typical = timed[(len(timed) - 1) // 2] if timed else rows[0]
     modules = sorted({i.block_class for i in indexes if i.block_class})
-    layers_note = None
-    if modules:
-        # Module annotations show the forward only: each layer's backward is taken as the forward's
-        # share of the backward phase (the backward's kernels over the forward's), or 2x (its FLOPs).
+    forward_only = any(d == "fwd" and ("bwd", i) not in layers
+                       for layers in per_rank_layers for d, i in layers)
+    layers_note = f"from module annotations ({', '.join(modules)} as the blocks)" if modules else None
+    if forward_only:
+        # Module annotations (and forward-only labels) show no backward: each layer's backward is
+        # taken as the backward phase's kernels over the forward's, or 2x (its FLOPs) without phases.
         phases = typical["phases"]
         ratio = phases["backward"] / phases["forward"] if phases.get("forward") and phases.get("backward") \
             else 2.0
         per_rank_layers = [_with_backward(layers, ratio) for layers in per_rank_layers]
         hosts = [_with_backward(host, 1.0) for _, host in per_rank]
         per_rank = list(zip(per_rank_layers, hosts, strict=True))
-        layers_note = (f"from module annotations ({', '.join(modules)} as the blocks; "
-                       f"forward only, each layer's backward taken as {ratio:.2f}x its forward"
-                       f"{', the backward phase over the forward' if ratio != 2.0 else ', its FLOPs'})")
+        layers_note = ((layers_note + "; " if layers_note else "") + f"forward only, each layer's backward "
+                       f"taken as {ratio:.2f}x its forward"
+                       f"{', the backward phase over the forward' if ratio != 2.0 else ', its FLOPs'}")
     by_kind = _by_kind(_merged(per_rank_layers))
     host_by_kind = _by_kind(_merged(host for _, host in per_rank)) if kernels else None
     tokens = tokens if tokens is not None else tokens_of_run(paths[0])
