@@ -271,8 +271,9 @@ def test_a_two_rank_trace_predicts_the_four_rank_run_on_the_emulated_cluster(tmp
     expected = compute.layer_seconds["block"]["fwd"] / 2 * turns
     assert block["end_s"] - block["start_s"] == pytest.approx(expected, rel=0.05)
     # The traced run itself: its compute is the trace's; its communication's CPU cost on cores the
-    # ranks share is not in a trace (a collective sweep measures it), hence the margin.
-    assert abs(error(itself, two)) < 0.4
+    # ranks share is not in a trace (a collective sweep measures it), and this box's speed drifts,
+    # hence the margin (runs seen: -9% to -32%).
+    assert abs(error(itself, two)) < 0.5
 
 
 def test_without_labels_the_layers_come_from_module_annotations(tmp_path):
