@@ -133,6 +133,8 @@ def _human(m: dict) -> str:
     ]
     lines.append(f"  cluster         {m['cluster']}")
     lines += [f"  assumed         {note}" for note in m.get("stack_notes", [])]
+    if m.get("calibration"):
+        lines.append(f"  calibrated      {m['calibration']}")
     lines += [f"  config          {note}" for note in m.get("config_notes", [])]
     return "\n".join(lines)
 

@@ -427,6 +427,8 @@ def _result(p: Prepared, program: Program, run: RunOutput, scenario: Scenario) -
     metrics["config_notes"] = reading.notes if reading is not None else []
     # The stack assumed in one line, then each setting given that overrides it.
     metrics["stack_notes"] = list(p.stack_notes)
+    # A calibration replaces presets: say which figures came from it.
+    metrics["calibration"] = p.calibration.describe() if p.calibration is not None else None
     ends = run.step_ends[run.simulated_ranks[0]]
     window = (ends[-2] if len(ends) > 1 else 0.0, ends[-1])
     notes = list(p.stack_notes) + list(program.notes) + (reading.notes if reading is not None else [])
