@@ -77,6 +77,22 @@ def test_a_model_that_does_not_fit_exits_0_and_says_by_how_much():
     assert mem["fits"] is False and mem["shortfall_bytes"] > 0
 
 
+def test_a_host_bound_step_says_how_long_the_gpu_waits_and_what_to_change(capsys):
+    # A small model, one sequence per GPU, HF Trainer's eager host: the H100s wait for launches.
+    small = ["simulate", "--model", "gpt2-124m", "--strategy", "ddp", "--gpus", "8", "--topology", "dgx-h100",
+             "--micro-batch", "1", "--stack", "hf-trainer"]
+    assert main(small) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if "host-bound" in x)
+    assert "torch.compile" in line and "larger micro-batch" in line
+    assert main([*small, "--json"]) == 0
+    metrics = json.loads(capsys.readouterr().out)
+    assert 0.05 * metrics["step_time_s"] < metrics["gpu_waiting_for_host_s"] < metrics["step_time_s"]
+    # With eight sequences of a 1.5B model each launch carries enough work: nothing to say.
+    assert main(["simulate", "--model", "gpt2-1.5b", "--strategy", "ddp", "--gpus", "8", "--topology",
+                 "dgx-a100", "--micro-batch", "8"]) == 0
+    assert "host-bound" not in capsys.readouterr().out
+
+
 def test_python_api_returns_the_same_dict():
     from zero_sim import simulate
 

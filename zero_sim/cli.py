@@ -131,12 +131,27 @@ def _human(m: dict) -> str:
         f"peak {mem['peak_bytes'] / 1e9:.2f} GB of tensors, "
         f"{mem['reserved_peak_bytes'] / 1e9:.2f} reserved of {mem['capacity_bytes'] / 1e9:.1f} GB",
     ]
+    lines += _host_bound(m)
     lines.append(f"  cluster         {m['cluster']}")
     lines += [f"  assumed         {note}" for note in m.get("stack_notes", [])]
     if m.get("calibration"):
         lines.append(f"  calibrated      {m['calibration']}")
     lines += [f"  config          {note}" for note in m.get("config_notes", [])]
     return "\n".join(lines)
+
+
+# Below this share of the step spent waiting for the host, a step is not called host-bound.
+HOST_BOUND_SHARE = 0.05
+
+
+def _host_bound(m: dict) -> list[str]:
+    """What to change when the GPU waits for its host to launch work."""
+    waiting, step = m.get("gpu_waiting_for_host_s") or 0.0, m["step_time_s"]
+    if step <= 0 or waiting < HOST_BOUND_SHARE * step:
+        return []
+    return [f"  host-bound      the GPU waits {waiting * 1e3:.2f} ms ({waiting / step:.0%} of the step) for "
+            f"the host to launch work: fewer launches (torch.compile, CUDA graphs) or more work per launch "
+            f"(a larger micro-batch) shorten the step"]
 
 
 def _verdict(mem: dict) -> str:

@@ -19,6 +19,8 @@ the window from the end of the step before to the end of its own last op:
   total (``peak_bytes``: what ``torch.cuda.max_memory_allocated`` reports), the reserved peak
   (``reserved_peak_bytes``: what the GPU must hold, see below), the GPU's capacity and whether
   the reserved peak fits (``shortfall_bytes`` when it does not);
+* ``gpu_waiting_for_host_s``: time the host is busy (launching kernels, the loop's own work)
+  while neither compute nor a collective runs: the part of the step that is host-bound;
 * ``tflops_per_gpu``: model FLOPs (forward + backward, recompute not counted) per second;
   ``hardware_tflops_per_gpu`` counts recompute too;
 * ``tokens_per_s``: tokens of the global batch per second.
@@ -54,7 +56,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-from zero_sim.breakdown import PHASE_KEYS, step_breakdown
+from zero_sim.breakdown import PHASE_KEYS, clip, step_breakdown, uncovered, union
 from zero_sim.scenario_types import Scenario
 from zero_sim.trace import to_chrome_trace
 from zero_sim.vocabulary import (
@@ -182,6 +184,11 @@ def compute_metrics(run, program, scenario: Scenario, world_size: int, tokens_pe
     hw_flops = sum(op.flops for op in program.ops)
 
     memory = memory_metrics(run, rank, capacity_bytes, context_bytes, allocator_reserve)
+    # The GPU waits for its host where the host is busy (launching, the loop's own work) and neither
+    # compute nor a collective runs: the step is host-bound that long.
+    host_busy = union(clip([(r.start_s, r.end_s) for r in ops if r.kind == "host"], lo, hi))
+    gpu_busy = union(clip([(r.start_s, r.end_s) for r in ops
+                           if r.stream == COMPUTE or r.kind == "collective"], lo, hi))
     return {
         "params": scenario.workload.params,
         "strategy": scenario.training.strategy,
@@ -199,6 +206,7 @@ def compute_metrics(run, program, scenario: Scenario, world_size: int, tokens_pe
         "comm_volume_bytes": volume,
         "collectives_per_step": sum(1 for op in program.ops if op.kind == "collective"),
         "phases": {k: parts[k] for k in PHASE_KEYS},
+        "gpu_waiting_for_host_s": uncovered(host_busy, gpu_busy),
         "memory": memory,
         "tflops_per_gpu": program.model_flops / step_time / 1e12 if step_time > 0 else 0.0,
         "hardware_tflops_per_gpu": hw_flops / step_time / 1e12 if step_time > 0 else 0.0,
