@@ -111,7 +111,7 @@ def _human(m: dict) -> str:
     ph = m["phases"]
     mfu = f", MFU {m['mfu']:.0%}" if m.get("mfu") is not None else ""
     lines = [
-        f"{m['strategy']} · {m['model']} ({m['params']:,} params) · "
+        f"{m['strategy']} · {m['model']} ({m['params']:,} params{_trained(m)}) · "
         f"{m['gpus']} x {m['gpu']} on {m['topology']} · stack {m['stack']}",
         f"  {_verdict(mem)}",
         *_advice(m),
@@ -163,6 +163,11 @@ def _verdict(mem: dict) -> str:
         spare = (mem["capacity_bytes"] - mem["reserved_peak_bytes"]) / 1e9
         return f"FITS with {spare:.2f} GB to spare: {held}"
     return f"DOES NOT FIT by {mem['shortfall_bytes'] / 1e9:.2f} GB: {held}"
+
+
+def _trained(m: dict) -> str:
+    trained = m.get("trainable_params", m["params"])
+    return "" if trained == m["params"] else f", {trained:,} trainable: LoRA {m['lora']}"
 
 
 def _advice(m: dict) -> list[str]:

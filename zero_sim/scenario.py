@@ -47,6 +47,7 @@ from zero_sim.system.gpu_spread import GPU_SPEED_SIGMA, slowest_gpu_factor
 from zero_sim.system.gpus import GPUS
 from zero_sim.system.hardware import ComputeModel, default_overlap_slowdown
 from zero_sim.system.host_costs import MeasuredHostCosts, host_costs
+from zero_sim.system.lora import DEFAULT_TARGETS, with_lora
 from zero_sim.system.model_presets import PRESETS, human_params, preset, synthesize_shape
 from zero_sim.system.run_overheads import run_overhead
 from zero_sim.system.topology import PRESETS as TOPOLOGIES
@@ -321,6 +322,14 @@ def prepare(workload: Workload | None = None, **kwargs) -> Prepared:
     calibration = _load_calibration(calibration or s.calibration)
     if workload is None:
         workload = _resolve_workload(s)
+    if s.lora_targets is not None and s.lora_rank is None:
+        raise ScenarioError("--lora-targets names where adapters go, but no --lora-rank says their size; "
+                            "give --lora-rank (16 is common) or leave --lora-targets out")
+    if s.lora_rank is not None:
+        try:
+            workload = with_lora(workload, s.lora_rank, s.lora_targets or DEFAULT_TARGETS)
+        except WorkloadError as exc:
+            raise ScenarioError(str(exc)) from None
     elif workload.micro_batch != s.micro_batch:
         raise ScenarioError(f"the workload was built for micro-batch {workload.micro_batch} "
                             f"but --micro-batch is {s.micro_batch}; pass the same value to both")
@@ -427,6 +436,10 @@ def _result(p: Prepared, program: Program, run: RunOutput, scenario: Scenario) -
     metrics["config_notes"] = reading.notes if reading is not None else []
     # The stack assumed in one line, then each setting given that overrides it.
     metrics["stack_notes"] = list(p.stack_notes)
+    # With frozen weights (LoRA), what trains: gradients, optimizer state and reductions are for these.
+    metrics["trainable_params"] = p.workload.trainable_params
+    if s.lora_rank is not None:
+        metrics["lora"] = f"r={s.lora_rank} on {s.lora_targets or DEFAULT_TARGETS}"
     # A calibration replaces presets: say which figures came from it.
     metrics["calibration"] = p.calibration.describe() if p.calibration is not None else None
     ends = run.step_ends[run.simulated_ranks[0]]

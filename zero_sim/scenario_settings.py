@@ -73,6 +73,12 @@ COMMON: tuple[Setting, ...] = (
             section="training"),
     Setting("optimizer_k", None, "bytes of optimizer state per parameter (overrides the precision's K)", int,
             ge=0, le=1024, section="training"),
+    Setting("lora_rank", None, "fine-tune with LoRA adapters of this rank: every model weight frozen, "
+            "only the adapters train (gradients, optimizer state, communication)", int, ge=1, le=4096,
+            section="training"),
+    Setting("lora_targets", None, "with --lora-rank: the projections given adapters, peft's names or "
+            "short ones (q,k,v,o,gate,up,down,fc) or all-linear (default: q,v, peft's for Llama)", str,
+            section="training"),
     Setting("recompute", "none", "activation checkpointing: none, selective (Korthikanti et al.: attention's "
             "core recomputed), full (only each block's input kept) or op (torchtitan's op-level policy: "
             "every other matmul output and the attention output kept)", str, RECOMPUTE_MODES,
@@ -132,6 +138,8 @@ COMMON: tuple[Setting, ...] = (
             "(docs/configs.md)", str, parse=_path_text, section="inputs"),
     Setting("torchtitan_config", None, "a torchtitan job configuration (TOML)", str, parse=_path_text,
             section="inputs"),
+    Setting("peft_config", None, "a peft LoRA adapter_config.json: its rank and target modules (beside "
+            "a run configuration or flags; docs/fine-tuning.md)", str, parse=_path_text, section="inputs"),
     Setting("allow_huge", False, f"simulate beyond the size budget ({MAX_GPUS:,} ranks, "
             f"{MAX_OP_INSTANCES:,} ops): may take minutes and GBs of memory", bool, section="simulation"),
 )

@@ -39,13 +39,16 @@ from zero_sim.vocabulary import (
     ACTIVATIONS,
     BACKWARD,
     FORWARD,
+    GRADS,
     OPTIMIZER,
+    OPTIMIZER_STATE,
+    PARAMS,
     bwd,
     fwd,
     opt,
     recompute,
 )
-from zero_sim.vocabulary.model_states import model_state_bytes
+from zero_sim.vocabulary.model_states import SHARDED_FROM
 
 Alloc = tuple[tuple[str, int], ...]  # (memory category, bytes) pairs an op allocates or frees
 
@@ -160,12 +163,30 @@ class Step:
         into the equal chunks collectives need: a rank holds ``sum(shard(u, n))``."""
         return (self.w.params,)
 
+    def trainable_units(self) -> tuple[int, ...]:
+        """Elements of each buffer the optimizer state is cut from: the parameter buffers when every
+        weight trains, else the trainable ones as one buffer (frozen weights have no optimizer state)."""
+        w = self.w
+        return self.shard_units() if w.trainable_params == w.params else (w.trainable_params,)
+
+    def gradient_units(self) -> tuple[int, ...]:
+        """Elements of each buffer the gradients are cut from: the trainable ones (frozen weights have
+        no gradient), unless a strategy keeps gradients for frozen weights too."""
+        return self.trainable_units()
+
     def resident(self) -> dict[str, int]:
-        """Model states per rank by the ZeRO formula for ``stage``, over ``n`` padded shards of
-        each buffer in :meth:`shard_units`."""
-        p, units = self.p, self.shard_units()
-        return model_state_bytes(self.stage, self.w.params, self.n, p.param_bytes, p.grad_bytes,
-                                 p.optimizer_bytes, share=lambda _psi, n: sum(shard(u, n) for u in units))
+        """Model states per rank by the ZeRO formula for ``stage``: each category whole below the
+        stage that shards it, else ``n`` padded shards of each of its buffers (weights:
+        :meth:`shard_units`; gradients and optimizer state: of what trains)."""
+        p = self.p
+
+        def held(units: tuple[int, ...], category: str) -> int:
+            sharded = self.stage >= SHARDED_FROM[category]
+            return sum(shard(u, self.n) for u in units) if sharded else sum(units)
+
+        return {PARAMS: p.param_bytes * held(self.shard_units(), PARAMS),
+                GRADS: p.grad_bytes * held(self.gradient_units(), GRADS),
+                OPTIMIZER_STATE: p.optimizer_bytes * held(self.trainable_units(), OPTIMIZER_STATE)}
 
     def before_forward(self, layer: Layer) -> tuple[int, ...]:
         """Issue what the layer's forward needs (gathers); return the ops it must wait for."""
@@ -268,11 +289,11 @@ class Step:
 
     def update_layers(self, deps: tuple[int, ...], share: float = 1.0, layers=None) -> list[int]:
         """One ``opt L<i>`` per layer (every layer by default) on the compute stream, updating
-        ``share`` of it after ``deps``."""
+        ``share`` of its trainable weights after ``deps``."""
         seconds, host = self.ctx.compute.optimizer_time, self.ctx.optimizer_host_s_per_param
-        return [self.b.compute(opt(layer.index), OPTIMIZER, seconds(int(layer.numel * share)),
+        return [self.b.compute(opt(layer.index), OPTIMIZER, seconds(int(layer.trainable_numel * share)),
                                layer=layer.index, deps=deps,
-                               host_s=None if host is None else host * int(layer.numel * share))
+                               host_s=None if host is None else host * int(layer.trainable_numel * share))
                 for layer in (layers or self.w.layers)]
 
 

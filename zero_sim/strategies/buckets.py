@@ -38,10 +38,11 @@ class Bucket:
 
 def buckets(workload: Workload, cap_bytes: float, bytes_per_elem: int,
             first_cap_bytes: float | None = None) -> list[Bucket]:
-    """The workload's tensors in gradient buckets by the shared rule
-    (:func:`zero_sim.vocabulary.buckets.fill_buckets`), taken in reverse parameter order."""
+    """The workload's trainable tensors in gradient buckets by the shared rule
+    (:func:`zero_sim.vocabulary.buckets.fill_buckets`), taken in reverse parameter order; a frozen
+    weight has no gradient, so no bucket holds it (torch's DDP reducer skips it)."""
     order = [(layer.index, tensor.numel) for layer in reversed(workload.layers)
-             for tensor in reversed(layer.tensors)]
+             for tensor in reversed(layer.tensors) if tensor.trainable]
     plan = fill_buckets([numel * bytes_per_elem for _, numel in order], cap_bytes, first_cap_bytes)
     result = []
     for index, positions in enumerate(plan):
@@ -103,7 +104,8 @@ def flat_bucket_states(step: Step, units: tuple[int, ...]) -> dict[str, int]:
     slices are equal (DeepSpeed pads its flat groups for the same reason)."""
     states = Step.resident(step)
     padded = sum(shard(u, step.n) * step.n for u in units)
-    states[PARAMS] = step.p.param_bytes * padded
+    frozen = step.w.params - step.w.trainable_params  # held whole, outside the buckets
+    states[PARAMS] = step.p.param_bytes * (padded + frozen)
     if step.stage < 2:
         states[GRADS] = step.p.grad_bytes * padded
     return states

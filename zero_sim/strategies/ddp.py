@@ -55,7 +55,7 @@ class DDPStep(Step):
         the gradients are views into them (the formula counts gradients once)."""
         states = super().resident()
         if not self.ctx.knobs.gradient_as_bucket_view:
-            states[BUFFERS] = self.p.grad_bytes * self.w.params
+            states[BUFFERS] = self.p.grad_bytes * self.w.trainable_params
         return states
 
     def after_backward(self, layer: Layer, op: int) -> None:

@@ -115,6 +115,11 @@ class Unit:
     layers: tuple[int, ...]  # layer indices, forward order
     numel: int
     is_root: bool
+    trainable: int = -1  # elements that train (-1: all of them)
+
+    @property
+    def trained(self) -> int:
+        return self.numel if self.trainable < 0 else self.trainable
 
     @property
     def label(self) -> int:
@@ -142,12 +147,16 @@ def wrap_units(ctx: Context, wrap: str, root: str) -> list[Unit]:
                                 f"0..{len(layers) - 1}")
     root_layers = tuple(layer.index for layer in layers if layer.index not in wrapped)
     units = []
+    def unit(index: int, held: tuple[int, ...], is_root: bool) -> Unit:
+        return Unit(index, held, sum(layers[i].numel for i in held), is_root,
+                    sum(layers[i].trainable_numel for i in held))
+
     if root_layers and root == "one":
-        units.append(Unit(0, root_layers, sum(layers[i].numel for i in root_layers), True))
+        units.append(unit(0, root_layers, True))
     elif root_layers:
-        units.extend(Unit(k, (i,), layers[i].numel, True) for k, i in enumerate(root_layers))
+        units.extend(unit(k, (i,), True) for k, i in enumerate(root_layers))
     for i in wrapped:
-        units.append(Unit(len(units), (i,), layers[i].numel, False))
+        units.append(unit(len(units), (i,), False))
     return units
 
 
@@ -180,6 +189,23 @@ class FSDPStep(Step):
     def shard_units(self) -> tuple[int, ...]:
         """Each unit's flat parameter is sharded on its own (FSDP pads each to a multiple of N)."""
         return tuple(u.numel for u in self.units)
+
+    def trainable_units(self) -> tuple[int, ...]:
+        """The optimizer holds state for each unit's trainable weights, sharded as the unit is."""
+        return tuple(u.trained for u in self.units)
+
+    def gradient_units(self) -> tuple[int, ...]:
+        return tuple(self.grad_numel(u) for u in self.units)
+
+    def grad_numel(self, u: Unit) -> int:
+        """Gradient elements of a unit.  FSDP1 (``copies`` fsdp1) keeps one flat parameter per
+        unit: a unit with any trainable weight gets a gradient as large as the whole flat
+        parameter, frozen parts as zeros (torch's FSDP docs for ``use_orig_params``: mixing
+        frozen and trainable weights in a unit costs the gradient memory of training them all),
+        and a wholly frozen unit none.  FSDP2 shards per parameter: the trainable ones alone."""
+        if self.copies == "fsdp1":
+            return u.numel if u.trained else 0
+        return u.trained
 
     def micro_step(self) -> None:
         """Gathers and frees are per micro-step; the optimizer waits for the last one's reductions."""
@@ -239,8 +265,8 @@ class FSDPStep(Step):
     def backward_allocs(self, layer: Layer) -> Alloc:
         """The unit's unsharded gradients, from its first backward layer until its reduce-scatter."""
         u = self.unit_of[layer.index]
-        if layer.index == u.layers[-1] and u.numel:
-            return ((BUFFERS, u.numel * self.reduce_bytes),)
+        if layer.index == u.layers[-1] and self.grad_numel(u):
+            return ((BUFFERS, self.grad_numel(u) * self.reduce_bytes),)
         return ()
 
     def backward_frees(self, layer: Layer) -> Alloc:
@@ -265,9 +291,12 @@ class FSDPStep(Step):
         """Reduce-scatter within the group, after the unit's backward (the post-backward stream waits
         on the compute stream); with ``hybrid`` the shard is then all-reduced across nodes on a
         second stream that waits on the reduce-scatter only."""
-        grad = u.numel * self.reduce_bytes
+        numel = self.grad_numel(u)
+        if numel == 0:  # a frozen unit: no gradient, nothing to reduce
+            return
+        grad = numel * self.reduce_bytes
         if self.copies != "none":  # read the param-dtype gradients, write the flat or reduce-dtype buffer
-            held = u.numel * self.gather_bytes
+            held = numel * self.gather_bytes
             written = grad if self.copies == "fsdp2" else held
             op = self.b.compute(copy_in(u.label), BACKWARD, self.ctx.compute.copy_time(held + written),
                                 layer=u.label, deps=(op,), alloc=((BUFFERS, held),), free=((BUFFERS, held),))
@@ -276,7 +305,7 @@ class FSDPStep(Step):
         self.reduces.append(rs)
         if self.hybrid:
             self.reduces.append(self.b.collective(
-                ALL_REDUCE, layer_collective(ALL_REDUCE, u.label), shard(u.numel, self.n) * self.reduce_bytes,
+                ALL_REDUCE, layer_collective(ALL_REDUCE, u.label), shard(numel, self.n) * self.reduce_bytes,
                 BACKWARD, group="inter", stream="comm:inter", layer=u.label, deps=(rs,), after_compute=False))
         self.reduced.append((u, self.reduces[-1]))
 

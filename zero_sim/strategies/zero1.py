@@ -37,12 +37,13 @@ class ZeRO1Step(Step):
         self.buckets = GradientBuckets(self.ctx)
         self.kind = ALL_REDUCE if self.ctx.knobs.zero1_reduce == "all_reduce" else REDUCE_SCATTER
 
-    def shard_units(self) -> tuple[int, ...]:
-        """Each gradient bucket is sharded on its own: rank r owns chunk r of every bucket."""
+    def trainable_units(self) -> tuple[int, ...]:
+        """Each gradient bucket is sharded on its own: rank r owns chunk r of every bucket (the
+        buckets hold what trains)."""
         return tuple(bucket.numel for bucket in self.buckets.plan)
 
     def resident(self) -> dict[str, int]:
-        return flat_bucket_states(self, self.shard_units())
+        return flat_bucket_states(self, self.trainable_units())
 
     def before_forward(self, layer: Layer) -> tuple[int, ...]:
         return self.buckets.take_blocking()  # without overlap_comm, the reductions issued before it

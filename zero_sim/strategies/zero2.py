@@ -51,12 +51,13 @@ class ZeRO2Step(Step):
         self.hook = knobs.zero2_launch == "hook"
         self.compiled = knobs.compiled_backward
 
-    def shard_units(self) -> tuple[int, ...]:
-        """Each unit is sharded on its own: rank r owns chunk r of every unit."""
+    def trainable_units(self) -> tuple[int, ...]:
+        """Each unit is sharded on its own: rank r owns chunk r of every unit (the buckets hold what
+        trains)."""
         return tuple(bucket.numel for bucket in self.buckets.plan)
 
     def resident(self) -> dict[str, int]:
-        return flat_bucket_states(self, self.shard_units())
+        return flat_bucket_states(self, self.trainable_units())
 
     def label(self, bucket: Bucket) -> str:
         """A per-tensor unit is named after its layer (``reduce_scatter L5``), a bucket ``B<k>``."""
@@ -77,7 +78,7 @@ class ZeRO2Step(Step):
         """Unsharded gradients live until their reduce-scatter: every micro-step with hooks,
         accumulated locally until step() otherwise (allocated once, by the first)."""
         if self.hook or self.micro == 0:
-            return ((BUFFERS, layer.numel * self.p.grad_bytes),)
+            return ((BUFFERS, layer.trainable_numel * self.p.grad_bytes),) if layer.trainable_numel else ()
         return ()
 
     def after_backward(self, layer: Layer, op: int) -> None:

@@ -242,13 +242,13 @@ class ZeRO3Step(Step):
     def backward_allocs(self, layer: Layer) -> Alloc:
         """Gradients bigger than the bucket keep their own memory until reduced; the rest are copied
         into the resident bucket."""
-        oversize = sum(t.numel for t in layer.tensors if t.numel > self.cap)
+        oversize = sum(t.numel for t in layer.tensors if t.trainable and t.numel > self.cap)
         return ((BUFFERS, oversize * self.p.grad_bytes),) if oversize else ()
 
     def after_backward(self, layer: Layer, op: int) -> None:
         """Each gradient goes into the bucket; one that would overflow it first reduces the bucket."""
         for t in reversed(layer.tensors):
-            if t.numel == 0:
+            if t.numel == 0 or not t.trainable:  # a frozen weight has no gradient to reduce
                 continue
             if self.bucket.elements + t.numel > self.cap and self.bucket.elements > 0:
                 self.flush()

@@ -282,8 +282,9 @@ class ComputeModel:
             eff = self.gemm_efficiency(m, k, n)
         else:
             eff = self.default_efficiency
-        mult = 1.0 if direction == "fwd" else GEMM_BWD_FLOPS
-        return mult * flops / (self.gpu.peak_flops * eff)
+        if direction != "fwd":  # dX and dW, but no dW for a frozen weight
+            flops = GEMM_BWD_FLOPS * flops - work.frozen_matmul_flops
+        return flops / (self.gpu.peak_flops * eff)
 
     def flash_efficiency(self, direction: str, seq_len: int, head_dim: int, causal: bool = True,
                          impl: str = "flash") -> float:

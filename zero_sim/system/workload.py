@@ -44,6 +44,9 @@ class WorkloadError(ValueError):
 class Tensor:
     name: str
     numel: int
+    # False for a frozen weight (fine-tuning with adapters, zero_sim.system.lora): it is read and
+    # gathered like any other, but has no gradient, no optimizer state and no update.
+    trainable: bool = True
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,9 @@ class Work:
     # GEMM FLOPs op-level checkpointing re-runs in backward: the projections whose outputs it drops.
     unsaved_matmul_flops: float = 0.0
     causal: bool = True  # a causal mask: flash attention computes only the unmasked half
+    # GEMM FLOPs whose weights are frozen: their backward computes the input's gradient only (one
+    # GEMM, not two), as autograd skips a weight gradient nobody asked for.
+    frozen_matmul_flops: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -83,8 +89,13 @@ class Layer:
         return sum(t.numel for t in self.tensors)
 
     @property
+    def trainable_numel(self) -> int:
+        return sum(t.numel for t in self.tensors if t.trainable)
+
+    @property
     def bwd_flops(self) -> float:
-        return 2.0 * self.fwd_flops
+        """Input and weight gradients: twice the forward, less the weight gradients of frozen GEMMs."""
+        return 2.0 * self.fwd_flops - (self.work.frozen_matmul_flops if self.work is not None else 0.0)
 
 
 @dataclass(frozen=True)
@@ -105,6 +116,10 @@ class Workload:
         return sum(layer.numel for layer in self.layers)
 
     @property
+    def trainable_params(self) -> int:
+        return sum(layer.trainable_numel for layer in self.layers)
+
+    @property
     def tokens_per_micro_batch(self) -> int:
         return self.seq_len * self.micro_batch
 
@@ -113,8 +128,10 @@ class Workload:
         return sum(layer.fwd_flops for layer in self.layers)
 
     def model_flops(self) -> float:
-        """FLOPs of one forward+backward per micro-batch, recompute not counted (as MFU does)."""
-        return 3.0 * self.fwd_flops
+        """FLOPs of one forward+backward per micro-batch, recompute not counted (as MFU does);
+        a frozen weight's GEMM has no weight gradient in backward."""
+        frozen = sum(layer.work.frozen_matmul_flops for layer in self.layers if layer.work is not None)
+        return 3.0 * self.fwd_flops - frozen
 
     def saved_activation_bytes(self) -> int:
         return sum(layer.checkpointed_activation_bytes for layer in self.layers)

@@ -1,0 +1,111 @@
+"""Fine-tuning with frozen weights and low-rank adapters (LoRA): what trains, and what only runs.
+
+LoRA (Hu et al. 2021, "LoRA: Low-Rank Adaptation of Large Language Models") freezes every
+pretrained weight and puts beside each targeted projection ``W`` (``d_in`` x ``d_out``) two small
+trainable matrices, ``A`` (``d_in`` x ``r``) and ``B`` (``r`` x ``d_out``), whose product adds to
+``W``'s output.  Gradients, optimizer state and the optimizer's update then exist for the adapters
+alone, and data parallelism reduces only their gradients; the frozen weights are still held (or,
+under ZeRO-3 and FSDP, sharded and gathered) and still run.  :func:`with_lora` rewrites a workload
+so, by these rules:
+
+* **tensors**: every tensor of the model is frozen (``Tensor.trainable`` False), embeddings, norms,
+  biases and the head included, as Hugging Face peft does by default (``bias="none"``, no
+  ``modules_to_save``); each targeted projection of each transformer block gains ``lora_A``
+  (``d_in * r``) and ``lora_B`` (``r * d_out``), trainable.  Cross-attention projections (T5) get
+  none.
+* **compute**: each adapter adds two GEMMs, ``2*T*r*(d_in + d_out)`` FLOPs forward, with input
+  and weight gradients in backward like any trainable GEMM; a frozen GEMM's backward computes the
+  input's gradient only (``Work.frozen_matmul_flops``: autograd skips the weight gradient of a
+  tensor that does not require one), so a frozen model's backward GEMMs take about its forward's
+  time, not twice it.
+* **memory**: saved activations are taken as full fine-tuning's (a frozen projection's input is
+  still the adapter's input, and the rest of the block saves what it always does); the adapters'
+  own ``r``-wide intermediates are small and not counted.
+
+Targets use peft's names (``target_modules``) or short ones: ``q``, ``k``, ``v``, ``o`` (attention;
+``q_proj``..``o_proj``, GPT-2's fused ``c_attn`` is q, k and v), ``gate``, ``up``, ``down`` (a
+SwiGLU MLP; ``gate_proj``..``down_proj``), ``fc`` and ``down`` (a GELU MLP's two matrices;
+``c_fc``), and ``all-linear`` (every block projection, peft's shorthand).  peft's default for
+Llama-style models is q and v.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from zero_sim.system.workload import Layer, Tensor, Workload, WorkloadError
+
+DEFAULT_TARGETS = "q,v"
+MAX_RANK = 4096
+# peft's module names (Llama, GPT-2) and the short names they stand for.
+ALIASES = {"q_proj": ("q",), "k_proj": ("k",), "v_proj": ("v",), "o_proj": ("o",), "gate_proj": ("gate",),
+           "up_proj": ("up",), "down_proj": ("down",), "c_attn": ("q", "k", "v"), "c_fc": ("fc",),
+           "out_proj": ("o",), "dense": ("o",)}
+ALL_LINEAR = "all-linear"
+
+
+def projections(shape) -> dict[str, tuple[str, int, int]]:
+    """Each targetable projection of a block of ``shape``: short name -> (the tensor it sits
+    beside, d_in, d_out)."""
+    h, f = shape.d_model, shape.d_ffn
+    q, k = shape.n_head * shape.d_head, shape.n_kv_head * shape.d_head
+    found = {"q": ("attn.qkv", h, q), "k": ("attn.qkv", h, k), "v": ("attn.qkv", h, k),
+             "o": ("attn.proj", q, h)}
+    if shape.mlp == "swiglu":
+        found |= {"gate": ("mlp.gate", h, f), "up": ("mlp.up", h, f)}
+    else:
+        found["fc"] = ("mlp.fc", h, f)
+    found["down"] = ("mlp.proj", f, h)
+    return found
+
+
+def parse_targets(text: str, shape) -> tuple[str, ...]:
+    """The short names ``text`` (comma-separated) targets in a block of ``shape``, in block order;
+    a name the model does not have is one sentence naming those it has."""
+    have = projections(shape)
+    wanted: list[str] = []
+    for name in (t.strip() for t in text.split(",") if t.strip()):
+        if name == ALL_LINEAR:
+            wanted += list(have)
+            continue
+        for short in ALIASES.get(name, (name,)):
+            if short not in have:
+                raise WorkloadError(f"LoRA target {name!r} is not a projection of this model's blocks; it "
+                                    f"has {', '.join(have)} (or {ALL_LINEAR})")
+            wanted.append(short)
+    if not wanted:
+        raise WorkloadError(f"--lora-targets names no projection; give some of {', '.join(have)} or "
+                            f"{ALL_LINEAR}")
+    return tuple(t for t in have if t in wanted)
+
+
+def with_lora(workload: Workload, rank: int, targets: str = DEFAULT_TARGETS) -> Workload:
+    """``workload`` fine-tuned with rank-``rank`` adapters on ``targets`` (module docstring)."""
+    if workload.shape is None:
+        raise WorkloadError("LoRA needs a model built from its shape (a preset, --params or shape flags); "
+                            "a model read off a module has no named projections to put adapters beside")
+    if not isinstance(rank, int) or isinstance(rank, bool) or not 1 <= rank <= MAX_RANK:
+        raise WorkloadError(f"--lora-rank must be an integer from 1 to {MAX_RANK}, got {rank!r}")
+    chosen = parse_targets(targets, workload.shape)
+    table = projections(workload.shape)
+    return replace(workload, layers=tuple(_adapted(layer, rank, chosen, table, workload)
+                                          for layer in workload.layers))
+
+
+def _adapted(layer: Layer, rank: int, chosen: tuple[str, ...], table: dict, workload: Workload) -> Layer:
+    frozen = tuple(replace(t, trainable=False) for t in layer.tensors)
+    work = layer.work
+    if layer.kind != "block":
+        return replace(layer, tensors=frozen,
+                       work=None if work is None else replace(work, frozen_matmul_flops=work.matmul_flops))
+    adapters = tuple(Tensor(f"{table[t][0]}.lora_{t}.{part}", numel)
+                     for t in chosen
+                     for part, numel in (("A", table[t][1] * rank), ("B", rank * table[t][2])))
+    tokens = workload.tokens_per_micro_batch
+    extra = sum(2.0 * tokens * rank * (table[t][1] + table[t][2]) for t in chosen)
+    if work is not None:
+        work = replace(work, matmul_flops=work.matmul_flops + extra, frozen_matmul_flops=work.matmul_flops)
+    return replace(layer, tensors=frozen + adapters, fwd_flops=layer.fwd_flops + extra, work=work)
+
+
+__all__ = ["ALL_LINEAR", "DEFAULT_TARGETS", "parse_targets", "projections", "with_lora"]
