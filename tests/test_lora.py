@@ -142,3 +142,14 @@ def test_what_a_peft_config_would_train_that_is_not_modelled_is_refused(tmp_path
     adapter.write_text(json.dumps(ADAPTER | change))
     with pytest.raises(ScenarioError, match=sentence):
         simulate(model="llama2-7b", gpus=8, micro_batch=1, peft_config=str(adapter))
+
+
+def test_the_planner_searches_a_fine_tune(capsys):
+    # Full fine-tuning of Llama-2-7B under DDP cannot fit on 8 x A100-80GB; its LoRA fine-tune can.
+    args = ["plan", "--model", "llama2-7b", "--gpus", "8", "--topology", "dgx-a100", "--strategies", "ddp",
+            "--micro-batch", "1", "--recompute", "none", "--top", "1"]
+    assert main(args) == 0
+    assert "fastest that fits" not in capsys.readouterr().out
+    assert main([*args, "--lora-rank", "16"]) == 0
+    out = capsys.readouterr().out
+    assert "LoRA r=16" in out.splitlines()[0] and "fastest that fits: ddp" in out

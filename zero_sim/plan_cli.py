@@ -32,7 +32,7 @@ from zero_sim.system.workload import RECOMPUTE_MODES
 # The size budget of one search: at about 3 ms a candidate to bound, a larger one takes minutes.
 MAX_CANDIDATES = 20_000
 SHARED = ("model", "params", "seq_len", "topology", "gpu", "stack", "precision", "bandwidth_gbps",
-          "node_bandwidth_gbps", "calibration", *SHAPE_SETTINGS)
+          "node_bandwidth_gbps", "calibration", "lora_rank", "lora_targets", "peft_config", *SHAPE_SETTINGS)
 
 
 def _counts(text: str, flag: str) -> list[int]:
@@ -81,6 +81,12 @@ def plan_args(parser) -> None:
     parser.add_argument("--node-bandwidth-gbps", dest="node_bandwidth_gbps", type=float, default=None,
                         help="a node's network bandwidth, Gbit/s, split over its NICs")
     parser.add_argument("--calibration", default=None, help="a calibration file (`zero-sim calibrate`)")
+    parser.add_argument("--lora-rank", dest="lora_rank", type=int, default=None,
+                        help="fine-tune with LoRA adapters of this rank (docs/fine-tuning.md)")
+    parser.add_argument("--lora-targets", dest="lora_targets", default=None,
+                        help="with --lora-rank: the projections given adapters (default q,v)")
+    parser.add_argument("--peft-config", dest="peft_config", default=None,
+                        help="a peft adapter_config.json: its rank and target modules")
     parser.add_argument("--top", type=int, default=10, help="rows to rank and show (default 10)")
     parser.add_argument("--json", action="store_true", help="print every candidate as JSON")
     parser.add_argument("--csv", action="store_true", help="print every candidate as CSV")
@@ -167,7 +173,10 @@ def _number(value) -> bool:
 def format_plan(table: pd.DataFrame, base: dict, top: int, stack: str) -> str:
     counts = table["outcome"].value_counts().to_dict()
     simulated = int((table["settled"] == SIMULATED).sum())
-    lines = [f"plan · {base.get('model', base.get('params'))} on {base['topology']} · stack {stack} · "
+    tuned = base.get("lora_rank") or base.get("peft_config")
+    lora = (f" · LoRA {'r=' + str(base['lora_rank']) if base.get('lora_rank') else base['peft_config']}"
+            if tuned else "")
+    lines = [f"plan · {base.get('model', base.get('params'))}{lora} on {base['topology']} · stack {stack} · "
              f"{len(table):,} candidates, {simulated:,} simulated; "
              + ", ".join(f"{what}: {n:,}" for what, n in counts.items())]
     fitting = table[table["outcome"] == FITS]
