@@ -207,50 +207,47 @@ def _by_kind(per_layer: dict[tuple[str, int], list[float]]) -> dict[str, dict[st
     return out
 
 
-def _run_of(path: Path) -> dict:
-    """The ``run.json`` of the real run whose traces folder (or a trace in it) ``path`` is, as
-    ``real_runs.train --trace`` leaves them; {} for anyone else's traces."""
-    run_json = (path if path.is_dir() else path.parent).parent / "run.json"
-    try:
-        run = json.loads(run_json.read_text())
-    except (OSError, ValueError):
-        return {}
-    return run if isinstance(run, dict) else {}
-
-
-def tokens_of_run(path: Path) -> int | None:
-    """Tokens per rank per step of the real run whose traces ``path`` holds, else None."""
-    run = _run_of(path)
-    try:
-        return int(run["global_batch"]) // int(run["world_size"]) * int(run["seq_len"])
-    except (KeyError, TypeError, ValueError, ZeroDivisionError):
-        return None
-
-
-def _ranks_of_run(path: Path, traces: list, ranks: list[int]) -> int:
-    """Ranks computing at once when traced: the run's world size, else one per trace read."""
-    world = _run_of(path).get("world_size")
-    return world if isinstance(world, int) and world > 0 else max(len(traces), len(ranks))
-
-
-def cores_of_run(path: Path) -> int | None:
-    """CPU cores the real run whose traces ``path`` holds could use (its ranks share them)."""
-    cores = _run_of(path).get("cores")
-    return cores if isinstance(cores, int) and cores > 0 else None
-
-
 # The real runs' strategies that keep the whole optimizer state on every rank; the rest shard it.
 UNSHARDED_OPTIMIZER = ("ddp", "ddp-torch")
 
 
-def params_updated_of_run(path: Path) -> int | None:
-    """Parameters each rank's optimizer updates in the real run whose traces ``path`` holds."""
-    run = _run_of(path)
+@dataclass(frozen=True)
+class RunFacts:
+    """What the ``run.json`` of a real run says beside its traces (``real_runs.train --trace`` leaves
+    it one folder up); all None for anyone else's traces."""
+
+    tokens: int | None = None  # tokens per rank per step
+    world_size: int | None = None  # ranks computing at once
+    cores: int | None = None  # CPU cores the ranks shared
+    params_updated: int | None = None  # parameters each rank's optimizer updates
+
+
+def run_facts(path: Path) -> RunFacts:
+    """The facts of the real run whose traces folder (or a trace in it) ``path`` is, read once."""
+    run_json = (path if path.is_dir() else path.parent).parent / "run.json"
     try:
-        params, world = int(run["params"]), int(run["world_size"])
-    except (KeyError, TypeError, ValueError):
-        return None
-    return params if run.get("strategy") in UNSHARDED_OPTIMIZER else -(-params // world)
+        run = json.loads(run_json.read_text())
+    except (OSError, ValueError):
+        return RunFacts()
+    if not isinstance(run, dict):
+        return RunFacts()
+
+    def positive(key: str) -> int | None:
+        value = run.get(key)
+        return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+    world, params = positive("world_size"), positive("params")
+    batch, seq = positive("global_batch"), positive("seq_len")
+    tokens = batch // world * seq if batch and world and seq else None
+    updated = None
+    if params and world:
+        updated = params if run.get("strategy") in UNSHARDED_OPTIMIZER else -(-params // world)
+    return RunFacts(tokens, world, positive("cores"), updated)
+
+
+def tokens_of_run(path: Path) -> int | None:
+    """Tokens per rank per step of the real run whose traces ``path`` holds, else None."""
+    return run_facts(path).tokens
 
 
 def _with_backward(layers: dict, ratio: float) -> dict:
@@ -354,10 +351,11 @@ def calibration_from_traces(paths: Iterable[str | Path], tokens: int | None = No
                        f"{', the backward phase over the forward' if ratio != 2.0 else ', its FLOPs'}")
     by_kind = _by_kind(_merged(per_rank_layers))
     host_by_kind = _by_kind(_merged(host for _, host in per_rank)) if kernels else None
-    tokens = tokens if tokens is not None else tokens_of_run(paths[0])
+    facts = run_facts(paths[0])
+    tokens = tokens if tokens is not None else facts.tokens
     parts = [p for i in indexes for p in step_parts(i)]
     optimizer_ms = statistics.median(p.optimizer_wall for p in parts) * 1e3 if parts else None
-    updated = params_updated_of_run(paths[0])
+    updated = facts.params_updated
     per_param = host_per_param = loop_host_s = None
     if parts and updated and kernels:  # a GPU trace: kernels and the host's issuing apart
         per_param = statistics.median(p.optimizer_gpu for p in parts) / updated
@@ -392,8 +390,8 @@ def calibration_from_traces(paths: Iterable[str | Path], tokens: int | None = No
             profiler_note = ("host times as traced, the profiler's own cost included (give the untraced step "
                              "time, --untraced-step-ms, to take it out)")
         # A CPU trace's layers ran at the traced run's share of its cores; say how many to scale by.
-        cores = None if kernels else cores_of_run(paths[0])
-        traced_ranks = _ranks_of_run(paths[0], traces, ranks)
+        cores = None if kernels else facts.cores
+        traced_ranks = facts.world_size or max(len(traces), len(ranks))
         compute = ComputeCalibration(by_kind, tokens, per_param, traced_ranks, cores,
                                      host_seconds=host_by_kind,
                                      optimizer_host_seconds_per_param=host_per_param, step_host_s=loop_host_s)
@@ -415,4 +413,5 @@ def calibration_from_traces(paths: Iterable[str | Path], tokens: int | None = No
                          profiler_note, beside[1] if beside else 0, layers_note)
 
 
-__all__ = ["KERNEL_KINDS", "TraceFindings", "calibration_from_traces", "tokens_of_run"]
+__all__ = ["KERNEL_KINDS", "RunFacts", "TraceFindings", "calibration_from_traces", "run_facts",
+           "tokens_of_run"]
