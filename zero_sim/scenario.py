@@ -440,8 +440,8 @@ def _result(p: Prepared, program: Program, run: RunOutput, scenario: Scenario) -
     metrics["trainable_params"] = p.workload.trainable_params
     if s.lora_rank is not None:
         metrics["lora"] = f"r={s.lora_rank} on {s.lora_targets or DEFAULT_TARGETS}"
-    # A calibration replaces presets: say which figures came from it.
-    metrics["calibration"] = p.calibration.describe() if p.calibration is not None else None
+    # A calibration replaces presets: say which figures came from it (as the scenario already states).
+    metrics["calibration"] = scenario.inputs.calibration
     ends = run.step_ends[run.simulated_ranks[0]]
     window = (ends[-2] if len(ends) > 1 else 0.0, ends[-1])
     notes = list(p.stack_notes) + list(program.notes) + (reading.notes if reading is not None else [])
