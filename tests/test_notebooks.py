@@ -26,11 +26,13 @@ NOTEBOOKS = sorted(p.name for p in NOTEBOOKS_DIR.glob("*.ipynb"))
 
 
 def _executed(name: str):
-    """A notebook to execute; one that starts real multi-process runs is marked slow, as those runs are."""
+    """A notebook to execute; one that starts real multi-process runs is marked slow, as those runs are,
+    and so is one that parses a recorded profiler trace and replays its run (torch on the meta device):
+    seconds alone, over the budget beside the parallel suite on two cores."""
     code = "\n".join(c.source for c in nbformat.read(NOTEBOOKS_DIR / name, as_version=4).cells
                      if c.cell_type == "code")
-    starts_runs = "launch(" in code or "launch_in_cluster(" in code
-    return pytest.param(name, marks=pytest.mark.slow) if starts_runs else name
+    heavy = any(call in code for call in ("launch(", "launch_in_cluster(", "calibration_from_traces("))
+    return pytest.param(name, marks=pytest.mark.slow) if heavy else name
 BUDGET_S = 60.0
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 
