@@ -124,13 +124,13 @@ def _human(m: dict) -> str:
         + f", {m['comm_volume_bytes'] / 1e9:.3f} GB sent per rank)",
         f"  phases          forward {ph['forward_s'] * 1e3:.2f} ms + backward {ph['backward_s'] * 1e3:.2f} ms"
         f" + optimizer {ph['optimizer_s'] * 1e3:.2f} ms",
-        f"  optimizer phase {ph['optimizer_wait_s'] * 1e3:10.2f} ms waiting for communication + "
-        f"{ph['optimizer_update_s'] * 1e3:.2f} ms update",
+        _optimizer_phase(m),
         f"  memory          model states {mem['model_states_bytes'] / 1e9:.2f} GB, activations "
         f"{mem['activations_bytes'] / 1e9:.2f} GB, buffers {mem['buffers_bytes'] / 1e9:.2f} GB, "
         f"peak {mem['peak_bytes'] / 1e9:.2f} GB of tensors, "
         f"{mem['reserved_peak_bytes'] / 1e9:.2f} reserved of {mem['capacity_bytes'] / 1e9:.1f} GB",
     ]
+    lines += _offloaded(m)
     lines += _host_bound(m)
     lines.append(f"  cluster         {m['cluster']}")
     lines += [f"  assumed         {note}" for note in m.get("stack_notes", [])]
@@ -144,9 +144,35 @@ def _human(m: dict) -> str:
 HOST_BOUND_SHARE = 0.05
 
 
+def _optimizer_phase(m: dict) -> str:
+    """The optimizer phase split: waiting for the network (and host copies), the CPU's update when
+    offloaded, and the update's own compute."""
+    ph, cpu = m["phases"], m.get("cpu_update_s", 0.0)
+    on_cpu = f"{cpu * 1e3:.2f} ms updating on the CPU + " if cpu else ""
+    waits = "communication and host copies" if cpu else "communication"
+    return (f"  optimizer phase {(ph['optimizer_wait_s'] - cpu) * 1e3:10.2f} ms waiting for {waits} + "
+            f"{on_cpu}{ph['optimizer_update_s'] * 1e3:.2f} ms update")
+
+
+def _offloaded(m: dict) -> list[str]:
+    """Where offloaded states live and whether the nodes' RAM holds them."""
+    if not m.get("offload"):
+        return []
+    mem = m["memory"]
+    lines = [f"  offloaded       {m['offload']}"]
+    if "host_bytes_per_node" in mem:
+        per_rank, per_node = mem["host_bytes_per_rank"] / 1e9, mem["host_bytes_per_node"] / 1e9
+        verdict = "" if mem["host_fits"] else " (DOES NOT FIT)"
+        lines.append(f"  host memory     {per_rank:.2f} GB per rank, {per_node:.1f} GB per node of "
+                     f"{mem['host_capacity_bytes'] / 1e9:,.0f} GB RAM{verdict}")
+    return lines
+
+
 def _host_bound(m: dict) -> list[str]:
-    """What to change when the GPU waits for its host to launch work."""
-    waiting, step = m.get("gpu_waiting_for_host_s") or 0.0, m["step_time_s"]
+    """What to change when the GPU waits for its host to launch work (the CPU's offloaded update is
+    waiting of another kind, said on its own line)."""
+    waiting = (m.get("gpu_waiting_for_host_s") or 0.0) - m.get("cpu_update_s", 0.0)
+    step = m["step_time_s"]
     if step <= 0 or waiting < HOST_BOUND_SHARE * step:
         return []
     return [f"  host-bound      the GPU waits {waiting * 1e3:.2f} ms ({waiting / step:.0%} of the step) for "
@@ -162,6 +188,9 @@ def _verdict(mem: dict) -> str:
     if mem["fits"]:
         spare = (mem["capacity_bytes"] - mem["reserved_peak_bytes"]) / 1e9
         return f"FITS with {spare:.2f} GB to spare: {held}"
+    if not mem.get("host_fits", True) and mem["shortfall_bytes"] == 0:
+        return (f"DOES NOT FIT in host memory by {mem['host_shortfall_bytes'] / 1e9:.1f} GB per node "
+                f"(offloaded states); on the GPU: {held}")
     return f"DOES NOT FIT by {mem['shortfall_bytes'] / 1e9:.2f} GB: {held}"
 
 

@@ -29,6 +29,8 @@ from zero_sim.engine.run_types import EngineConfig, RunOutput, Straggler
 from zero_sim.engine.shared_cores import SharedCores
 from zero_sim.results import SimResult, allocator_reserve, compute_metrics, context_gb
 from zero_sim.scenario_inputs import canonical_names, with_stack
+from zero_sim.scenario_offload import describe as describe_offload
+from zero_sim.scenario_offload import host_memory, offload_plan
 from zero_sim.scenario_settings import (
     COMMON,
     COMMON_NAMES,
@@ -53,6 +55,7 @@ from zero_sim.system.run_overheads import run_overhead
 from zero_sim.system.topology import PRESETS as TOPOLOGIES
 from zero_sim.system.topology import Topology, build_topology
 from zero_sim.system.workload import Workload, WorkloadError
+from zero_sim.vocabulary import CPU_ADAM
 
 
 def _resolve_workload(s: CommonSettings) -> Workload:
@@ -338,11 +341,13 @@ def prepare(workload: Workload | None = None, **kwargs) -> Prepared:
     s = replace(s, gpu_spread=_gpu_spread(s, gpu, calibration))
     compute = _compute_model(s, gpu, calibration)
     modelled_gpu = _modelled_gpu(gpu, calibration)
+    offload, topo = offload_plan(s, strategy.name, topo, gpu.name)
     ctx = Context(workload, s.gpus, topo.ranks_per_node, compute, _precision(s), s.grad_accum,
                   s.host_overhead_us * 1e-6, knobs,
                   host=_host(workload, s, calibration, modelled_gpu),
                   step_host_s=_step_host_s(s, calibration, modelled_gpu),
-                  optimizer_host_s_per_param=_measured(calibration, "optimizer_host_seconds_per_param"))
+                  optimizer_host_s_per_param=_measured(calibration, "optimizer_host_seconds_per_param"),
+                  offload=offload)
     try:
         strategy.validate(ctx)
     except StrategyError as exc:
@@ -431,6 +436,15 @@ def _result(p: Prepared, program: Program, run: RunOutput, scenario: Scenario) -
     metrics = compute_metrics(run, program, scenario, s.gpus, tokens, p.gpu.hbm_bytes,
                               context_bytes=int(round(scenario.hardware.cuda_context_gb * 1e9)),
                               allocator_reserve=scenario.hardware.allocator_reserve)
+    # Offloaded states: where they live, what updates them, and whether the nodes' RAM holds them.
+    if p.ctx.offload is not None:
+        metrics["offload"] = describe_offload(p.ctx.offload, p.topology)
+        host = host_memory(program.host_resident, p.topology.host, p.topology.ranks_per_node)
+        metrics["memory"] |= host
+        metrics["memory"]["fits"] = metrics["memory"]["fits"] and host.get("host_fits", True)
+        metrics["cpu_update_s"] = sum(r.end_s - r.start_s for r in run.records
+                                      if r.name == CPU_ADAM and r.rank == run.simulated_ranks[0]
+                                      and r.step == len(run.step_ends[r.rank]) - 1)
     metrics |= confidence_fields(metrics, scenario, p.gpu.peak_flops, _modelled_gpu(p.gpu, p.calibration))
     # What a configuration file set, ignored (and why) or had overridden, beside the figures it produced.
     metrics["config_notes"] = reading.notes if reading is not None else []

@@ -79,6 +79,13 @@ COMMON: tuple[Setting, ...] = (
     Setting("lora_targets", None, "with --lora-rank: the projections given adapters, peft's names or "
             "short ones (q,k,v,o,gate,up,down,fc) or all-linear (default: q,v, peft's for Llama)", str,
             section="training"),
+    Setting("offload_optimizer", "none", "keep the optimizer state (fp32 master weights, Adam's moments) "
+            "in host memory and update it on the CPU: ZeRO-Offload under zero1, zero2 or zero3 "
+            "(docs/offload.md)",
+            str, ("none", "cpu", "nvme"), section="training"),
+    Setting("offload_params", "none", "keep the weight shards in host memory too, copied up before each "
+            "gather: DeepSpeed offload_param under zero3, FSDP2's CPUOffloadPolicy under fsdp (which "
+            "offloads the optimizer with them)", str, ("none", "cpu", "nvme"), section="training"),
     Setting("recompute", "none", "activation checkpointing: none, selective (Korthikanti et al.: attention's "
             "core recomputed), full (only each block's input kept) or op (torchtitan's op-level policy: "
             "every other matmul output and the attention output kept)", str, RECOMPUTE_MODES,
@@ -121,6 +128,15 @@ COMMON: tuple[Setting, ...] = (
     Setting("gpu_spread", None, "relative standard deviation of GPU speed; each step runs at the expected "
             "slowest of the N GPUs (default: 0.0175 under the per-op GPU model; 0 with --efficiency, a "
             "calibration table or CPU ranks)", float, ge=0, le=0.2, section="hardware"),
+    Setting("host_memory_gb", None, "RAM per node that offloaded states must fit in (default: the "
+            "topology's)", float, gt=0, le=1e7, section="cluster"),
+    Setting("host_cores", None, "physical CPU cores per node, shared by its ranks' CPU optimizers (default: "
+            "the topology's)", int, gt=0, le=10**6, section="cluster"),
+    Setting("host_link_gbps", None, "GB/s per direction of each GPU's link to host memory (default: the "
+            "topology's PCIe figures)", float, gt=0, le=1e4, section="cluster"),
+    Setting("cpu_adam_rate", None, "million parameters per second per core the CPU optimizer updates "
+            "(default: DeepSpeed's CPU Adam 29.5, torch's AdamW 4.3 under fsdp; DeepSpeed PR #735)", float,
+            gt=0, le=1e6, section="hardware"),
     Setting("straggler_prob", 0.0, "chance that a rank stalls before a collective", float, ge=0, le=1,
             section="cluster"),
     Setting("straggler_ms", 0.0, "length of such a stall, milliseconds", float, ge=0, le=1e6,

@@ -15,7 +15,8 @@ What is simulated, per rank:
   Science article 'Making DeepSpeed ZeRO run efficiently on more-affordable hardware' are
   injected as per-rank, per-collective stalls, :class:`~zero_sim.engine.run_types.Straggler`);
 * a **fluid network** (:mod:`zero_sim.engine.network`): a collective's bytes cross links
-  whose capacity is split among every transfer active on them.
+  whose capacity is split among every transfer active on them; so do a copy stream's bytes
+  to and from host memory (offloading) over the GPU's host link.
 
 What a device or a collective library adds plugs in beside this loop
 (:mod:`zero_sim.engine.rank_kinds`): GPU compute slowed beside NCCL kernels
@@ -49,6 +50,7 @@ from zero_sim.engine.program import Op, Program
 from zero_sim.engine.rank_kinds import Backend
 from zero_sim.engine.run_types import EngineConfig, RunOutput
 from zero_sim.system.collectives import CollectiveModel, CollectivePlan
+from zero_sim.system.host_side import copy_loads
 from zero_sim.system.topology import Topology
 from zero_sim.vocabulary import HOST, MEMORY_CATEGORIES
 from zero_sim.vocabulary.records import OpRecord
@@ -234,6 +236,14 @@ class Engine:
                 yield from self._waits(rank, step, op)
             if op.kind == "collective":
                 yield from self.backend.admit(rank, step, op, stream.slots)
+            elif op.kind == "copy":
+                start = env.now
+                if op.alloc:
+                    self._apply(rank, op.alloc, +1)
+                # Over the GPU's host link, shared with the GPUs behind the same PCIe switch.
+                yield self.net.transfer(copy_loads(self.topo, rank, op.stream, not self.explicit), op.nbytes,
+                                        ranks=(rank,))
+                self._finish(rank, step, op, start, env.now)
             else:
                 start = env.now
                 if op.alloc:

@@ -9,7 +9,10 @@ Ops are issued by the host in list order and land on a stream:
   = the ranks of one node, ``inter`` = one rank per node), moving ``nbytes``;
 * ``sync`` ops block the *host* until their dependencies finish (``work.wait()`` on a
   CPU backend, ``stream.synchronize()``, ``.item()``);
-* ``host`` ops are work on the host thread itself (Python deciding what to fetch).
+* ``host`` ops are work on the host thread itself (Python deciding what to fetch, an optimizer
+  running on the CPU);
+* ``copy`` ops move ``nbytes`` between the GPU and host memory on a copy stream (``d2h`` or
+  ``h2d``, CUDA's two copy engines), over the GPU's host link (offloading).
 
 ``deps`` are CUDA-event waits: the op may not start on its stream before those ops (of
 the same step) have finished.  Streams are FIFO, so
@@ -36,7 +39,7 @@ from dataclasses import dataclass, field
 
 from zero_sim.vocabulary import COMM, COMPUTE, HOST, MEMORY_CATEGORIES
 
-OP_KINDS = ("compute", "collective", "sync", "host")
+OP_KINDS = ("compute", "collective", "sync", "host", "copy")
 GROUPS = ("world", "intra", "inter")
 
 
@@ -64,6 +67,7 @@ class Op:
 class Program:
     ops: list[Op] = field(default_factory=list)
     resident: dict[str, int] = field(default_factory=dict)
+    host_resident: dict[str, int] = field(default_factory=dict)  # model states in host memory (offload)
     model_flops: float = 0.0  # per rank per step, forward+backward, recompute excluded
     notes: list[str] = field(default_factory=list)  # assumptions the strategy made, for reports
 
@@ -105,6 +109,15 @@ class ProgramBuilder:
         return self._add(name=name, stream=stream, kind="collective", phase=phase, layer=layer,
                          collective=kind, group=group, nbytes=float(nbytes), deps=tuple(deps),
                          alloc=tuple(alloc), free=tuple(free), host_s=host_s, after_compute=after_compute)
+
+    def copy(self, name: str, phase: str, nbytes: float, direction: str, *, layer: int | None = None,
+             deps=(), alloc=(), free=(), host_s=None) -> int:
+        """A copy of ``nbytes`` over the GPU's host link, ``direction`` d2h or h2d (its stream)."""
+        if direction not in ("d2h", "h2d"):
+            raise ValueError(f"unknown copy direction {direction!r}")
+        return self._add(name=name, stream=direction, kind="copy", phase=phase, layer=layer,
+                         nbytes=float(nbytes), deps=tuple(deps), alloc=tuple(alloc), free=tuple(free),
+                         host_s=host_s)
 
     def sync(self, name: str, phase: str, deps, *, host_s=None, free=()) -> int:
         return self._add(name=name, stream=HOST, kind="sync", phase=phase, deps=tuple(deps),

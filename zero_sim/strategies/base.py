@@ -33,6 +33,7 @@ from typing import Any
 
 from zero_sim.engine.program import Program, ProgramBuilder
 from zero_sim.settings import Setting, settings_record
+from zero_sim.strategies.offload import HostOffload, split_states
 from zero_sim.system.hardware import ComputeModel
 from zero_sim.system.workload import Layer, Workload, ceil_div
 from zero_sim.vocabulary import (
@@ -89,6 +90,7 @@ class Context:
     host: Any = None
     step_host_s: float = 0.0  # the training loop's own host work per step, ending in a sync
     optimizer_host_s_per_param: float | None = None  # measured host time to issue the update (traces)
+    offload: Any = None  # model states kept in host memory (zero_sim.strategies.offload.Offload)
 
     def forward_host_s(self, layer: Layer) -> float | None:
         return self.host.forward_s(layer.kind) if self.host is not None else None
@@ -150,7 +152,14 @@ class Step:
         self.n = ctx.world_size  # ranks the sharded model states are split over
         self.micro = 0  # the micro-step being built
         self.setup()
-        self.b = ProgramBuilder(self.resident())
+        states, host = self.resident(), {}
+        if ctx.offload is not None:
+            states, host = split_states(states, ctx.offload, self.stage, self.p.optimizer_bytes,
+                                        self.persistent_param_bytes())
+        self.b = ProgramBuilder(states)
+        self.b.program.host_resident = host
+        # Copies to and from host memory and the CPU's update, when states are offloaded.
+        self.offload = HostOffload(self.b, ctx.offload) if ctx.offload is not None else None
 
     # --- to override ------------------------------------------------------------------
 
@@ -187,6 +196,10 @@ class Step:
         return {PARAMS: p.param_bytes * held(self.shard_units(), PARAMS),
                 GRADS: p.grad_bytes * held(self.gradient_units(), GRADS),
                 OPTIMIZER_STATE: p.optimizer_bytes * held(self.trainable_units(), OPTIMIZER_STATE)}
+
+    def persistent_param_bytes(self) -> int:
+        """Weight bytes held whole on every rank although the stage shards weights (never offloaded)."""
+        return 0
 
     def before_forward(self, layer: Layer) -> tuple[int, ...]:
         """Issue what the layer's forward needs (gathers); return the ops it must wait for."""

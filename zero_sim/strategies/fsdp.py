@@ -307,11 +307,17 @@ class FSDPStep(Step):
             self.reduces.append(self.b.collective(
                 ALL_REDUCE, layer_collective(ALL_REDUCE, u.label), shard(numel, self.n) * self.reduce_bytes,
                 BACKWARD, group="inter", stream="comm:inter", layer=u.label, deps=(rs,), after_compute=False))
+        if self.offload is not None:  # CPUOffloadPolicy: the reduced shard is copied to the host
+            self.reduces.append(self.offload.grads_down(u.label, shard(numel, self.n), self.reduce_bytes,
+                                                        (self.reduces[-1],), BACKWARD, u.label))
         self.reduced.append((u, self.reduces[-1]))
 
     def optimizer(self) -> None:
         """The local shard of every layer, once the last micro-step's reductions have landed
         (``after_backward``), or unit by unit as each one's reduction lands (``per_unit``)."""
+        if self.offload is not None:  # optimizer.step() on the host's CPU tensors
+            self.offload.update_on_cpu(sum(shard(u.trained, self.n) for u in self.units))
+            return
         if self.ctx.knobs.update == "after_backward":
             self.update_layers(tuple(self.reduces), share=1.0 / self.n)
             return
@@ -339,6 +345,9 @@ class FSDPStep(Step):
         if self.ctx.knobs.limit_all_gathers:
             self.rate_limit(u, phase)
         first_of_forward = phase == FORWARD and not any(p == FORWARD for p, _ in self.gathers)
+        if self.offload is not None:  # CPUOffloadPolicy: the shard is copied up before it is gathered
+            deps += (self.offload.params_up(u.label, shard(u.numel, self.n), self.gather_bytes, phase,
+                                            layer=u.label),)
         self.gathers[key] = self.b.collective(
             ALL_GATHER, layer_collective(ALL_GATHER, u.label), self.nbytes(u), phase, group=self.group,
             layer=u.label, deps=deps, alloc=((BUFFERS, self.nbytes(u)),), after_compute=first_of_forward)

@@ -22,7 +22,12 @@ bucket's scratch buffer (DeepSpeed's reduce buckets) while its reduction runs.
 from __future__ import annotations
 
 from zero_sim.strategies.base import Knob, Step, Strategy
-from zero_sim.strategies.buckets import GradientBuckets, flat_bucket_states, update_slices_then_gather
+from zero_sim.strategies.buckets import (
+    GradientBuckets,
+    flat_bucket_states,
+    offload_slice,
+    update_slices_then_gather,
+)
 from zero_sim.system.workload import Layer
 from zero_sim.vocabulary import ALL_REDUCE, BUFFERS, REDUCE_SCATTER
 from zero_sim.vocabulary.buckets import DEFAULT_BUCKET_MB
@@ -57,7 +62,9 @@ class ZeRO1Step(Step):
         if self.last_micro:
             for bucket in self.buckets.filled_by(layer):
                 scratch = ((BUFFERS, self.buckets.nbytes(bucket)),)
-                self.buckets.reduce(self.b, self.kind, bucket, f"B{bucket.index}", (op,), scratch, scratch)
+                reduced = self.buckets.reduce(self.b, self.kind, bucket, f"B{bucket.index}", (op,), scratch,
+                                              scratch)
+                offload_slice(self, bucket, f"B{bucket.index}", reduced)
 
     def optimizer(self) -> None:
         update_slices_then_gather(self, self.buckets, lambda bucket: f"B{bucket.index}")

@@ -33,7 +33,13 @@ plus the unsharded gradients that wait for their reduce-scatter (``buffers``): w
 from __future__ import annotations
 
 from zero_sim.strategies.base import Alloc, Knob, Step, Strategy
-from zero_sim.strategies.buckets import Bucket, GradientBuckets, flat_bucket_states, update_slices_then_gather
+from zero_sim.strategies.buckets import (
+    Bucket,
+    GradientBuckets,
+    flat_bucket_states,
+    offload_slice,
+    update_slices_then_gather,
+)
 from zero_sim.system.workload import Layer
 from zero_sim.vocabulary import BUFFERS, REDUCE_SCATTER
 from zero_sim.vocabulary.buckets import DEFAULT_BUCKET_MB
@@ -66,7 +72,8 @@ class ZeRO2Step(Step):
     def reduce(self, bucket: Bucket, deps: tuple[int, ...]) -> None:
         """Reduce-scatter one unit; its unsharded gradient is freed once the collective has landed."""
         freed = ((BUFFERS, self.buckets.nbytes(bucket)),)
-        self.buckets.reduce(self.b, REDUCE_SCATTER, bucket, self.label(bucket), deps, free=freed)
+        reduced = self.buckets.reduce(self.b, REDUCE_SCATTER, bucket, self.label(bucket), deps, free=freed)
+        offload_slice(self, bucket, self.label(bucket), reduced)
 
     def before_forward(self, layer: Layer) -> tuple[int, ...]:
         return self.buckets.take_blocking()  # without overlap_comm, the reductions issued before it

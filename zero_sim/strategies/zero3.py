@@ -99,6 +99,7 @@ from zero_sim.vocabulary import (
     BUFFERS,
     COMM,
     FORWARD,
+    OPTIMIZER,
     PARAMS,
     REDUCE_SCATTER,
     fetch,
@@ -277,6 +278,9 @@ class ZeRO3Step(Step):
             ops.append(self.b.collective(REDUCE_SCATTER, name, size * self.p.grad_bytes, BACKWARD,
                                          layer=layer, deps=(bucket.last_op,), free=free,
                                          after_compute=not self.overlap))
+        if self.offload is not None:  # ZeRO-Offload: each reduced slice goes to the host's fp32 buffer
+            ops = [self.offload.grads_down(name.split()[-1], shard(size, self.n), self.p.grad_bytes, (op,),
+                                           BACKWARD, layer) for op, size in zip(ops, sizes, strict=True)]
         self.reduce_events.append(ops[-1])
         self.micro_reduces += ops
         self.reduces += ops
@@ -286,8 +290,20 @@ class ZeRO3Step(Step):
 
     def optimizer(self) -> None:
         """The local ``1/N`` of every layer, once every reduce-scatter has landed; nothing to gather
-        afterwards (the next forward does)."""
-        self.update_layers(tuple(self.reduces), share=1.0 / self.n)
+        afterwards (the next forward does).  Offloaded, the CPU updates the slice once its gradients
+        are on the host; the updated weights are copied up unless they live on the host
+        (``offload_param``: each gather copies them up)."""
+        if self.offload is None:
+            self.update_layers(tuple(self.reduces), share=1.0 / self.n)
+            return
+        self.offload.update_on_cpu(shard(self.w.trainable_params, self.n))
+        if not self.offload.params:
+            sharded = shard(self.w.params - self.persistent, self.n)
+            up = self.offload.params_up("params", sharded, self.p.param_bytes, OPTIMIZER)
+            self.b.sync(wait(self.b.program.ops[up].name), OPTIMIZER, (up,))
+
+    def persistent_param_bytes(self) -> int:
+        return self.p.param_bytes * self.persistent
 
     # --- fetching ----------------------------------------------------------------------------
 
@@ -356,8 +372,14 @@ class ZeRO3Step(Step):
             # which follows the optimizer; every other one waits on no compute (overlap_comm).
             after_compute = not self.overlap or self.first_gather
             self.first_gather = False
+            deps: tuple[int, ...] = ()
+            if self.offload is not None and self.offload.params:  # offload_param: the slice comes up first
+                elements = sum(shard(self.size[key], self.n) for key in group)
+                deps = (self.offload.params_up(group[0][0], elements, self.p.param_bytes, self.phase,
+                                               layer=group[0][0]),)
             op = self.b.collective(ALL_GATHER, layer_collective(ALL_GATHER, group[0][0]), nbytes, self.phase,
-                                   layer=group[0][0], alloc=((BUFFERS, nbytes),), after_compute=after_compute)
+                                   layer=group[0][0], deps=deps, alloc=((BUFFERS, nbytes),),
+                                   after_compute=after_compute)
             for key in group:
                 self.available[key] = op
                 self.inflight.add(key)

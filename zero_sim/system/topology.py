@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
+from typing import Any
 
 from zero_sim.system.specs import US, Fabric, GBps, Link, Network, TopologyError, TopologySpec
 from zero_sim.system.topology_presets import PRESETS, preset_names
@@ -47,6 +48,7 @@ class Topology:
     world_size: int
     gpus_per_node: int
     links: dict[str, Link] = field(default_factory=dict)
+    host: Any = None  # the nodes' host side when states are offloaded (zero_sim.system.host_side.Host)
 
     @property
     def name(self) -> str:
@@ -102,7 +104,7 @@ class Topology:
         capacity = gbit_per_s * 1e9 / 8
         links = {n: (replace(link, capacity=capacity) if link.kind == kind else link)
                  for n, link in self.links.items()}
-        return Topology(self.spec, self.world_size, self.gpus_per_node, links)
+        return Topology(self.spec, self.world_size, self.gpus_per_node, links, self.host)
 
     def describe(self) -> str:
         kinds: dict[str, Link] = {}

@@ -4,7 +4,8 @@ One palette, used by every figure (simulated and measured alike), so a reader le
 
 * op kinds: forward blue, backward orange, recompute yellow, optimizer green, all_reduce
   red, reduce_scatter purple, all_gather brown, broadcast pink, fetch decisions cyan, waits
-  and stalls grey (:data:`COLORS`);
+  and stalls grey, copies to and from host memory teal (d2h) and olive (h2d), the CPU's
+  update green (:data:`COLORS`);
 * memory categories (:data:`MEMORY_COLORS`);
 * strategies (:data:`STRATEGY_COLORS`, :func:`strategy_color`): a fixed colour per name, so
   a strategy keeps its colour from one chart (or one re-plan) to the next whatever else is
@@ -30,6 +31,7 @@ COLORS = {
     "all_reduce": "#C44E52", "reduce_scatter": "#8172B3", "all_gather": "#937860",
     "broadcast": "#DA8BC3", "fetch": "#64B5CD", "wait": "#8C8C8C",
     "copy_out": "#A6C8E0", "copy_in": "#F2B98C",
+    "d2h": "#17BECF", "h2d": "#BCBD22", "cpu_adam": "#2CA02C",
 }
 OP_COLORS = COLORS
 MEMORY_COLORS = {"params": "#4C72B0", "grads": "#DD8452", "optimizer": "#55A868",

@@ -22,7 +22,10 @@ from dataclasses import dataclass
 HOST = "host"
 COMPUTE = "compute"
 COMM = "comm"
-STREAMS = (HOST, COMPUTE, COMM)
+# Copies to and from host memory when model states are offloaded: CUDA's two copy engines.
+D2H = "d2h"
+H2D = "h2d"
+STREAMS = (HOST, COMPUTE, COMM, D2H, H2D)
 
 # Phases of a training step.  ``optimizer`` runs from the end of the last backward op
 # to the point where the next forward may start.
@@ -104,6 +107,14 @@ def copy_in(layer: int) -> str:
     return f"copy_in L{layer}"
 
 
+def host_copy(direction: str, target: str | int) -> str:
+    """A copy to host memory (``d2h B3``: a bucket's gradient slice) or from it (``h2d L5``)."""
+    return f"{direction} L{target}" if isinstance(target, int) else f"{direction} {target}"
+
+
+CPU_ADAM = "cpu_adam"  # the optimizer's update on the host's CPU (offloaded optimizer)
+
+
 def _check_kind(kind: str) -> None:
     if kind not in COLLECTIVES:
         raise ValueError(f"unknown collective {kind!r}; expected one of {', '.join(COLLECTIVES)}")
@@ -112,7 +123,7 @@ def _check_kind(kind: str) -> None:
 @dataclass(frozen=True)
 class OpName:
     """An op name taken apart: ``kind`` is fwd/bwd/recompute/opt/wait/fetch, an FSDP
-    copy (copy_out/copy_in) or a collective."""
+    copy (copy_out/copy_in), a host copy (d2h/h2d), cpu_adam or a collective."""
 
     kind: str
     layer: int | None = None
@@ -122,7 +133,7 @@ class OpName:
 
 
 _OP_RE = re.compile(
-    r"^(?P<kind>fwd|bwd|recompute|opt|wait|fetch|copy_out|copy_in|all_reduce|reduce_scatter|all_gather|broadcast)"
+    r"^(?P<kind>fwd|bwd|recompute|opt|wait|fetch|copy_out|copy_in|d2h|h2d|cpu_adam|all_reduce|reduce_scatter|all_gather|broadcast)"
     r"(?: (?P<rest>.+))?$"
 )
 
