@@ -2,8 +2,10 @@
 
 The changes, cheapest for the run first: activation recompute (``full`` keeps one input per
 block), a smaller micro-batch (halved down to 1; with a fixed global batch the accumulation
-grows to match), a sharded strategy (``fsdp``, then ``zero3``), more GPUs of the same kind
-(doubling, up to 16 times as many), then a GPU with more memory.  Each try is first checked
+grows to match), a sharded strategy (``fsdp``, then ``zero3``), offloading to host memory on
+the same GPUs (ZeRO-3's optimizer state, then its weights too: slower steps, no new hardware;
+docs/offload.md), more GPUs of the same kind (doubling, up to 16 times as many), then a GPU with
+more memory.  Each try is first checked
 against the memory bound (:mod:`zero_sim.plan_bounds`) and only simulated when it might fit;
 the first that fits is the answer.
 """
@@ -38,6 +40,11 @@ def _tries(s: dict, capacity: float) -> Iterator[tuple[str, dict]]:
     gpus = s.get("gpus", 8)
     sharded = s.get("strategy", "ddp") if s.get("strategy", "ddp") in SHARDED else "fsdp"
     base = _switch(s, sharded) | {"recompute": "full"}
+    if s.get("offload_params", "none") == "none":
+        offloaded = _switch(s, "zero3") | {"recompute": "full", "offload_optimizer": "cpu"}
+        yield "--strategy zero3 --offload-optimizer cpu --recompute full", offloaded
+        yield ("--strategy zero3 --offload-optimizer cpu --offload-params cpu --recompute full",
+               offloaded | {"offload_params": "cpu"})
     for factor in MORE_GPUS:
         if gpus * factor <= MAX_GPUS:
             yield f"--gpus {gpus * factor} (--strategy {base['strategy']} --recompute full)", \

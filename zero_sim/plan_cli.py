@@ -32,7 +32,8 @@ from zero_sim.system.workload import RECOMPUTE_MODES
 # The size budget of one search: at about 3 ms a candidate to bound, a larger one takes minutes.
 MAX_CANDIDATES = 20_000
 SHARED = ("model", "params", "seq_len", "topology", "gpu", "stack", "precision", "bandwidth_gbps",
-          "node_bandwidth_gbps", "calibration", "lora_rank", "lora_targets", "peft_config", *SHAPE_SETTINGS)
+          "node_bandwidth_gbps", "calibration", "lora_rank", "lora_targets", "peft_config",
+          "offload_optimizer", "offload_params", "host_memory_gb", *SHAPE_SETTINGS)
 
 
 def _counts(text: str, flag: str) -> list[int]:
@@ -87,6 +88,14 @@ def plan_args(parser) -> None:
                         help="with --lora-rank: the projections given adapters (default q,v)")
     parser.add_argument("--peft-config", dest="peft_config", default=None,
                         help="a peft adapter_config.json: its rank and target modules")
+    parser.add_argument("--offload-optimizer", dest="offload_optimizer", default=None,
+                        choices=("none", "cpu"),
+                        help="ZeRO-Offload: optimizer state in host memory, updated on the CPU (strategies "
+                             "that cannot are refused; docs/offload.md)")
+    parser.add_argument("--offload-params", dest="offload_params", default=None, choices=("none", "cpu"),
+                        help="weights in host memory too (zero3 offload_param, fsdp CPUOffloadPolicy)")
+    parser.add_argument("--host-memory-gb", dest="host_memory_gb", type=float, default=None,
+                        help="RAM per node for offloaded states (default: the topology's)")
     parser.add_argument("--top", type=int, default=10, help="rows to rank and show (default 10)")
     parser.add_argument("--json", action="store_true", help="print every candidate as JSON")
     parser.add_argument("--csv", action="store_true", help="print every candidate as CSV")
@@ -176,6 +185,9 @@ def format_plan(table: pd.DataFrame, base: dict, top: int, stack: str) -> str:
     tuned = base.get("lora_rank") or base.get("peft_config")
     lora = (f" · LoRA {'r=' + str(base['lora_rank']) if base.get('lora_rank') else base['peft_config']}"
             if tuned else "")
+    offload = [what for key, what in (("offload_optimizer", "optimizer"), ("offload_params", "weights"))
+               if base.get(key) not in (None, "none")]
+    lora += f" · {' and '.join(offload)} offloaded to the CPU" if offload else ""
     lines = [f"plan · {base.get('model', base.get('params'))}{lora} on {base['topology']} · stack {stack} · "
              f"{len(table):,} candidates, {simulated:,} simulated; "
              + ", ".join(f"{what}: {n:,}" for what, n in counts.items())]

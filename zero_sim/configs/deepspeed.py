@@ -15,10 +15,12 @@ Names, units and defaults are DeepSpeed's (``deepspeed/runtime/config.py`` and
 * ``train_batch_size`` must equal micro-batch x accumulation x ranks, as DeepSpeed requires;
   it is checked once the rank count is known (:func:`check_batch`).
 
-Offloading, ZeRO++ quantization and hierarchical partitioning change where a step's time
-and memory go in ways the simulator does not model, so a configuration that turns them on is
-refused.  Keys that do not change a step's time or memory (logging, schedules, learning
-rates) are noted as ignored.  The value ``"auto"`` (filled in by the Hugging Face Trainer at
+``offload_optimizer`` and ``offload_param`` (``device`` cpu) are ``--offload-optimizer`` and
+``--offload-params`` (``docs/offload.md``); a partial ``ratio`` (ZeRO-Offload++) is refused.
+ZeRO++ quantization and hierarchical partitioning change where a step's time and memory go in
+ways the simulator does not model, so a configuration that turns them on is refused.
+Keys that do not change a step's time or memory (logging, schedules, learning rates) are
+noted as ignored.  The value ``"auto"`` (filled in by the Hugging Face Trainer at
 launch) is refused: the simulator needs the number.
 """
 
@@ -82,7 +84,6 @@ NOT_MODELLED = {
     "zero_quantized_nontrainable_weights": "ZeRO++ quantized weights",
     "zero_hpz_partition_size": "ZeRO++ hierarchical partitioning",
     "mics_shard_size": "MiCS sharding",
-    "cpu_offload": "CPU offload",
 }
 # Top-level keys read here (NO_EFFECT's are known too): a key close to one of them is a misspelling.
 KNOWN_TOP = {"train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "train_batch_size", "optimizer",
@@ -100,7 +101,9 @@ class _Switch(_Loose):
 
 
 class _Offload(_Loose):
-    device: str = "none"
+    device: Literal["none", "cpu", "nvme"] = "none"
+    pin_memory: bool = False
+    ratio: float = 1.0  # offload_optimizer only: the share of the update run on the CPU (ZeRO-Offload++)
 
 
 class _Optimizer(_Loose):
@@ -219,6 +222,28 @@ def _optimizer(section: _Optimizer | None, source: str, reading: ConfigReading) 
     reading.ignore("optimizer.params", "learning rate and betas change no step's time or memory")
 
 
+def _offload(zero: _Zero, source: str, reading: ConfigReading) -> None:
+    """``offload_optimizer`` / ``offload_param`` (and the older ``cpu_offload: true``) become
+    ``--offload-optimizer`` / ``--offload-params``; the scenario refuses what it does not model
+    (NVMe, weights without the optimizer, a stage that cannot)."""
+    if zero.cpu_offload:
+        reading.set("offload_optimizer", "cpu", "zero_optimization.cpu_offload", True)
+    for key, name in (("offload_optimizer", "offload_optimizer"), ("offload_param", "offload_params")):
+        offload = getattr(zero, key)
+        if offload is None or offload.device == "none":
+            continue
+        if offload.ratio != 1.0:
+            raise ConfigError(f"zero_optimization.{key}.ratio {offload.ratio:g} in {source} updates part "
+                              f"of the model on the GPU (ZeRO-Offload++ twin flow), which the simulator does "
+                              f"not model; remove it to offload everything")
+        reading.set(name, offload.device, f"zero_optimization.{key}.device")
+        if not offload.pin_memory:
+            reading.ignore(f"zero_optimization.{key}.pin_memory", "copies are simulated at the pinned "
+                           "rate; pageable host memory copies slower")
+        for extra in sorted(set(offload.model_extra or {}) - {"nvme_path"}):
+            reading.ignore(f"zero_optimization.{key}.{extra}", "NVMe and buffer tuning are not modelled")
+
+
 def _zero(zero: _Zero, written: dict, source: str, precision: str, reading: ConfigReading) -> None:
     """``zero`` is the validated section, ``written`` the keys as the file has them."""
     if zero.stage not in STAGES:
@@ -227,11 +252,7 @@ def _zero(zero: _Zero, written: dict, source: str, precision: str, reading: Conf
                           f"backward; use --strategy ddp for torch DDP)")
     stage = zero.stage
     reading.set("strategy", STAGES[stage], "zero_optimization.stage", stage)
-    for key in ("offload_optimizer", "offload_param"):
-        offload = getattr(zero, key)
-        if offload is not None and offload.device != "none":
-            raise ConfigError(f"zero_optimization.{key}.device {offload.device!r} in {source} offloads to "
-                              f"the host, which the simulator does not model; remove it to simulate")
+    _offload(zero, source, reading)
     for key, what in NOT_MODELLED.items():
         if _turned_on(key, getattr(zero, key)):
             raise ConfigError(f"zero_optimization.{key} in {source} turns on {what}, which the simulator "

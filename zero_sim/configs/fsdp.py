@@ -17,7 +17,9 @@ device mesh they build, plus which modules were wrapped::
 * ``mp_policy``: ``param_dtype`` is the width of gathered weights, ``reduce_dtype`` that of
   reduced gradients; a ``param_dtype`` below fp32 is mixed precision.  ``output_dtype`` and
   ``cast_forward_inputs`` cast activations only and are noted as ignored.
-* ``offload_policy`` (CPU offload) is refused; ``wrap``, ``forward_prefetch``,
+* ``offload_policy``: ``"CPUOffloadPolicy"`` (or ``{"type": "CPUOffloadPolicy", "pin_memory":
+  true}``) keeps parameters, gradients and optimizer state in host memory: ``--offload-params
+  cpu`` (``docs/offload.md``); ``"OffloadPolicy"`` or none offloads nothing.  ``wrap``, ``forward_prefetch``,
   ``backward_prefetch`` and ``limit_all_gathers`` are the simulator's FSDP knobs by name.
 """
 
@@ -63,6 +65,20 @@ class _FullyShard(BaseModel):
     limit_all_gathers: bool | None = None
 
 
+
+def _offload_policy(policy: Any, source: str, reading: ConfigReading) -> None:
+    """FSDP2's ``offload_policy``, by its class name (alone, or as ``type`` with its arguments)."""
+    if policy in (None, {}, "none", "OffloadPolicy"):
+        return
+    name = policy.get("type", "CPUOffloadPolicy") if isinstance(policy, dict) else policy
+    if name not in ("CPUOffloadPolicy", "cpu"):
+        raise ConfigError(f"offload_policy {policy!r} in {source} is not FSDP2's CPUOffloadPolicy or "
+                          f"OffloadPolicy; write \"CPUOffloadPolicy\" to offload to the host")
+    reading.set("offload_params", "cpu", "offload_policy", name)
+    if isinstance(policy, dict) and policy.get("pin_memory") is False:
+        reading.ignore("offload_policy.pin_memory", "copies are simulated at the pinned rate; pageable host "
+                       "memory copies slower")
+
 def load_fsdp_file(config) -> tuple[dict, str]:
     """A mapping, or a JSON or YAML file (by its suffix) holding one."""
     if isinstance(config, str | os.PathLike) and Path(config).suffix.lower() in (".yaml", ".yml"):
@@ -102,9 +118,7 @@ def read_fsdp(config) -> ConfigReading:
         _mixed_precision(fs.mp_policy, source, reading)
     else:
         reading.set("precision", "fp32", "mp_policy (absent: fp32 throughout)")
-    if fs.offload_policy not in (None, {}, "none"):
-        raise ConfigError(f"offload_policy in {source} offloads to the host, which the simulator does not "
-                          f"model; remove it to simulate")
+    _offload_policy(fs.offload_policy, source, reading)
     wrap = fs.wrap if isinstance(fs.wrap, str) else ",".join(str(i) for i in fs.wrap)
     reading.set("wrap", wrap, "wrap")
     for name in ("forward_prefetch", "backward_prefetch", "limit_all_gathers"):
