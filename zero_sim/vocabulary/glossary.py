@@ -221,6 +221,10 @@ SECTIONS: tuple[tuple[str, str, tuple[Entry, ...]], ...] = (
         _e("bucket", """a flat buffer into which several gradients are packed so that one collective
            moves them all. Buckets fill in the order backward produces gradients (last layer first);
            PyTorch DDP's default cap is 25 MiB, with a 1 MiB first bucket.""", "bucket cap"),
+        _e("offload", """keep model states in the node's CPU memory instead of the GPU's. ZeRO-Offload moves
+           the optimizer state there and runs the update on the CPU; ZeRO-3 and FSDP2 can move the
+           weights too, copying each [shard](#shard) to the GPU before it is gathered. Less GPU memory,
+           slower steps; see [offload.md](offload.md).""", "offloading", "offloaded", "CPU offload"),
     )),
     ("Collectives", "The network operations every rank of a group calls together.", (
         _e("collective", """an operation every rank of a group calls together; it starts only when all
