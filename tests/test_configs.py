@@ -78,7 +78,7 @@ def test_a_flag_given_beside_the_file_wins_and_the_note_says_so():
 
 
 @pytest.mark.parametrize("config, sentence", [
-    ({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}, "offloads to the host"),
+    ({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "nvme"}}}, "NVMe"),
     ({"zero_optimization": {"stage": 3, "zero_quantized_weights": True}}, "ZeRO++ quantized weight gathers"),
     ({"zero_optimization": {"stage": 0}}, "stage 0 in the DeepSpeed configuration is not simulated"),
     ({"zero_optimization": {"stage": 2, "reduce_bucket_size": "auto"}}, "is 'auto'"),
@@ -171,7 +171,7 @@ def test_an_fsdp2_file_may_be_yaml(tmp_path):
 
 @pytest.mark.parametrize("config, sentence", [
     ({"mesh": {"shard": 8}, "reshard_after_forward": 2}, "reshards to a group of 2 ranks after forward"),
-    ({"mesh": {"shard": 8}, "offload_policy": {"pin_memory": True}}, "offloads to the host"),
+    ({"mesh": {"shard": 8}, "offload_policy": "DiskOffloadPolicy"}, "is not FSDP2's CPUOffloadPolicy"),
     ({"mesh": {"shard": 0}}, "mesh.shard in the FSDP configuration should be greater than 0"),
     ({"reshard_after_forwrd": True}, "reshard_after_forwrd in the FSDP configuration"),
     ({"mp_policy": {"param_dtype": "float8"}}, "is not a dtype the simulator knows"),
