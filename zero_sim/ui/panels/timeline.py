@@ -26,7 +26,8 @@ class TimelineExplorer(ScenarioPanel):
     ``simulate()`` settings; those with a control start there, the rest are fixed.
     """
 
-    SETTINGS = ("strategy", "model", "gpus", "topology", "bandwidth_gbps", "micro_batch", "recompute")
+    SETTINGS = ("strategy", "model", "gpus", "topology", "bandwidth_gbps", "micro_batch", "recompute",
+                "offload_optimizer")
 
     def __init__(self, settings: Iterable[str] = SETTINGS, knobs: Iterable[str] | str = "all",
                  max_ranks: int = 4, trace_dir: str | Path = "out", figsize=(FIGURE_WIDTH, 6.2),
