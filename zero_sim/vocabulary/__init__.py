@@ -104,6 +104,11 @@ def copy_in(layer: int) -> str:
     return f"copy_in L{layer}"
 
 
+def fp8_cast(layer: int) -> str:
+    """The casts of a layer's GEMM operands to float8 before its forward or backward (``--precision fp8``)."""
+    return f"fp8_cast L{layer}"
+
+
 def _check_kind(kind: str) -> None:
     if kind not in COLLECTIVES:
         raise ValueError(f"unknown collective {kind!r}; expected one of {', '.join(COLLECTIVES)}")
@@ -112,7 +117,7 @@ def _check_kind(kind: str) -> None:
 @dataclass(frozen=True)
 class OpName:
     """An op name taken apart: ``kind`` is fwd/bwd/recompute/opt/wait/fetch, an FSDP
-    copy (copy_out/copy_in) or a collective."""
+    copy (copy_out/copy_in), fp8_cast or a collective."""
 
     kind: str
     layer: int | None = None
@@ -122,7 +127,7 @@ class OpName:
 
 
 _OP_RE = re.compile(
-    r"^(?P<kind>fwd|bwd|recompute|opt|wait|fetch|copy_out|copy_in|all_reduce|reduce_scatter|all_gather|broadcast)"
+    r"^(?P<kind>fwd|bwd|recompute|opt|wait|fetch|copy_out|copy_in|fp8_cast|all_reduce|reduce_scatter|all_gather|broadcast)"
     r"(?: (?P<rest>.+))?$"
 )
 
