@@ -472,7 +472,7 @@ def _result(p: Prepared, program: Program, run: RunOutput, scenario: Scenario) -
     if s.lora_rank is not None:
         metrics["lora"] = f"r={s.lora_rank} on {s.lora_targets or DEFAULT_TARGETS}"
     # Under --precision fp8, what ran in float8 and the sources of its rates (zero_sim.system.fp8).
-    metrics["fp8"] = p.compute.fp8.describe() if p.compute.fp8 is not None else None
+    metrics["fp8"] = p.compute.fp8.record() if p.compute.fp8 is not None else None
     # A calibration replaces presets: say which figures came from it (as the scenario already states).
     metrics["calibration"] = scenario.inputs.calibration
     ends = run.step_ends[run.simulated_ranks[0]]

@@ -155,6 +155,15 @@ class Fp8Training:
         blocks = sum(1 for layer in workload.layers if self.runs_gemms(layer.kind))
         return AMAX_BYTES * blocks * self.linears.count, blocks * self.linears.count
 
+    def record(self) -> dict:
+        """What the JSON output says of FP8: what ran in float8, at what peak, the casts and the source."""
+        return {"summary": self.describe(), "recipe": self.recipe, "fp8_layers": "block linear layers",
+                "bf16_layers": "LM head, attention core, norms, embedding", "fp8_tflops": self.gpu.fp8_tflops,
+                "gemm_max": self.gemm_max, "casts": "compiled" if self.compiled else "eager",
+                "fp8_all_gather": self.all_gather,
+                "source": "GEMM fraction of peak: pytorch/ao torchao/testing/training/roofline_utils.py; "
+                          "cast bytes: its tensorwise roofline (compiled) or torchao.float8's code (eager)"}
+
     def describe(self) -> str:
         gather = "; FSDP all-gathers the linear weights in float8 (scales precomputed once a step)" \
             if self.all_gather else ""
@@ -162,7 +171,7 @@ class Fp8Training:
             "eager casts (torchao's ATen chain per cast)"
         return (f"fp8: block linear GEMMs on FP8 tensor cores ({self.gpu.fp8_tflops:,.0f} TFLOP/s dense, "
                 f"same fraction of peak as bf16: pytorch/ao roofline_utils), {self.recipe} dynamic scaling, "
-                f"{casts}; LM head, attention, norms in bf16{gather}")
+                f"{casts}; LM head, attention, norms in bf16{gather}; MFU counts against the bf16 peak")
 
 
 def block_linears(workload: Workload) -> BlockLinears:
