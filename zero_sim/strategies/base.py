@@ -131,13 +131,13 @@ class Context:
 
     def fp8_cast_seconds(self, layer: Layer, direction: str, shard_ranks: int = 1) -> float:
         """The float8 casts before ``layer``'s ``direction`` under ``--precision fp8``
-        (zero_sim.system.fp8): compiled casts stream at the copy fraction of HBM bandwidth, eager
-        ones at the element-wise fraction; 0 for a layer that runs no FP8 GEMM."""
+        (zero_sim.system.fp8): their bytes at the element-wise fraction of HBM bandwidth, as every
+        memory-bound kernel of a layer; 0 for a layer that runs no FP8 GEMM."""
         fp8 = self.compute.fp8
         if fp8 is None:
             return 0.0
         nbytes = fp8.cast_bytes(layer, direction, shard_ranks, self.workload.recompute == "full")
-        return self.compute.copy_time(nbytes) if fp8.compiled else self.compute.elementwise_time(nbytes)
+        return self.compute.elementwise_time(nbytes)
 
     def recompute_seconds(self, layer: Layer) -> float:
         """The forward again (full), the attention core alone (selective), or half the

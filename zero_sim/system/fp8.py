@@ -17,18 +17,20 @@ Python configs default to rowwise, which is not modelled): each GEMM operand get
   with the GPU's dense FP8 peak (``GPU.fp8_tflops``, vendor data sheets) in place of its bf16 peak,
   at the same fraction of peak (``e_max``) and the same fill time.  The fraction is an assumption
   that PyTorch's own float8 roofline makes (pytorch/ao ``torchao/testing/training/roofline_utils.py``
-  takes one ``pct_achievable_gemm_tops``, 0.78 measured on H100, for bf16 and float8 GEMMs alike);
-  a large GEMM then runs 2x faster, a small one less, since its fixed fill time weighs more.
+  takes one ``pct_achievable_gemm_tops``, 0.78 measured on H100, for bf16 and float8 GEMMs alike),
+  and FBGEMM's H100 (500 W) figures bear out at large shapes (pytorch/FBGEMM PR 2546: bf16 546-585
+  TFLOP/s, fp8 row-scaled GEMM alone 1,083-1,141, 1.88-2.09x); a large GEMM then runs 2x faster, a
+  small one less, since its fixed fill time weighs more.
 * **what the casts cost** (:data:`CAST_BYTES`): every cast of an operand to float8 is a
   memory-bound kernel chain charged as simulated ``fp8_cast L<i>`` ops on the compute stream, one
-  before each block's forward and one before its backward.  Compiled (``elementwise`` fused, as
-  torchtitan's float8 guide requires "for competitive performance"), the bytes are those of
-  torchao's roofline for the tensorwise recipe (an amax read, then one kernel writing the row- and
-  column-major float8 copies) at the stream-copy fraction of HBM bandwidth (its pointwise Triton
-  kernels reach that, about 0.92 on the H100 it measured); eager, the chain of ATen kernels
-  torchao's code runs for each cast (``abs``, ``max``, ``to(float32)``, ``* scale``, ``clamp``,
-  ``to(float8)``: 33 bytes an element) and the transposed copies ``torch._scaled_mm`` needs, at
-  the element-wise fraction.  Full recompute casts the forward's operands again.
+  before each block's forward and one before its backward, at the element-wise fraction of HBM
+  bandwidth (the existing model of a layer's memory-bound kernels, :mod:`zero_sim.system.hardware`).
+  Compiled (``elementwise`` fused, as torchtitan's float8 guide requires "for competitive
+  performance"), the bytes are those of torchao's roofline for the tensorwise recipe (an amax read,
+  then one kernel writing the row- and column-major float8 copies); eager, the chain of ATen
+  kernels torchao's code runs for each cast (``abs``, ``max``, ``to(float32)``, ``* scale``,
+  ``clamp``, ``to(float8)``: 33 bytes an element) and the transposed copies ``torch._scaled_mm``
+  needs.  Full recompute casts the forward's operands again.
 * **FSDP's float8 all-gather** (``--fp8-all-gather``, torchtitan's ``enable_fsdp_float8_all_gather``
   with ``precompute_float8_dynamic_scale_for_fsdp``): FSDP2 casts each linear weight's fp32 shard to
   float8 before gathering it (torchao ``WeightWithDynamicFloat8CastTensor.fsdp_pre_all_gather``), so
@@ -55,8 +57,9 @@ from zero_sim.system.workload import Layer, Workload, WorkloadError
 
 RECIPE = "tensorwise"
 # FP8 GEMMs reach this fraction of the GPU's bf16 GEMM e_max, as a fraction of the FP8 peak:
-# pytorch/ao roofline_utils uses one pct_achievable_gemm_tops for both dtypes (an assumption of
-# that model, which the simulator shares; no published fp8 MAMF sweep was found).
+# pytorch/ao roofline_utils uses one pct_achievable_gemm_tops for both dtypes, and pytorch/FBGEMM
+# PR 2546 measured fp8 GEMMs at 1.88-2.09x bf16's TFLOP/s on an H100 at large shapes (no published
+# fp8 MAMF sweep over sizes was found; docs/fp8.md gives a cuBLAS check that reached less).
 FP8_GEMM_MAX_OVER_BF16 = 1.0
 AMAX_BYTES = 4  # one fp32 amax per linear weight in the precomputed-scale all-reduce
 FP32_SHARD_BYTES = 4  # FSDP2's sharded parameter under bf16 mixed precision is the fp32 master
@@ -168,7 +171,7 @@ class Fp8Training:
         gather = "; FSDP all-gathers the linear weights in float8 (scales precomputed once a step)" \
             if self.all_gather else ""
         casts = "compiled casts (torchao roofline bytes)" if self.compiled else \
-            "eager casts (torchao's ATen chain per cast)"
+            "eager casts (torchao's ATen chain per cast, torch.compile fuses them)"
         return (f"fp8: block linear GEMMs on FP8 tensor cores ({self.gpu.fp8_tflops:,.0f} TFLOP/s dense, "
                 f"same fraction of peak as bf16: pytorch/ao roofline_utils), {self.recipe} dynamic scaling, "
                 f"{casts}; LM head, attention, norms in bf16{gather}; MFU counts against the bf16 peak")
