@@ -50,6 +50,9 @@ weights, momentum and variance, and writes the last three plus the bf16 paramete
 ``2 + 12 + 12 + 2 = 28`` bytes of HBM traffic per parameter it owns, at the stream-copy
 fraction of HBM bandwidth (its multi-tensor kernels stream large buffers; not measured).
 
+Under ``--precision fp8`` the blocks' GEMMs take the GPU's FP8 peak on the same curve
+(:meth:`ComputeModel.gemm_rate`; the model and its casts are :mod:`zero_sim.system.fp8`).
+
 The GPUs' figures, with their sources, are in :mod:`zero_sim.system.gpus` and docs/compute.md.
 """
 
