@@ -124,6 +124,8 @@ def test_the_interval_widens_by_the_cpu_updates_assumed_spread():
     (dict(strategy="fsdp", offload_optimizer="cpu"), "CPUOffloadPolicy"),
     (dict(strategy="zero3", offload_optimizer="nvme"), "NVMe"),
     (dict(strategy="zero3", host_cores=64), "nothing is offloaded"),
+    (dict(strategy="fsdp", offload_params="cpu", precision="fp8", fp8_all_gather=True, topology="dgx-h100"),
+     "float8 all-gather"),
 ])
 def test_what_the_libraries_cannot_offload_is_refused_in_one_sentence(settings, words):
     with pytest.raises(ScenarioError, match=words) as err:

@@ -76,7 +76,8 @@ def plan_args(parser) -> None:
     parser.add_argument("--recompute", default=None, help=f"recompute modes to try (default "
                                                           f"{','.join(RECOMPUTE_MODES)})")
     parser.add_argument("--stack", default=None, help="software stack (see `zero-sim stacks`)")
-    parser.add_argument("--precision", default=None, help="mixed or fp32")
+    parser.add_argument("--precision", default=None, help="mixed, fp32 or fp8 (the blocks' linear GEMMs in "
+                        "float8 on GPUs with FP8 tensor cores; FSDP also tried with its float8 all-gather)")
     parser.add_argument("--bandwidth-gbps", dest="bandwidth_gbps", type=float, default=None,
                         help="each bottleneck link's (NIC's) bandwidth, Gbit/s")
     parser.add_argument("--node-bandwidth-gbps", dest="node_bandwidth_gbps", type=float, default=None,
@@ -144,7 +145,8 @@ def run_plan(args) -> int:
     if args.csv:
         print(table.to_csv(), end="")
     elif args.json:
-        print(json.dumps({"summary": summary(table, args.top) | {"stack": stack},
+        facts = {"stack": stack, "precision": base.get("precision", "mixed")}
+        print(json.dumps({"summary": summary(table, args.top) | facts,
                           "candidates": _records(table)}, default=str))
     else:
         print(format_plan(table, base, args.top, stack))
@@ -188,7 +190,10 @@ def format_plan(table: pd.DataFrame, base: dict, top: int, stack: str) -> str:
     offload = [what for key, what in (("offload_optimizer", "optimizer"), ("offload_params", "weights"))
                if base.get(key) not in (None, "none")]
     lora += f" · {' and '.join(offload)} offloaded to the CPU" if offload else ""
-    lines = [f"plan · {base.get('model', base.get('params'))}{lora} on {base['topology']} · stack {stack} · "
+    fp8 = " · fp8 (block linear GEMMs in float8, tensorwise; fsdp also with fp8_all_gather)" \
+        if base.get("precision") == "fp8" else ""
+    lines = [f"plan · {base.get('model', base.get('params'))}{lora}{fp8} on {base['topology']} · "
+             f"stack {stack} · "
              f"{len(table):,} candidates, {simulated:,} simulated; "
              + ", ".join(f"{what}: {n:,}" for what, n in counts.items())]
     fitting = table[table["outcome"] == FITS]
@@ -240,7 +245,8 @@ def _present(value) -> bool:
     return value is not None and not (isinstance(value, float) and math.isnan(value))
 
 
-_SCENARIO_KEYS = set(SHARED) | {"gpus", "micro_batch", "grad_accum", "strategy", "recompute"} | {
+_SCENARIO_KEYS = set(SHARED) | {"gpus", "micro_batch", "grad_accum", "strategy", "recompute",
+                                 "fp8_all_gather"} | {
     k.name for s in STRATEGIES.values() for k in s.knobs}
 
 

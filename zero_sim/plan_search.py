@@ -64,10 +64,19 @@ def search_space(base: dict[str, Any], gpus: Sequence[int], micro_batches: Seque
                         f"sequences "
                         f"(it must be GPUs x micro-batch x a whole number of accumulation steps); "
                         f"change --global-batch or --micro-batch")
-    space = [base | shape | c for shape in shapes for c in candidates(strategies, recompute)]
+    tried = fp8_variants(base, candidates(strategies, recompute))
+    space = [base | shape | c for shape in shapes for c in tried]
     if not space:
         raise PlanError("the search space is empty: name at least one strategy and one recompute mode")
     return space
+
+
+def fp8_variants(base: dict[str, Any], found: list[dict]) -> list[dict]:
+    """Under ``--precision fp8``, each FSDP candidate also with FSDP2's float8 all-gather (its weights
+    gathered at 1 byte an element; zero_sim.system.fp8); the other strategies gather nothing in fp8."""
+    if base.get("precision") != "fp8":
+        return found
+    return found + [c | {"fp8_all_gather": True} for c in found if c["strategy"] == "fsdp"]
 
 
 def bound_or_refusal(scenario: dict) -> Any:

@@ -61,6 +61,8 @@ def knobs_label(row: Mapping[str, Any]) -> str:
     """The knobs a planned row sets, as ``name=value`` pairs (``defaults`` when it sets none)."""
     owners = all_knobs()
     parts = [f"{k}={v}" for k, v in row.items() if k in owners and v is not None and not _isnan(v)]
+    if row.get("fp8_all_gather") is True:  # a common setting the fp8 search varies (plan_search)
+        parts.append("fp8_all_gather")
     return ", ".join(parts) or "defaults"
 
 

@@ -44,6 +44,7 @@ from zero_sim.settings import ScenarioError, check_settings
 from zero_sim.strategies import PRECISIONS, Context, all_knobs, get_strategy
 from zero_sim.strategies.base import Precision, Strategy, StrategyError
 from zero_sim.system.collectives import CollectiveModel
+from zero_sim.system.fp8 import Fp8Training, fp8_training
 from zero_sim.system.gpt_layers import gpt_workload
 from zero_sim.system.gpu_spread import GPU_SPEED_SIGMA, slowest_gpu_factor
 from zero_sim.system.gpus import GPUS
@@ -314,6 +315,35 @@ def _precision(s: CommonSettings) -> Precision:
     return precision
 
 
+def _fp8(s: CommonSettings, gpu, workload: Workload, calibration: Calibration | None,
+         strategy: Strategy) -> Fp8Training | None:
+    """The FP8 model under ``--precision fp8`` (zero_sim.system.fp8), None otherwise; what it does not
+    model is refused in one sentence rather than simulated as something else."""
+    if s.fp8_all_gather and s.precision != "fp8":
+        raise ScenarioError("--fp8-all-gather gathers the float8 weights of --precision fp8; add "
+                            "--precision fp8 or drop --fp8-all-gather")
+    if s.fp8_all_gather and strategy.name != "fsdp":
+        raise ScenarioError(f"--fp8-all-gather is FSDP2's float8 all-gather of sharded weights, which "
+                            f"{strategy.name} does not gather; use --strategy fsdp or drop --fp8-all-gather")
+    if s.precision != "fp8":
+        return None
+    if s.efficiency is not None:
+        raise ScenarioError("--precision fp8 times the blocks' GEMMs at the FP8 peak with the per-op "
+                            "model, which --efficiency replaces with one fraction of the bf16 peak; drop "
+                            "--efficiency")
+    if calibration is not None and calibration.compute is not None:
+        raise ScenarioError("--precision fp8 is modelled on the GPU's figures, but the calibration's layer "
+                            "table holds measured times of another precision; drop the calibration's compute "
+                            "or --precision fp8")
+    if s.lora_rank is not None:
+        raise ScenarioError("--lora-rank with --precision fp8 (float8 GEMMs beside frozen weights and "
+                            "adapters) is not modelled; use --precision mixed for LoRA")
+    try:
+        return fp8_training(gpu, workload, s.fp8_all_gather)
+    except WorkloadError as exc:
+        raise ScenarioError(str(exc)) from None
+
+
 def prepare(workload: Workload | None = None, **kwargs) -> Prepared:
     """Every check ``simulate()`` makes before it builds the program, in its order; the first
     failure is a :class:`ScenarioError` of one sentence.  Panels ask it which values to offer."""
@@ -340,6 +370,7 @@ def prepare(workload: Workload | None = None, **kwargs) -> Prepared:
     gpu = GPUS[s.gpu or topo.spec.gpu]
     s = replace(s, gpu_spread=_gpu_spread(s, gpu, calibration))
     compute = _compute_model(s, gpu, calibration)
+    compute.fp8 = _fp8(s, gpu, workload, calibration, strategy)
     modelled_gpu = _modelled_gpu(gpu, calibration)
     offload, topo = offload_plan(s, strategy.name, topo, gpu.name)
     ctx = Context(workload, s.gpus, topo.ranks_per_node, compute, _precision(s), s.grad_accum,
@@ -454,6 +485,8 @@ def _result(p: Prepared, program: Program, run: RunOutput, scenario: Scenario) -
     metrics["trainable_params"] = p.workload.trainable_params
     if s.lora_rank is not None:
         metrics["lora"] = f"r={s.lora_rank} on {s.lora_targets or DEFAULT_TARGETS}"
+    # Under --precision fp8, what ran in float8 and the sources of its rates (zero_sim.system.fp8).
+    metrics["fp8"] = p.compute.fp8.record() if p.compute.fp8 is not None else None
     # A calibration replaces presets: say which figures came from it (as the scenario already states).
     metrics["calibration"] = scenario.inputs.calibration
     ends = run.step_ends[run.simulated_ranks[0]]

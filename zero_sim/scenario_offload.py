@@ -61,6 +61,9 @@ def offload_plan(s, strategy: str, topo: Topology, gpu_name: str) -> tuple[Offlo
     if strategy == "fsdp" and not params:
         raise ScenarioError("FSDP2's CPUOffloadPolicy offloads parameters, gradients and optimizer state "
                             "together; give --offload-params cpu")
+    if s.fp8_all_gather:
+        raise ScenarioError("the float8 all-gather with weights offloaded to the host is not modelled; drop "
+                            "--fp8-all-gather or the offload")
     if strategy not in (*DEEPSPEED_STRATEGIES, "fsdp"):
         raise ScenarioError(f"offloading is not modelled for --strategy {strategy}; use zero1, zero2, zero3 "
                             "or fsdp")

@@ -69,7 +69,12 @@ COMMON: tuple[Setting, ...] = (
             "evenly over its NICs (instead of --bandwidth-gbps)", float, gt=0, le=1e8, section="cluster"),
     Setting("backend", "nccl", "collective library", str, tuple(BACKENDS), section="cluster"),
     Setting("algorithm", "auto", "collective algorithm", str, ALGORITHMS, section="cluster"),
-    Setting("precision", "mixed", "mixed (bf16 + fp32 Adam, K=12) or fp32 (K=8)", str, tuple(PRECISIONS),
+    Setting("precision", "mixed", "mixed (bf16 + fp32 Adam, K=12), fp32 (K=8) or fp8 (mixed, with the "
+            "blocks' linear GEMMs on FP8 tensor cores: torchao float8, tensorwise scaling; docs/fp8.md)", str,
+            tuple(PRECISIONS), section="training"),
+    Setting("fp8_all_gather", False, "with --precision fp8 and --strategy fsdp: FSDP2 gathers the float8 "
+            "linear weights at 1 byte an element, scales precomputed once a step (torchtitan's "
+            "enable_fsdp_float8_all_gather with precompute_float8_dynamic_scale_for_fsdp)", bool,
             section="training"),
     Setting("optimizer_k", None, "bytes of optimizer state per parameter (overrides the precision's K)", int,
             ge=0, le=1024, section="training"),

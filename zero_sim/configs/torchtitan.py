@@ -14,8 +14,11 @@ the other degrees leave.  What is read:
 * ``[activation_checkpoint] mode``: ``none``, ``full``, or ``selective`` with
   ``selective_ac_option = "op"`` (torchtitan's op-level policy, ``--recompute op``); a layer
   interval (``selective_ac_option = "2"``) is refused.
-* ``[float8]`` enabled is refused (fp8 matmuls are not modelled); ``[compile]`` is noted as
-  ignored; sections that change no step (job, metrics, checkpoint, schedules) are ignored.
+* float8 (``[float8]``, ``[quantize.linear.float8]``, turned on by ``[model] converters``) is
+  ``--precision fp8`` and, with precomputed scales, ``--fp8-all-gather``
+  (:mod:`zero_sim.configs.torchtitan_float8`, which refuses the recipes not modelled);
+  ``[compile]`` enabled fuses the element-wise chains (and the float8 casts); sections that change
+  no step (job, metrics, checkpoint, schedules) are ignored.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from typing import Any
 
 from zero_sim.configs import ConfigError, ConfigReading, check_spelling
 from zero_sim.configs.fsdp import DTYPES
+from zero_sim.configs.torchtitan_float8 import read_float8
 from zero_sim.system.stacks import STACKS
 
 # (model name, flavor) -> preset; flavors are torchtitan's names.
@@ -35,7 +39,8 @@ MODELS = {("llama3", "8B"): "llama3-8b", ("llama3", "70B"): "llama3-70b", ("llam
 NO_EFFECT_SECTIONS = {"job", "profiling", "metrics", "checkpoint", "optimizer", "lr_scheduler", "comm",
                       "experimental", "validation", "fault_tolerance", "memory_estimation"}
 # Sections read here (NO_EFFECT_SECTIONS' are known too): a name close to one of them is a misspelling.
-KNOWN_SECTIONS = {"model", "training", "parallelism", "activation_checkpoint", "float8", "compile"}
+KNOWN_SECTIONS = {"model", "training", "parallelism", "activation_checkpoint", "float8", "compile",
+                  "quantize"}
 UNMODELLED_DEGREES = ("tensor_parallel_degree", "pipeline_parallel_degree", "context_parallel_degree",
                       "expert_parallel_degree")
 RESHARD = {"default": True, "always": True, "never": False}
@@ -68,18 +73,16 @@ def read_torchtitan(config) -> ConfigReading:
     check_spelling(data, KNOWN_SECTIONS | NO_EFFECT_SECTIONS, source, "[", "section", "]")
     sections = {name: _section(data, name, source) for name in data}
     _model(sections.get("model", {}), source, reading)
-    _training(sections.get("training", {}), source, reading)
+    fp8 = read_float8(data, source, reading)
+    _training(sections.get("training", {}), source, reading, fp8)
     _parallelism(sections.get("parallelism", {}), source, reading)
     _checkpointing(sections.get("activation_checkpoint", {}), source, reading)
-    if sections.get("float8", {}).get("enabled") or sections.get("float8", {}).get("enable_float8_linear"):
-        raise ConfigError(f"[float8] in {source} turns on fp8 matmuls, which the simulator does not model; "
-                          f"remove it to simulate")
     for name in data:
         if name == "compile":
             _compile(sections["compile"], reading)
         elif name in NO_EFFECT_SECTIONS:
             reading.ignore(f"[{name}]", "changes no step's time or memory")
-        elif name not in ("model", "training", "parallelism", "activation_checkpoint", "float8"):
+        elif name not in ("model", "training", "parallelism", "activation_checkpoint", "float8", "quantize"):
             reading.ignore(f"[{name}]", "not a section this reader knows")
     return reading
 
@@ -113,7 +116,7 @@ def _model(model: dict, source: str, reading: ConfigReading) -> None:
     reading.set("model", MODELS[key], "[model] name and flavor", f"{key[0]} {key[1]}")
 
 
-def _training(training: dict, source: str, reading: ConfigReading) -> None:
+def _training(training: dict, source: str, reading: ConfigReading, fp8: bool = False) -> None:
     batch_key = "local_batch_size" if "local_batch_size" in training else "batch_size"
     if batch_key in training:
         reading.set("micro_batch", training[batch_key], f"[training] {batch_key}")
@@ -127,7 +130,12 @@ def _training(training: dict, source: str, reading: ConfigReading) -> None:
                                   f"simulator knows; use bfloat16 or float32")
             reading.set(name, dtype, f"[training] {key}", training[key])
     mixed = DTYPES.get(str(training.get("mixed_precision_param", "bfloat16"))) in ("bf16", "fp16")
-    reading.set("precision", "mixed" if mixed else "fp32", "[training] mixed_precision_param")
+    if fp8 and not mixed:
+        raise ConfigError(f"[training] mixed_precision_param {training['mixed_precision_param']!r} in "
+                          f"{source} with float8 is not modelled (fp8 is modelled beside bf16 mixed "
+                          f"precision); use bfloat16")
+    if not fp8:  # float8 set --precision fp8: bf16 mixed precision with float8 linear GEMMs
+        reading.set("precision", "mixed" if mixed else "fp32", "[training] mixed_precision_param")
 
 
 def _degree(parallelism: dict, key: str, default: int, source: str) -> int:

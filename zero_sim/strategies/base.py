@@ -45,6 +45,7 @@ from zero_sim.vocabulary import (
     OPTIMIZER_STATE,
     PARAMS,
     bwd,
+    fp8_cast,
     fwd,
     opt,
     recompute,
@@ -69,6 +70,10 @@ class Precision:
 PRECISIONS = {
     "mixed": Precision("mixed", 2, 2, 12),  # bf16 weights and grads, fp32 master/m/v (ZeRO paper)
     "fp32": Precision("fp32", 4, 4, 8),  # fp32 everything, Adam m and v (what CPU runs use)
+    # bf16 mixed precision with the blocks' linear GEMMs in float8 (zero_sim.system.fp8): the weights,
+    # gradients and optimizer state are mixed precision's (torchao keeps bf16/fp32 parameters and
+    # casts to float8 per GEMM).
+    "fp8": Precision("fp8", 2, 2, 12),
 }
 
 
@@ -125,6 +130,16 @@ class Context:
         s, b = self.workload.seq_len, self.workload.micro_batch
         h = self.workload.shape.d_model if self.workload.shape else 0
         return 4.0 * b * s * s * h
+
+    def fp8_cast_seconds(self, layer: Layer, direction: str, shard_ranks: int = 1) -> float:
+        """The float8 casts before ``layer``'s ``direction`` under ``--precision fp8``
+        (zero_sim.system.fp8): their bytes at the element-wise fraction of HBM bandwidth, as every
+        memory-bound kernel of a layer; 0 for a layer that runs no FP8 GEMM."""
+        fp8 = self.compute.fp8
+        if fp8 is None:
+            return 0.0
+        nbytes = fp8.cast_bytes(layer, direction, shard_ranks, self.workload.recompute == "full")
+        return self.compute.elementwise_time(nbytes)
 
     def recompute_seconds(self, layer: Layer) -> float:
         """The forward again (full), the attention core alone (selective), or half the
@@ -273,7 +288,7 @@ class Step:
         """``fwd L<i>`` for every layer, allocating the activations it saves for backward."""
         ctx = self.ctx
         for layer in self.w.layers:
-            deps = self.before_forward(layer)
+            deps = self.fp8_casts(layer, FORWARD, self.before_forward(layer))
             op = self.b.compute(
                 fwd(layer.index), FORWARD, ctx.fwd_seconds(layer), layer=layer.index, deps=deps,
                 alloc=((ACTIVATIONS, layer.checkpointed_activation_bytes),), flops=layer.fwd_flops,
@@ -284,7 +299,7 @@ class Step:
         """``[recompute L<i>] bwd L<i>`` from the last layer to the first, freeing activations."""
         ctx, b = self.ctx, self.b
         for layer in reversed(self.w.layers):
-            deps = self.before_backward(layer)
+            deps = self.fp8_casts(layer, BACKWARD, self.before_backward(layer))
             extra = layer.activation_bytes - layer.checkpointed_activation_bytes
             if ctx.workload.recompute != "none" and extra > 0:
                 b.compute(recompute(layer.index), BACKWARD, ctx.recompute_seconds(layer), layer=layer.index,
@@ -299,6 +314,15 @@ class Step:
                            free=((ACTIVATIONS, freed),) + self.backward_frees(layer), flops=layer.bwd_flops,
                            host_s=ctx.backward_host_s(layer))
             self.after_backward(layer, op)
+
+    def fp8_casts(self, layer: Layer, phase: str, deps: tuple[int, ...]) -> tuple[int, ...]:
+        """Under ``--precision fp8``, ``fp8_cast L<i>`` on the compute stream before the layer's pass,
+        after what the pass waits for; the pass then follows it in stream order."""
+        seconds = self.ctx.fp8_cast_seconds(layer, "fwd" if phase == FORWARD else "bwd", self.n)
+        if not seconds:
+            return deps
+        self.b.compute(fp8_cast(layer.index), phase, seconds, layer=layer.index, deps=deps)
+        return ()
 
     def update_layers(self, deps: tuple[int, ...], share: float = 1.0, layers=None) -> list[int]:
         """One ``opt L<i>`` per layer (every layer by default) on the compute stream, updating

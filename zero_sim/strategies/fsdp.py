@@ -92,6 +92,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from zero_sim.strategies.base import Alloc, Context, Knob, Step, Strategy, StrategyError, shard
+from zero_sim.system.fp8 import FP32_SHARD_BYTES
 from zero_sim.system.workload import Layer
 from zero_sim.vocabulary import (
     ALL_GATHER,
@@ -99,10 +100,12 @@ from zero_sim.vocabulary import (
     BACKWARD,
     BUFFERS,
     FORWARD,
+    OPTIMIZER,
     REDUCE_SCATTER,
     copy_in,
     copy_out,
     layer_collective,
+    opt,
     wait,
 )
 
@@ -178,6 +181,12 @@ class FSDPStep(Step):
         self.reshard = ctx.knobs.reshard_after_forward
         self.copies = ctx.knobs.copies
         self.units = wrap_units(ctx, ctx.knobs.wrap, ctx.knobs.root)
+        # --fp8-all-gather (zero_sim.system.fp8): float8 linear weights gathered at 1 byte an element.
+        fp8 = ctx.compute.fp8
+        self.fp8 = fp8 if fp8 is not None and fp8.all_gather else None
+        layers = ctx.workload.layers
+        self.gathered = {u.index: (self.fp8.gathered_bytes([layers[i] for i in u.layers], self.gather_bytes)
+                                   if self.fp8 else u.numel * self.gather_bytes) for u in self.units}
         self.unit_of = {li: u for u in self.units for li in u.layers}
         self.blocks = [u for u in self.units if not u.is_root]  # forward order
         self.bwd_blocks = list(reversed(self.blocks))
@@ -314,20 +323,38 @@ class FSDPStep(Step):
 
     def optimizer(self) -> None:
         """The local shard of every layer, once the last micro-step's reductions have landed
-        (``after_backward``), or unit by unit as each one's reduction lands (``per_unit``)."""
+        (``after_backward``), or unit by unit as each one's reduction lands (``per_unit``); offloaded,
+        on the host's CPU tensors; then, under the float8 all-gather, the next step's weight scales."""
         if self.offload is not None:  # optimizer.step() on the host's CPU tensors
             self.offload.update_on_cpu(sum(shard(u.trained, self.n) for u in self.units))
             return
         if self.ctx.knobs.update == "after_backward":
-            self.update_layers(tuple(self.reduces), share=1.0 / self.n)
-            return
-        for u, reduced in self.reduced:
-            self.update_layers((reduced,), share=1.0 / self.n, layers=[self.w.layers[li] for li in u.layers])
+            updates = self.update_layers(tuple(self.reduces), share=1.0 / self.n)
+        else:
+            updates = []
+            for u, reduced in self.reduced:
+                updates += self.update_layers((reduced,), share=1.0 / self.n,
+                                              layers=[self.w.layers[li] for li in u.layers])
+        if self.fp8 is not None:
+            self.precompute_scales(tuple(updates))
+
+    def precompute_scales(self, deps: tuple[int, ...]) -> None:
+        """torchao's ``precompute_float8_dynamic_scale_for_fsdp`` after the update: every float8
+        weight's amax over its fp32 shard (one read of the shards), then one all-reduce of the amaxes
+        over the shard group (zero_sim.system.fp8)."""
+        nbytes, _ = self.fp8.amax_bytes(self.w)
+        shards = sum(shard(self.fp8.linears.weights, self.n) for layer in self.w.layers
+                     if self.fp8.runs_gemms(layer.kind))
+        norm = self.b.compute(opt("amax"), OPTIMIZER, self.ctx.compute.copy_time(shards * FP32_SHARD_BYTES),
+                              deps=deps)
+        self.b.collective(ALL_REDUCE, f"{ALL_REDUCE} amax", nbytes, OPTIMIZER, group=self.group, deps=(norm,))
 
     # --- gathering ----------------------------------------------------------------------------
 
     def nbytes(self, u: Unit) -> int:
-        return u.numel * self.gather_bytes
+        """Bytes the unit gathers (and holds gathered): float8 linear weights at 1 byte under
+        ``--fp8-all-gather``, the rest at the param dtype's."""
+        return self.gathered[u.index]
 
     @staticmethod
     def next_unit(u: Unit, order: list[Unit]) -> Unit | None:

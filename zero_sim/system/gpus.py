@@ -35,10 +35,17 @@ class GPU:
     hbm_gbps: float  # GB/s
     source: str = ""
     profile: ComputeProfile | None = None  # None: no per-op model (the flat roofline only)
+    # Dense FP8 (e4m3/e5m2) tensor-core peak from the vendor's data sheet, half the "with sparsity"
+    # figure; None: no FP8 tensor cores (V100, A100, the CPU), so ``--precision fp8`` is refused.
+    fp8_tflops: float | None = None
 
     @property
     def peak_flops(self) -> float:
         return self.peak_tflops * 1e12
+
+    @property
+    def fp8_peak_flops(self) -> float | None:
+        return None if self.fp8_tflops is None else self.fp8_tflops * 1e12
 
 
 # GEMM e_max: stas00/ml-engineering, compute/accelerator/README.md, "Maximum Achievable Matmul
@@ -77,6 +84,15 @@ _H100_SXM = ComputeProfile(0.803, 13.0, 0.348, 0.87,
                            "e_max: MAMF 794.5 of 989 (H100 SXM); fill fitted 12.8 us; FA2 H100 figures",
                            _H100_ELEMENTWISE)
 
+# Dense FP8 tensor-core peaks, TFLOP/s: each vendor data sheet's FP8 figure "with sparsity" halved
+# (docs/fp8.md).  NVIDIA H100 SXM 3,958 (so 1,979); H100 PCIe 3,026 (1,513); H200 3,958 (1,979);
+# HGX/DGX B200 72 PFLOP/s FP8 for 8 GPUs with sparsity (4,500 dense per GPU; pytorch/ao's
+# roofline_utils takes the same 4.5e15); L40S 1,466 (733); AMD MI300X 5,229.8 with sparsity, 2,614.9
+# dense.  The 96 GB H100 of Meta's hosts is an H100 SXM and takes its peak (pytorch/ao roofline_utils:
+# "fp8_peak_tops": 1979e12 for "NVIDIA H100").  Volta and Ampere (V100, A100) have no FP8 tensor cores.
+FP8_DENSE_TFLOPS = {"H100": 1979.0, "H100-PCIe": 1513.0, "H200": 1979.0, "B200": 4500.0, "L40S": 733.0,
+                    "MI300X": 2614.9}
+
 _A100_ATTN_PER_GEMM = _A100_SXM.flash_max / _A100_SXM.gemm_max
 _HOPPER_ATTN_PER_GEMM = _H100_SXM.flash_max / _H100_SXM.gemm_max
 
@@ -102,7 +118,7 @@ GPUS: dict[str, GPU] = {
         "H100", 989.0, 81089 * MiB, 3350.0,
         "NVIDIA H100 SXM data sheet: 1,979 TFLOP/s bf16 with sparsity = 989 dense, 3.35 TB/s; torch "
         "_CudaDeviceProperties(name='NVIDIA H100 80GB HBM3', total_memory=81089MB) (81082-81090 seen)",
-        _H100_SXM),
+        _H100_SXM, FP8_DENSE_TFLOPS["H100"]),
     # The 96 GB HBM2e SXM part of Meta's Grand Teton hosts (torchtitan's H100 benchmarks), run at
     # a 500 W limit: the bandwidth its benchmark page states, the capacity torch reports there, and
     # what PyTorch's own roofline measured on "Meta's H100 variant" (pytorch/ao PR #668,
@@ -116,35 +132,40 @@ GPUS: dict[str, GPU] = {
         "pytorch/torchtitan#165 reports; GEMM and copy fractions measured by pytorch/ao PR #668",
         ComputeProfile(0.78, 13.0, 0.348, 0.92,
                        "e_max 0.78 and copies 0.92 on Meta's H100 variant (pytorch/ao roofline_utils); "
-                       "fill, attention and element-wise kernels as H100", _H100_ELEMENTWISE)),
+                       "fill, attention and element-wise kernels as H100", _H100_ELEMENTWISE),
+        FP8_DENSE_TFLOPS["H100"]),
     "H100-PCIe": GPU(
         "H100-PCIe", 756.0, 81008 * MiB, 2000.0,
         "NVIDIA H100 PCIe data sheet: 1,513 TFLOP/s bf16 with sparsity = 756 dense, 2 TB/s HBM2e; torch "
         "_CudaDeviceProperties(name='NVIDIA H100 PCIe', total_memory=81008MB)",
         ComputeProfile(0.656, 13.0, 0.656 * _HOPPER_ATTN_PER_GEMM, 0.87,
                        "e_max: bf16 squares peak at 495.9 of 756 (torch-performance-test-data database.md)"
-                       "; fill and attention as H100", _H100_ELEMENTWISE)),
+                       "; fill and attention as H100", _H100_ELEMENTWISE),
+        FP8_DENSE_TFLOPS["H100-PCIe"]),
     "H200": GPU(
         "H200", 989.0, 143156 * MiB, 4800.0,
         "NVIDIA H200 data sheet: 989 TFLOP/s bf16 dense, 141 GB HBM3e at 4.8 TB/s; torch "
         "_CudaDeviceProperties(name='NVIDIA H200', total_memory=143156MB)",
         ComputeProfile(0.803, 13.0, 0.348, 0.87,
                        "e_max: MAMF table says H200 is the same as H100 SXM (bf16 squares 790.3 of 989 "
-                       "in torch-performance-test-data); fill and attention as H100", _H100_ELEMENTWISE)),
+                       "in torch-performance-test-data); fill and attention as H100", _H100_ELEMENTWISE),
+        FP8_DENSE_TFLOPS["H200"]),
     "B200": GPU(
         "B200", 2250.0, 182631 * MiB, 8000.0,
         "NVIDIA DGX B200 data sheet: 2.25 PFLOP/s bf16 dense per GPU, 180 GB HBM3e at 8 TB/s; torch "
         "_CudaDeviceProperties(name='NVIDIA B200', total_memory=182631MB) (182642 seen)",
         ComputeProfile(0.776, 5.0, 0.640, 0.87,
                        "e_max: MAMF 1745 of 2250 (B200 SXM); fill fitted 4.8 us (pytorch/ao PR #2427); "
-                       "attention: FlashAttention-4 (flash-attention PR #2280)", _H100_ELEMENTWISE)),
+                       "attention: FlashAttention-4 (flash-attention PR #2280)", _H100_ELEMENTWISE),
+        FP8_DENSE_TFLOPS["B200"]),
     "L40S": GPU(
         "L40S", 362.05, 45589 * MiB, 864.0,
         "NVIDIA L40S data sheet: 362.05 TFLOP/s bf16 dense (733 with sparsity), 48 GB GDDR6 at 864 GB/s; "
         "torch _CudaDeviceProperties(name='NVIDIA L40S', total_memory=45589MB)",
         ComputeProfile(0.744, 14.0, 0.744 * _A100_ATTN_PER_GEMM, 0.87,
                        "e_max: bf16 squares peak at 269.2 of 362 (torch-performance-test-data "
-                       "database.md); fill and attention ratio assumed as A100's", _A100_ELEMENTWISE)),
+                       "database.md); fill and attention ratio assumed as A100's", _A100_ELEMENTWISE),
+        FP8_DENSE_TFLOPS["L40S"]),
     "MI300X": GPU(
         "MI300X", 1307.4, 196592 * MiB, 5300.0,
         "AMD Instinct MI300X specifications: 1307.4 TFLOP/s bf16 dense, 192 GB HBM3 at 5.3 TB/s; torch "
@@ -152,7 +173,8 @@ GPUS: dict[str, GPU] = {
         ComputeProfile(0.511, 14.0, 0.511 * _A100_ATTN_PER_GEMM, 0.80,
                        "e_max: MAMF 668.4 TFLOP/s (torch 2.5.1, ROCm 6.3, TunableOp); fill and attention "
                        "ratio assumed as A100's; HBM fraction assumed",
-                       0.80 * _H100_ELEMENTWISE / _H100_SXM.hbm_efficiency)),
+                       0.80 * _H100_ELEMENTWISE / _H100_SXM.hbm_efficiency),
+        FP8_DENSE_TFLOPS["MI300X"]),
     # One CPU process for gloo runs: an order-of-magnitude stand-in until calibrated.
     "CPU": GPU("CPU", 0.05, 24 * GiB, 10.0,
                "one CPU process for gloo runs: an order-of-magnitude stand-in until calibrated"),

@@ -50,6 +50,9 @@ weights, momentum and variance, and writes the last three plus the bf16 paramete
 ``2 + 12 + 12 + 2 = 28`` bytes of HBM traffic per parameter it owns, at the stream-copy
 fraction of HBM bandwidth (its multi-tensor kernels stream large buffers; not measured).
 
+Under ``--precision fp8`` the blocks' GEMMs take the GPU's FP8 peak on the same curve
+(:meth:`ComputeModel.gemm_rate`; the model and its casts are :mod:`zero_sim.system.fp8`).
+
 The GPUs' figures, with their sources, are in :mod:`zero_sim.system.gpus` and docs/compute.md.
 """
 
@@ -162,6 +165,9 @@ class ComputeModel:
     slowest_rank_factor: float = 1.0
     # What whole runs lose that microbenchmarks do not see (zero_sim.system.run_overheads).
     run_overhead: float = 1.0
+    # zero_sim.system.fp8.Fp8Training under --precision fp8: the blocks' GEMMs at its FP8 peak and
+    # fraction of peak; None: every GEMM in bf16.
+    fp8: Any = None
 
     @property
     def stretch(self) -> float:
@@ -263,28 +269,40 @@ class ComputeModel:
         """Fraction of peak an ``m x k`` by ``k x n`` GEMM reaches on this GPU."""
         return self._gemm_efficiency_flops(2.0 * m * k * n)
 
-    def _gemm_efficiency_flops(self, flops: float) -> float:
+    def _gemm_efficiency_flops(self, flops: float, peak: float | None = None, e_max: float | None = None
+                               ) -> float:
+        """The GEMM curve at ``peak`` and ``e_max`` (default: the GPU's bf16 ones)."""
         profile = self.gpu.profile
         if profile is None:
             return self.default_efficiency
+        peak = peak or self.gpu.peak_flops
+        e_max = e_max or profile.gemm_max
         if flops <= 0:
-            return profile.gemm_max
-        ideal = flops / (self.gpu.peak_flops * profile.gemm_max)
-        return profile.gemm_max / (1.0 + (profile.gemm_fill_us * 1e-6 / ideal) ** GEMM_FILL_EXPONENT)
+            return e_max
+        ideal = flops / (peak * e_max)
+        return e_max / (1.0 + (profile.gemm_fill_us * 1e-6 / ideal) ** GEMM_FILL_EXPONENT)
+
+    def gemm_rate(self, kind: str) -> tuple[float, float | None]:
+        """Peak FLOP/s and e_max of a layer's GEMMs: FP8's for the blocks under ``--precision fp8``
+        (zero_sim.system.fp8), else the GPU's bf16 (None: the profile's)."""
+        if self.fp8 is not None and self.fp8.runs_gemms(kind):
+            return self.fp8.peak_flops, self.fp8.gemm_max
+        return self.gpu.peak_flops, None
 
     def gemm_seconds(self, kind: str, direction: str, work: Any) -> float:
         flops = work.matmul_flops
         if not flops:
             return 0.0
+        peak, e_max = self.gemm_rate(kind)
         m, k = work.tokens, work.width
         if m > 0 and k > 0:
             n = flops / (2.0 * m * k) / (1 if kind == "head" else GEMMS_PER_BLOCK)
-            eff = self.gemm_efficiency(m, k, n)
+            eff = self._gemm_efficiency_flops(2.0 * m * k * n, peak, e_max)
         else:
             eff = self.default_efficiency
         if direction != "fwd":  # dX and dW, but no dW for a frozen weight
             flops = GEMM_BWD_FLOPS * flops - work.frozen_matmul_flops
-        return flops / (self.gpu.peak_flops * eff)
+        return flops / (peak * eff)
 
     def flash_efficiency(self, direction: str, seq_len: int, head_dim: int, causal: bool = True,
                          impl: str = "flash") -> float:
@@ -341,6 +359,10 @@ class ComputeModel:
     def copy_time(self, nbytes: float) -> float:
         """A memory-bound copy kernel that moves ``nbytes`` (reads plus writes) through HBM."""
         return self._memory_seconds(nbytes) * self.stretch
+
+    def elementwise_time(self, nbytes: float) -> float:
+        """Eager element-wise kernels that move ``nbytes`` (reads plus writes) through HBM."""
+        return self._elementwise_seconds(nbytes) * self.stretch
 
     @property
     def calibrated(self) -> bool:

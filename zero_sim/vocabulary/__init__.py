@@ -115,6 +115,11 @@ def host_copy(direction: str, target: str | int) -> str:
 CPU_ADAM = "cpu_adam"  # the optimizer's update on the host's CPU (offloaded optimizer)
 
 
+def fp8_cast(layer: int) -> str:
+    """The casts of a layer's GEMM operands to float8 before its forward or backward (``--precision fp8``)."""
+    return f"fp8_cast L{layer}"
+
+
 def _check_kind(kind: str) -> None:
     if kind not in COLLECTIVES:
         raise ValueError(f"unknown collective {kind!r}; expected one of {', '.join(COLLECTIVES)}")
@@ -123,7 +128,7 @@ def _check_kind(kind: str) -> None:
 @dataclass(frozen=True)
 class OpName:
     """An op name taken apart: ``kind`` is fwd/bwd/recompute/opt/wait/fetch, an FSDP
-    copy (copy_out/copy_in), a host copy (d2h/h2d), cpu_adam or a collective."""
+    copy (copy_out/copy_in), fp8_cast, a host copy (d2h/h2d), cpu_adam or a collective."""
 
     kind: str
     layer: int | None = None
@@ -133,7 +138,7 @@ class OpName:
 
 
 _OP_RE = re.compile(
-    r"^(?P<kind>fwd|bwd|recompute|opt|wait|fetch|copy_out|copy_in|d2h|h2d|cpu_adam|all_reduce|reduce_scatter|all_gather|broadcast)"
+    r"^(?P<kind>fwd|bwd|recompute|opt|wait|fetch|copy_out|copy_in|fp8_cast|d2h|h2d|cpu_adam|all_reduce|reduce_scatter|all_gather|broadcast)"
     r"(?: (?P<rest>.+))?$"
 )
 
