@@ -21,6 +21,7 @@ from zero_sim import simulate  # noqa: E402
 from zero_sim.breakdown import length, uncovered, union  # noqa: E402
 from zero_sim.kineto import (  # noqa: E402
     COMPUTE_STREAM,
+    DEVICE_WORK,
     collective_flows,
     collective_instances,
     gpu_pid,
@@ -36,6 +37,8 @@ pytestmark = pytest.mark.filterwarnings("ignore:The inplace keyword")
 CASES = {
     "fsdp": dict(model="gpt2-124m", strategy="fsdp", gpus=4, seq_len=256, micro_batch=2, explicit_ranks=True),
     "ddp": dict(model="gpt2-124m", strategy="ddp", gpus=4, seq_len=256, micro_batch=2, explicit_ranks=True),
+    "zero2-offload": dict(model="gpt2-124m", strategy="zero2", offload_optimizer="cpu", gpus=4, seq_len=256,
+                          micro_batch=2, explicit_ranks=True),
 }
 
 
@@ -74,9 +77,10 @@ def test_every_kernel_is_on_an_integer_stream_and_linked_to_its_launch(run):
     result, _, analysis = run
     df = analysis.t.get_trace(0)
     kernels = df[df["stream"].ne(-1)]
-    device_ops = [o for o in result.ops if o["rank"] == 0 and o["kind"] in ("compute", "collective")]
+    device_ops = [o for o in result.ops if o["rank"] == 0 and o["kind"] in DEVICE_WORK]
     assert len(kernels) == len(device_ops)
-    assert set(kernels["stream"]) == {COMPUTE_STREAM, 20}
+    others = {o["stream"] for o in device_ops} - {"compute"}  # comm, and the copy streams when offloading
+    assert set(kernels["stream"]) == {COMPUTE_STREAM, *range(20, 20 + len(others))}
     assert kernels["index_correlation"].gt(0).all()
     # Through its launch each kernel lands in its own step's ProfilerStep.
     per_step = defaultdict(int)
@@ -108,6 +112,14 @@ def test_hta_counts_the_collectives_as_communication(run):
     _, _, analysis = run
     by_type = analysis.get_gpu_kernel_breakdown(visualize=False)[0].set_index("kernel_type")["sum"]
     assert by_type["COMMUNICATION"] > 0 and by_type["COMPUTATION"] > 0
+
+
+def test_hta_counts_copies_to_and_from_host_memory_as_memory(runs):
+    result, _, analysis = runs["zero2-offload"]
+    per_kernel = analysis.get_gpu_kernel_breakdown(visualize=False)[1]
+    memory = per_kernel[per_kernel["kernel_type"].eq("MEMORY") & per_kernel["rank"].eq(0)]
+    assert set(memory["name"]) == {"Memcpy DtoH (Device -> Pinned)", "Memcpy HtoD (Pinned -> Device)"}
+    assert memory["sum (us)"].sum() == sum(end - start for start, end in spans(result, 0, "copy"))
 
 
 def test_temporal_breakdown_compute_is_the_simulated_compute(run):

@@ -19,6 +19,8 @@ What a file holds, and which reader needs it:
   (compute stream 7, communication streams from 20, as real traces number them) and
   ``args.device = rank``.  HTA takes every event with an integer ``args.stream`` for a GPU kernel
   and every other one for a host event.
+* Copies to and from pinned host memory (offloading) are ``cat: gpu_memcpy`` events named as
+  Kineto names them (``Memcpy DtoH (Device -> Pinned)``), launched by ``cudaMemcpyAsync``.
 * Kernel names: HTA calls a kernel communication when its name matches ``^nccl.*Kernel``, memory
   when it starts with Memcpy/Memset, and computation otherwise; its straggler analysis looks only
   at names starting ``ncclKernel``.  Collectives are therefore named as NCCL before 2.19 named its
@@ -90,8 +92,16 @@ def host_pid(rank: int) -> int:
     return HOST_PID_BASE + rank
 
 
+# Kineto's names for copies to and from pinned host memory (offloading), which HTA counts as memory.
+_MEMCPY = {"d2h": "Memcpy DtoH (Device -> Pinned)", "h2d": "Memcpy HtoD (Pinned -> Device)"}
+DEVICE_WORK = ("compute", "collective", "copy")  # device ops launched from the host: kernels and copies
+
+
 def kernel_name(op: Op) -> str:
-    """The kernel's name: NCCL's spelling for a collective, the simulator's op name otherwise."""
+    """The kernel's name: NCCL's spelling for a collective, Kineto's for a host copy, the simulator's
+    op name otherwise."""
+    if op["kind"] == "copy":
+        return _MEMCPY[op["stream"]]
     if op["kind"] != "collective":
         return op["name"]
     kind = _NCCL_KIND.get(parse_op_name(op["name"]).kind, "SendRecv")
@@ -211,7 +221,8 @@ def _host_events(rank: int, ops: list[Op], kernels: list[Op], place: Place,
         correlation[id(op)] = corr
         gpu, stream, k_start, _ = place(op)
         events.append(_x(op["name"], "cpu_op", pid, pid, t, CPU_OP_US, {"External id": corr}))
-        events.append(_x("cudaLaunchKernel", "cuda_runtime", pid, pid, t + CPU_OP_US - LAUNCH_US, LAUNCH_US,
+        launch = "cudaMemcpyAsync" if op["kind"] == "copy" else "cudaLaunchKernel"
+        events.append(_x(launch, "cuda_runtime", pid, pid, t + CPU_OP_US - LAUNCH_US, LAUNCH_US,
                          {"External id": corr, "correlation": corr}))
         events.append({"ph": "s", "id": corr, "pid": pid, "tid": pid, "ts": t + CPU_OP_US - LAUNCH_US,
                        "cat": "ac2g", "name": "ac2g"})
@@ -253,10 +264,11 @@ def _device_events(rank: int, ops: list[Op], place: Place, correlation: dict[int
                 "bytes": op["bytes"], "op": op["name"]}
         if op.get("algorithm"):
             args["algorithm"] = op["algorithm"]
-        if op["kind"] in ("compute", "collective"):
+        if op["kind"] in DEVICE_WORK:
             corr = correlation[id(op)]
             args |= {"stream": stream, "correlation": corr, "External id": corr}
-            events.append(_x(kernel_name(op), "kernel", pid, stream, start, end - start, args))
+            cat = "gpu_memcpy" if op["kind"] == "copy" else "kernel"
+            events.append(_x(kernel_name(op), cat, pid, stream, start, end - start, args))
         else:
             events.append(_x(op["name"], "gpu_user_annotation", pid, stream, start, end - start, args))
     return events
@@ -284,7 +296,7 @@ def _metadata(rank: int, streams: Iterable[int]) -> list[dict]:
 def _rank_trace(result, rank: int, place: Place, flows: list[dict]) -> dict:
     """Rank ``rank``'s trace in Kineto's layout (see the module docstring), times not yet shifted."""
     ops = [op for op in result.ops if op["rank"] == rank]
-    kernels = [op for op in ops if is_device_op(op) and op["kind"] in ("compute", "collective")]
+    kernels = [op for op in ops if is_device_op(op) and op["kind"] in DEVICE_WORK]
     host, correlation = _host_events(rank, ops, kernels, place, us(result.window[1]))
     device = _device_events(rank, ops, place, correlation)
     own_flows = [f for f in flows if f["pid"] == gpu_pid(rank)]
