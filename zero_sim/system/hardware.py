@@ -342,6 +342,11 @@ class ComputeModel:
         """A memory-bound copy kernel that moves ``nbytes`` (reads plus writes) through HBM."""
         return self._memory_seconds(nbytes) * self.stretch
 
+    def elementwise_time(self, nbytes: float) -> float:
+        """A standalone element-wise kernel moving ``nbytes`` (reads plus writes), at the fraction of
+        HBM bandwidth a layer's element-wise kernels reach (ZeRO++'s quantize and dequantize)."""
+        return self._elementwise_seconds(nbytes) * self.stretch
+
     @property
     def calibrated(self) -> bool:
         return bool(self.layer_seconds)

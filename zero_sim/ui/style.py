@@ -30,6 +30,7 @@ COLORS = {
     "all_reduce": "#C44E52", "reduce_scatter": "#8172B3", "all_gather": "#937860",
     "broadcast": "#DA8BC3", "fetch": "#64B5CD", "wait": "#8C8C8C",
     "copy_out": "#A6C8E0", "copy_in": "#F2B98C",
+    "all_to_all": "#B07AA1", "dequantize": "#9DB469", "secondary": "#C9B79C",
 }
 OP_COLORS = COLORS
 MEMORY_COLORS = {"params": "#4C72B0", "grads": "#DD8452", "optimizer": "#55A868",
