@@ -134,6 +134,8 @@ def _human(m: dict) -> str:
     lines += _host_bound(m)
     lines.append(f"  cluster         {m['cluster']}")
     lines += [f"  assumed         {note}" for note in m.get("stack_notes", [])]
+    if m.get("zeropp"):
+        lines.append(f"  ZeRO++          {m['zeropp']}")
     if m.get("calibration"):
         lines.append(f"  calibrated      {m['calibration']}")
     lines += [f"  config          {note}" for note in m.get("config_notes", [])]

@@ -53,6 +53,7 @@ from zero_sim.system.run_overheads import run_overhead
 from zero_sim.system.topology import PRESETS as TOPOLOGIES
 from zero_sim.system.topology import Topology, build_topology
 from zero_sim.system.workload import Workload, WorkloadError
+from zero_sim.system.zeropp import ZeroPP
 
 
 def _resolve_workload(s: CommonSettings) -> Workload:
@@ -440,6 +441,9 @@ def _result(p: Prepared, program: Program, run: RunOutput, scenario: Scenario) -
     metrics["trainable_params"] = p.workload.trainable_params
     if s.lora_rank is not None:
         metrics["lora"] = f"r={s.lora_rank} on {s.lora_targets or DEFAULT_TARGETS}"
+    # ZeRO++'s parts assumed (zero3 only), in one line; None when off.
+    metrics["zeropp"] = ZeroPP.from_knobs(p.knobs).describe(
+        p.topology.nodes, p.workload.params, p.ctx.precision.param_bytes) or None
     # A calibration replaces presets: say which figures came from it (as the scenario already states).
     metrics["calibration"] = scenario.inputs.calibration
     ends = run.step_ends[run.simulated_ranks[0]]

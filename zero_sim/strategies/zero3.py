@@ -399,7 +399,7 @@ class ZeRO3Step(Step):
                 f"{'batched' if self.batch else 'per-tensor'} collectives, "
                 f"{'fine-grained' if self.fine else 'whole-stream'} sync, "
                 f"fetch decisions {decided}")
-        parts = self.pp.parts.describe(self.ctx.nodes)
+        parts = self.pp.parts.describe(self.ctx.nodes, self.w.params - self.persistent, self.p.param_bytes)
         return note + (f"; ZeRO++ {parts}" if parts else "")
 
 

@@ -80,14 +80,16 @@ class ZeroPP:
     def quantizes(self) -> bool:
         return self.quantized_weights or self.quantized_gradients
 
-    def describe(self, nodes: int) -> str:
+    def describe(self, nodes: int, params: int = 0, param_bytes: int = 2) -> str:
         """What was assumed, in one line (empty when ZeRO++ is off)."""
         parts = []
         if self.quantized_weights:
             parts.append("qwZ: weight all-gathers in int8 + fp32 scales per 8,000 elements")
         if self.hpz > 1:
-            parts.append(f"hpZ: secondary weight partition over {self.hpz} ranks (2 bytes x params / "
-                         f"{self.hpz} a GPU, in weights); gathers after the first forward stay among them")
+            held = params * param_bytes / self.hpz / 1e9
+            parts.append(f"hpZ: secondary weight partition over {self.hpz} ranks, about {held:.2f} GB a GPU "
+                         f"counted in weights from a layer's release to the optimizer (not in model states); "
+                         f"gathers after a step's first forward stay among those ranks")
         if self.quantized_gradients:
             parts.append("qgZ: int4 all-to-all gradient reduction, inside the node then across" if nodes > 1
                          else "qgZ: on one node DeepSpeed reduce-scatters as without it")
