@@ -240,6 +240,7 @@ def test_deepspeed_zeropp_keys_become_the_zero3_settings(tmp_path):
 @pytest.mark.parametrize("stage, zero, words", [
     (3, dict(zero_quantized_nontrainable_weights=True), "frozen weights stored in int8"),
     (2, dict(zero_quantized_weights=True), "applies to zero3, not to zero2"),
+    (3, dict(zero_hpz_partition_size=16), "larger than a node's 8 ranks"),
 ])
 def test_deepspeed_zeropp_not_modelled_is_refused_naming_the_key(tmp_path, stage, zero, words):
     with pytest.raises(ScenarioError, match=words) as refused:

@@ -346,8 +346,8 @@ def prepare(workload: Workload | None = None, **kwargs) -> Prepared:
                   optimizer_host_s_per_param=_measured(calibration, "optimizer_host_seconds_per_param"))
     try:
         strategy.validate(ctx)
-    except StrategyError as exc:
-        raise ScenarioError(str(exc)) from None
+    except StrategyError as exc:  # a knob a config file set is refused naming the file's key
+        raise ScenarioError(reading.blame(str(exc)) if reading is not None else str(exc)) from None
     check_size(s, len(workload.layers))
     return Prepared(reading, s, knobs, strategy, calibration, workload, topo, gpu, compute, ctx,
                     r.stack_notes, r.stack_given)
