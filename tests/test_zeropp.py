@@ -8,6 +8,7 @@ import pytest
 from zero_sim import simulate
 from zero_sim.cli import main
 from zero_sim.engine.groups import process_groups
+from zero_sim.planner import candidates
 from zero_sim.scenario import ScenarioError, prepare
 from zero_sim.system.collectives import CollectiveModel
 from zero_sim.system.topology import build_topology
@@ -201,6 +202,11 @@ def test_what_is_not_modelled_is_refused_in_one_sentence(settings, words):
 def test_the_cli_refuses_with_exit_status_2(capsys):
     assert main(["simulate", "--strategy", "zero2", "--zero-quantized-gradients"]) == 2
     assert "applies to zero3" in capsys.readouterr().err
+
+
+def test_the_planner_never_turns_zeropp_on_by_itself():
+    names = {"zero_quantized_weights", "zero_hpz_partition_size", "zero_quantized_gradients"}
+    assert not any(names & set(c) for c in candidates(["zero3"]))
 
 
 def test_plan_sets_zeropp_on_zero3_candidates_and_says_so(capsys):
