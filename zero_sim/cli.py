@@ -136,6 +136,8 @@ def _human(m: dict) -> str:
     lines += [f"  assumed         {note}" for note in m.get("stack_notes", [])]
     if m.get("fp8"):
         lines.append(f"  assumed         {m['fp8']['summary']}")
+    if m.get("zeropp"):
+        lines.append(f"  ZeRO++          {m['zeropp']}")
     if m.get("calibration"):
         lines.append(f"  calibrated      {m['calibration']}")
     lines += [f"  config          {note}" for note in m.get("config_notes", [])]

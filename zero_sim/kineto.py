@@ -72,7 +72,7 @@ CORRELATIONS_PER_RANK = 1 << 24
 FLOW_ID_BASE = 1 << 40  # collective flow ids apart from the correlation ids of ac2g flows
 
 _NCCL_KIND = {"all_gather": "AllGather", "reduce_scatter": "ReduceScatter", "all_reduce": "AllReduce",
-              "broadcast": "Broadcast"}
+              "broadcast": "Broadcast", "all_to_all": "SendRecv"}  # NCCL runs all-to-all as grouped send/recv
 _NCCL_SIGNATURE = "(ncclDevComm*, unsigned long, ncclWork*)"
 
 Op = dict[str, Any]

@@ -31,6 +31,7 @@ from zero_sim.system.workload import RECOMPUTE_MODES
 
 # The size budget of one search: at about 3 ms a candidate to bound, a larger one takes minutes.
 MAX_CANDIDATES = 20_000
+ZEROPP = ("zero_quantized_weights", "zero_hpz_partition_size", "zero_quantized_gradients")
 SHARED = ("model", "params", "seq_len", "topology", "gpu", "stack", "precision", "bandwidth_gbps",
           "node_bandwidth_gbps", "calibration", "lora_rank", "lora_targets", "peft_config",
           "offload_optimizer", "offload_params", "host_memory_gb", *SHAPE_SETTINGS)
@@ -97,6 +98,12 @@ def plan_args(parser) -> None:
                         help="weights in host memory too (zero3 offload_param, fsdp CPUOffloadPolicy)")
     parser.add_argument("--host-memory-gb", dest="host_memory_gb", type=float, default=None,
                         help="RAM per node for offloaded states (default: the topology's)")
+    parser.add_argument("--zero-quantized-weights", dest="zero_quantized_weights", action="store_true",
+                        default=None, help="ZeRO++ qwZ on every zero3 candidate (docs/zeropp.md)")
+    parser.add_argument("--zero-hpz-partition-size", dest="zero_hpz_partition_size", type=int, default=None,
+                        help="ZeRO++ hpZ on every zero3 candidate: the secondary partition's ranks")
+    parser.add_argument("--zero-quantized-gradients", dest="zero_quantized_gradients", action="store_true",
+                        default=None, help="ZeRO++ qgZ on every zero3 candidate")
     parser.add_argument("--top", type=int, default=10, help="rows to rank and show (default 10)")
     parser.add_argument("--json", action="store_true", help="print every candidate as JSON")
     parser.add_argument("--csv", action="store_true", help="print every candidate as CSV")
@@ -105,15 +112,36 @@ def plan_args(parser) -> None:
                         help="run the simulations on a Dask cluster (tcp://host:8786; needs zero-sim[dask])")
 
 
+def _zeropp(args, strategies: list[str] | None) -> dict:
+    """ZeRO++'s settings given, for the zero3 candidates (the planner never turns them on itself)."""
+    given = {k: getattr(args, k) for k in ZEROPP if getattr(args, k, None) is not None}
+    if given and strategies is not None and "zero3" not in strategies:
+        raise PlanError("the ZeRO++ flags apply to zero3, which --strategies leaves out; "
+                        "add zero3 or drop them")
+    return given
+
+
+def zeropp_label(zeropp: dict) -> str:
+    """The header's note of ZeRO++ on the zero3 candidates: ``qwZ, hpZ 8, qgZ``."""
+    parts = (["qwZ"] if zeropp.get("zero_quantized_weights") else []) + (
+        [f"hpZ {zeropp['zero_hpz_partition_size']}"] if (zeropp.get("zero_hpz_partition_size") or 1) > 1
+        else []) + (["qgZ"] if zeropp.get("zero_quantized_gradients") else [])
+    return f" · zero3 with ZeRO++ {', '.join(parts)}" if parts else ""
+
+
 def _space(args) -> tuple[dict, list[dict], str]:
     if args.top <= 0:
         raise PlanError(f"--top must be a positive whole number, got {args.top}")
     base = {k: getattr(args, k) for k in SHARED if getattr(args, k, None) is not None}
     # One scenario checked first, so that a misspelt model or topology is one sentence, not 400.
     stack = resolve(**base, gpus=_counts(args.gpus, "--gpus")[0]).settings.stack
+    strategies = _names(args.strategies, list(STRATEGIES), "--strategies")
+    zeropp = _zeropp(args, strategies)
     space = search_space(base, _counts(args.gpus, "--gpus"), _counts(args.micro_batch, "--micro-batch"),
-                         args.global_batch, _names(args.strategies, list(STRATEGIES), "--strategies"),
+                         args.global_batch, strategies,
                          _names(args.recompute, list(RECOMPUTE_MODES), "--recompute") or RECOMPUTE_MODES)
+    space = [s | zeropp if s["strategy"] == "zero3" else s for s in space]
+    base = base | {"zeropp": zeropp}
     if len(space) > MAX_CANDIDATES:
         raise PlanError(f"this search has {len(space):,} candidates, beyond the budget of "
                         f"{MAX_CANDIDATES:,}; narrow it with fewer --gpus counts, --micro-batch values, "
@@ -192,8 +220,8 @@ def format_plan(table: pd.DataFrame, base: dict, top: int, stack: str) -> str:
     lora += f" · {' and '.join(offload)} offloaded to the CPU" if offload else ""
     fp8 = " · fp8 (block linear GEMMs in float8, tensorwise; fsdp also with fp8_all_gather)" \
         if base.get("precision") == "fp8" else ""
-    lines = [f"plan · {base.get('model', base.get('params'))}{lora}{fp8} on {base['topology']} · "
-             f"stack {stack} · "
+    lines = [f"plan · {base.get('model', base.get('params'))}{lora}{fp8} on {base['topology']}"
+             f"{zeropp_label(base.get('zeropp') or {})} · stack {stack} · "
              f"{len(table):,} candidates, {simulated:,} simulated; "
              + ", ".join(f"{what}: {n:,}" for what, n in counts.items())]
     fitting = table[table["outcome"] == FITS]

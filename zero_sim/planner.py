@@ -26,8 +26,11 @@ from zero_sim.strategies import STRATEGIES, all_knobs, get_strategy
 from zero_sim.sweep import Progress, sweep
 from zero_sim.system.workload import RECOMPUTE_MODES
 
-# Knobs the planner leaves at their defaults: they change number formats, not the schedule.
-PLANNER_SKIPS = ("param_dtype", "reduce_dtype")
+# Knobs the planner leaves at their defaults: they change number formats, not the schedule; ZeRO++'s
+# quantization and secondary partition trade accuracy or memory for speed, so they are tried only
+# when asked (`zero-sim plan --zero-quantized-weights ...` sets them on every zero3 candidate).
+PLANNER_SKIPS = ("param_dtype", "reduce_dtype", "zero_quantized_weights", "zero_hpz_partition_size",
+                 "zero_quantized_gradients")
 # A candidate's outcome: it fits; it runs but needs more memory than the GPU has; it cannot run here.
 FITS, NO_FIT, REFUSED = "fits", "does not fit in memory", "cannot run"
 
@@ -60,7 +63,9 @@ def candidates(strategies: Iterable[str] | None = None, recompute: Iterable[str]
 def knobs_label(row: Mapping[str, Any]) -> str:
     """The knobs a planned row sets, as ``name=value`` pairs (``defaults`` when it sets none)."""
     owners = all_knobs()
-    parts = [f"{k}={v}" for k, v in row.items() if k in owners and v is not None and not _isnan(v)]
+    # A table column that holds blanks holds floats: a whole number is shown as the integer it was.
+    parts = [f"{k}={int(v) if isinstance(v, float) and v.is_integer() else v}" for k, v in row.items()
+             if k in owners and v is not None and not _isnan(v)]
     if row.get("fp8_all_gather") is True:  # a common setting the fp8 search varies (plan_search)
         parts.append("fp8_all_gather")
     return ", ".join(parts) or "defaults"

@@ -56,6 +56,7 @@ from zero_sim.system.run_overheads import run_overhead
 from zero_sim.system.topology import PRESETS as TOPOLOGIES
 from zero_sim.system.topology import Topology, build_topology
 from zero_sim.system.workload import Workload, WorkloadError
+from zero_sim.system.zeropp import ZeroPP
 from zero_sim.vocabulary import CPU_ADAM
 
 
@@ -372,7 +373,7 @@ def prepare(workload: Workload | None = None, **kwargs) -> Prepared:
     compute = _compute_model(s, gpu, calibration)
     compute.fp8 = _fp8(s, gpu, workload, calibration, strategy)
     modelled_gpu = _modelled_gpu(gpu, calibration)
-    offload, topo = offload_plan(s, strategy.name, topo, gpu.name)
+    offload, topo = offload_plan(s, strategy.name, knobs, topo, gpu.name)
     ctx = Context(workload, s.gpus, topo.ranks_per_node, compute, _precision(s), s.grad_accum,
                   s.host_overhead_us * 1e-6, knobs,
                   host=_host(workload, s, calibration, modelled_gpu),
@@ -381,8 +382,8 @@ def prepare(workload: Workload | None = None, **kwargs) -> Prepared:
                   offload=offload)
     try:
         strategy.validate(ctx)
-    except StrategyError as exc:
-        raise ScenarioError(str(exc)) from None
+    except StrategyError as exc:  # a knob a config file set is refused naming the file's key
+        raise ScenarioError(reading.blame(str(exc)) if reading is not None else str(exc)) from None
     check_size(s, len(workload.layers))
     return Prepared(reading, s, knobs, strategy, calibration, workload, topo, gpu, compute, ctx,
                     r.stack_notes, r.stack_given)
@@ -487,6 +488,9 @@ def _result(p: Prepared, program: Program, run: RunOutput, scenario: Scenario) -
         metrics["lora"] = f"r={s.lora_rank} on {s.lora_targets or DEFAULT_TARGETS}"
     # Under --precision fp8, what ran in float8 and the sources of its rates (zero_sim.system.fp8).
     metrics["fp8"] = p.compute.fp8.record() if p.compute.fp8 is not None else None
+    # ZeRO++'s parts assumed (zero3 only), in one line; None when off.
+    metrics["zeropp"] = ZeroPP.from_knobs(p.knobs).describe(
+        p.topology.nodes, p.workload.params, p.ctx.precision.param_bytes) or None
     # A calibration replaces presets: say which figures came from it (as the scenario already states).
     metrics["calibration"] = scenario.inputs.calibration
     ends = run.step_ends[run.simulated_ranks[0]]

@@ -33,7 +33,7 @@ from zero_sim.system.topology import Topology
 DEEPSPEED_STRATEGIES = ("zero1", "zero2", "zero3")
 
 
-def offload_plan(s, strategy: str, topo: Topology, gpu_name: str) -> tuple[Offload | None, Topology]:
+def offload_plan(s, strategy: str, knobs, topo: Topology, gpu_name: str) -> tuple[Offload | None, Topology]:
     """The offload the settings ``s`` ask for under ``strategy`` (None: none), and the topology with
     its host links; the first setting the simulator cannot honour raises :class:`ScenarioError`."""
     optimizer, params = s.offload_optimizer != "none", s.offload_params != "none"
@@ -61,6 +61,10 @@ def offload_plan(s, strategy: str, topo: Topology, gpu_name: str) -> tuple[Offlo
     if strategy == "fsdp" and not params:
         raise ScenarioError("FSDP2's CPUOffloadPolicy offloads parameters, gradients and optimizer state "
                             "together; give --offload-params cpu")
+    zeropp = [k for k in ("zero_quantized_weights", "zero_quantized_gradients") if getattr(knobs, k, False)]
+    if zeropp or (getattr(knobs, "zero_hpz_partition_size", 1) or 1) > 1:
+        raise ScenarioError("ZeRO++ with states offloaded to the host is not modelled; drop the ZeRO++ "
+                            "switches or the offload")
     if s.fp8_all_gather:
         raise ScenarioError("the float8 all-gather with weights offloaded to the host is not modelled; drop "
                             "--fp8-all-gather or the offload")

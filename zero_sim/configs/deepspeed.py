@@ -43,6 +43,8 @@ STAGE3_SIZES = {
     "reduce_bucket_size": "reduce_bucket_size",
 }
 DEFAULT_REDUCE_BUCKET_ELEMENTS = 500_000_000
+# ZeRO++'s switches (docs/zeropp.md): the same names as simulate() keywords, ZeRO-3's knobs.
+ZEROPP_KEYS = ("zero_quantized_weights", "zero_hpz_partition_size", "zero_quantized_gradients")
 
 # Keys that change neither a step's time nor its memory, and why they can be left aside.
 NO_EFFECT = {
@@ -79,10 +81,7 @@ ZERO_NO_EFFECT = {
 }
 # Switches that would change time or memory in ways not modelled: refused when turned on.
 NOT_MODELLED = {
-    "zero_quantized_weights": "ZeRO++ quantized weight gathers",
-    "zero_quantized_gradients": "ZeRO++ quantized gradient reductions",
-    "zero_quantized_nontrainable_weights": "ZeRO++ quantized weights",
-    "zero_hpz_partition_size": "ZeRO++ hierarchical partitioning",
+    "zero_quantized_nontrainable_weights": "ZeRO++ frozen weights stored in int8",
     "mics_shard_size": "MiCS sharding",
 }
 # Top-level keys read here (NO_EFFECT's are known too): a key close to one of them is a misspelling.
@@ -244,6 +243,16 @@ def _offload(zero: _Zero, source: str, reading: ConfigReading) -> None:
             reading.ignore(f"zero_optimization.{key}.{extra}", "NVMe and buffer tuning are not modelled")
 
 
+def _zeropp(zero: _Zero, written: dict, stage: int, reading: ConfigReading) -> None:
+    """ZeRO++'s keys become ZeRO-3's knobs of the same names; one turned on beside another stage is
+    passed on too, so that the simulator refuses it naming the key (ZeRO++ extends stage 3 only)."""
+    for key in ZEROPP_KEYS:
+        if key in written and (stage == 3 or _turned_on(key, getattr(zero, key))):
+            value = getattr(zero, key)
+            # DeepSpeed reads a partition size of -1 or 0 as off, as 1 is.
+            reading.set(key, max(value, 1) if key.endswith("_size") else value, f"zero_optimization.{key}")
+
+
 def _zero(zero: _Zero, written: dict, source: str, precision: str, reading: ConfigReading) -> None:
     """``zero`` is the validated section, ``written`` the keys as the file has them."""
     if zero.stage not in STAGES:
@@ -257,6 +266,7 @@ def _zero(zero: _Zero, written: dict, source: str, precision: str, reading: Conf
         if _turned_on(key, getattr(zero, key)):
             raise ConfigError(f"zero_optimization.{key} in {source} turns on {what}, which the simulator "
                               f"does not model; remove it to simulate")
+    _zeropp(zero, written, stage, reading)
     overlap = zero.overlap_comm if zero.overlap_comm is not None else stage == 3  # DeepSpeed's default
     reading.set("overlap_comm", overlap, "zero_optimization.overlap_comm")
     grad_bytes = 2 if precision == "mixed" else 4

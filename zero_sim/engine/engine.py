@@ -289,6 +289,8 @@ class Engine:
         self.comm_busy[rank] += 1
         self.device.collective_began(rank, key)
         yield rv.done
+        if op.seconds > 0:  # the library's kernels on this stream (Op.seconds of a collective)
+            yield env.timeout(op.seconds)
         self.comm_busy[rank] -= 1
         self.device.collective_ended(rank, key)
         self._finish(rank, step, op, rv.start, env.now, plan)

@@ -1,14 +1,24 @@
 """Process groups over a topology's ranks: ``world`` (every rank), ``intra`` (each node's
-ranks: hybrid FSDP shards within a node) and ``inter`` (the ranks with the same local index
-on every node: hybrid FSDP's replicas, which all-reduce the node-sharded gradients)."""
+ranks: hybrid FSDP shards within a node), ``inter`` (the ranks with the same local index
+on every node: hybrid FSDP's replicas, which all-reduce the node-sharded gradients) and
+``intra:<k>`` (blocks of ``k`` consecutive ranks, ``k`` dividing the node's ranks: ZeRO++'s
+secondary partition groups of ``zero_hpz_partition_size`` ranks, as DeepSpeed's
+``_create_zero_param_parallel_group`` builds them)."""
 
 from __future__ import annotations
 
 from zero_sim.system.topology import Topology
 
 
+def subgroup_size(kind: str) -> int | None:
+    """``k`` of an ``intra:<k>`` group, None for the other kinds."""
+    return int(kind.split(":", 1)[1]) if kind.startswith("intra:") else None
+
+
 def process_groups(topo: Topology, kind: str) -> tuple[tuple[int, ...], ...]:
     n, g = topo.world_size, topo.ranks_per_node
+    if (k := subgroup_size(kind)) is not None:
+        return tuple(tuple(range(start, start + k)) for start in range(0, n, k))
     if kind == "world":
         return (tuple(range(n)),)
     if kind == "intra":
@@ -23,4 +33,6 @@ def group_index(topo: Topology, kind: str, rank: int) -> int:
         return 0
     if kind == "intra":
         return rank // topo.ranks_per_node
+    if (k := subgroup_size(kind)) is not None:
+        return rank // k
     return rank % topo.ranks_per_node

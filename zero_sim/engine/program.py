@@ -6,7 +6,10 @@ Ops are issued by the host in list order and land on a stream:
 
 * ``compute`` ops take ``seconds`` on the compute stream;
 * ``collective`` ops run on a comm stream over a process group (``world``, ``intra``
-  = the ranks of one node, ``inter`` = one rank per node), moving ``nbytes``;
+  = the ranks of one node, ``inter`` = one rank per node, ``intra:<k>`` = blocks of ``k``
+  ranks inside a node), moving ``nbytes``; a collective's ``seconds`` are kernels the library
+  runs on the collective's own stream around it (ZeRO++'s quantization), paid once the
+  transfer ends while the stream and the rank's communication stay busy;
 * ``sync`` ops block the *host* until their dependencies finish (``work.wait()`` on a
   CPU backend, ``stream.synchronize()``, ``.item()``);
 * ``host`` ops are work on the host thread itself (Python deciding what to fetch, an optimizer
@@ -101,14 +104,16 @@ class ProgramBuilder:
 
     def collective(self, kind: str, name: str, nbytes: float, phase: str, *, group: str = "world",
                    stream: str = COMM, layer: int | None = None, deps=(), alloc=(), free=(),
-                   host_s=None, after_compute: bool = True) -> int:
+                   host_s=None, after_compute: bool = True, seconds: float = 0.0) -> int:
         """A collective; ``after_compute=False`` when it is issued from a stream that does not wait
-        for the compute op issued before it (see the module docstring)."""
-        if group not in GROUPS:
+        for the compute op issued before it (see the module docstring); ``seconds`` of the library's
+        kernels on its stream."""
+        if group not in GROUPS and not (group.startswith("intra:") and group[6:].isdigit()):
             raise ValueError(f"unknown process group {group!r}")
         return self._add(name=name, stream=stream, kind="collective", phase=phase, layer=layer,
                          collective=kind, group=group, nbytes=float(nbytes), deps=tuple(deps),
-                         alloc=tuple(alloc), free=tuple(free), host_s=host_s, after_compute=after_compute)
+                         alloc=tuple(alloc), free=tuple(free), host_s=host_s, after_compute=after_compute,
+                         seconds=seconds)
 
     def copy(self, name: str, phase: str, nbytes: float, direction: str, *, layer: int | None = None,
              deps=(), alloc=(), free=(), host_s=None) -> int:

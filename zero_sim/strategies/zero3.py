@@ -84,6 +84,11 @@ hardware' changed, each a knob here (with a ``--no-`` form):
 ``prefetch`` (not a DeepSpeed setting) caps how many layers ahead a prefetch may reach; by
 default there is no cap and DeepSpeed's element limits alone decide.  Gathered weights,
 gradients waiting for their reduction and the reduce bucket count as ``buffers``.
+
+ZeRO++ (``zero_quantized_weights``, ``zero_hpz_partition_size``, ``zero_quantized_gradients``,
+DeepSpeed's keys) changes the gathers, the releases and the reductions above; the piece that
+does it is :mod:`zero_sim.strategies.zeropp`, its model :mod:`zero_sim.system.zeropp`
+(docs/zeropp.md).
 """
 
 from __future__ import annotations
@@ -91,7 +96,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from zero_sim.strategies.base import Alloc, Knob, Step, Strategy, shard
+from zero_sim.strategies.base import Alloc, Context, Knob, Step, Strategy, shard
+from zero_sim.strategies.zeropp import ZEROPP_KNOBS, ZeroPlusPlus, refuse_zeropp
 from zero_sim.system.workload import Layer
 from zero_sim.vocabulary import (
     ALL_GATHER,
@@ -117,6 +123,7 @@ class Bucket:
     """DeepSpeed's reduce (ipg) bucket: gradients waiting for one reduce-scatter."""
 
     sizes: list[int] = field(default_factory=list)
+    names: list[str] = field(default_factory=list)  # each gradient's tensor (qgZ reduces 1-D ones apart)
     oversize_bytes: int = 0  # gradients too big to be copied in, reduced from their own memory
     last_op: int | None = None  # the backward that produced the last gradient added
 
@@ -150,6 +157,8 @@ class ZeRO3Step(Step):
         self.kept = [self.kept_after(pos) for pos in range(len(self.trace))]
         self.issued: list[int] = []  # every comm op of every micro-step so far: what a coarse sync waits for
         self.reduces: list[int] = []  # every micro-step's reduce-scatters: what the optimizer waits for
+        self.pp = ZeroPlusPlus(self)
+        self.released: list[Key] = []  # what the last release freed (hpZ copies it first)
 
     def gathered_keys(self, layer: Layer) -> list[Key]:
         """The partitioned tensors ``layer`` uses: its own, plus any it reads (tied weights)."""
@@ -232,12 +241,13 @@ class ZeRO3Step(Step):
 
     def release(self, layer: Layer) -> Alloc:
         """Free the layer's gathered tensors once it has computed, except those reused soon."""
-        freed = 0
+        freed, self.released = 0, []
         for key in self.uses[layer.index]:
             if key in self.available and key not in self.kept[self.pos]:
                 del self.available[key]
                 self.n_available -= self.size[key]
                 freed += self.size[key]
+                self.released.append(key)
         return ((BUFFERS, freed * self.p.param_bytes),) if freed else ()
 
     def backward_allocs(self, layer: Layer) -> Alloc:
@@ -246,14 +256,19 @@ class ZeRO3Step(Step):
         oversize = sum(t.numel for t in layer.tensors if t.trainable and t.numel > self.cap)
         return ((BUFFERS, oversize * self.p.grad_bytes),) if oversize else ()
 
+    def after_forward(self, layer: Layer, op: int) -> None:
+        self.pp.released(self.released, layer.index, FORWARD)
+
     def after_backward(self, layer: Layer, op: int) -> None:
         """Each gradient goes into the bucket; one that would overflow it first reduces the bucket."""
+        self.pp.released(self.released, layer.index, BACKWARD)
         for t in reversed(layer.tensors):
             if t.numel == 0 or not t.trainable:  # a frozen weight has no gradient to reduce
                 continue
             if self.bucket.elements + t.numel > self.cap and self.bucket.elements > 0:
                 self.flush()
             self.bucket.sizes.append(t.numel)
+            self.bucket.names.append(t.name)
             if t.numel > self.cap:
                 self.bucket.oversize_bytes += t.numel * self.p.grad_bytes
             self.bucket.last_op = op
@@ -272,6 +287,11 @@ class ZeRO3Step(Step):
         self.buckets += 1
         layer = self.b.program.ops[bucket.last_op].layer
         ops = []
+        if self.pp.reduces():  # qgZ: each tensor by quantized all-to-alls (zeropp.py)
+            sizes = []
+            oversize = ((BUFFERS, bucket.oversize_bytes),) if bucket.oversize_bytes else ()
+            ops = self.pp.reduce(bucket.sizes, bucket.names, self.buckets - 1, layer, (bucket.last_op,),
+                                 oversize, not self.overlap)
         for k, size in enumerate(sizes):
             last = k == len(sizes) - 1
             free = ((BUFFERS, bucket.oversize_bytes),) if bucket.oversize_bytes and last else ()
@@ -295,12 +315,13 @@ class ZeRO3Step(Step):
         (``offload_param``: each gather copies them up)."""
         if self.offload is None:
             self.update_layers(tuple(self.reduces), share=1.0 / self.n)
-            return
-        self.offload.update_on_cpu(shard(self.w.trainable_params, self.n))
-        if not self.offload.params:
-            sharded = shard(self.w.params - self.persistent, self.n)
-            up = self.offload.params_up("params", sharded, self.p.param_bytes, OPTIMIZER)
-            self.b.sync(wait(self.b.program.ops[up].name), OPTIMIZER, (up,))
+        else:
+            self.offload.update_on_cpu(shard(self.w.trainable_params, self.n))
+            if not self.offload.params:
+                sharded = shard(self.w.params - self.persistent, self.n)
+                up = self.offload.params_up("params", sharded, self.p.param_bytes, OPTIMIZER)
+                self.b.sync(wait(self.b.program.ops[up].name), OPTIMIZER, (up,))
+        self.pp.step_end()
 
     def persistent_param_bytes(self) -> int:
         return self.p.param_bytes * self.persistent
@@ -317,6 +338,7 @@ class ZeRO3Step(Step):
         if missing:
             self.gather(missing)
         own = tuple(dict.fromkeys(self.available[key] for key in self.uses[li]))
+        self.pp.dequantize(own, phase, li)
         self.throttle(li)
         while self.next_in_queue < len(self.queue) and self.queue[self.next_in_queue][0] <= self.pos:
             self.next_in_queue += 1
@@ -367,31 +389,41 @@ class ZeRO3Step(Step):
         """All-gather ``keys``: one coalesced collective, or one per tensor."""
         groups = [keys] if self.batch else [[key] for key in keys]
         for group in groups:
-            nbytes = sum(self.size[key] for key in group) * self.p.param_bytes
             # The first gather of a forward queues behind _post_step's persistent-parameter gather,
             # which follows the optimizer; every other one waits on no compute (overlap_comm).
             after_compute = not self.overlap or self.first_gather
             self.first_gather = False
-            deps: tuple[int, ...] = ()
-            if self.offload is not None and self.offload.params:  # offload_param: the slice comes up first
-                elements = sum(shard(self.size[key], self.n) for key in group)
-                deps = (self.offload.params_up(group[0][0], elements, self.p.param_bytes, self.phase,
-                                               layer=group[0][0]),)
-            op = self.b.collective(ALL_GATHER, layer_collective(ALL_GATHER, group[0][0]), nbytes, self.phase,
-                                   layer=group[0][0], deps=deps, alloc=((BUFFERS, nbytes),),
-                                   after_compute=after_compute)
-            for key in group:
-                self.available[key] = op
-                self.inflight.add(key)
-                self.n_available += self.size[key]
-            self.issued.append(op)
+            for part, op in self.calls(group, after_compute):
+                for key in part:
+                    self.available[key] = op
+                    self.inflight.add(key)
+                    self.n_available += self.size[key]
+                self.issued.append(op)
+
+    def calls(self, group: list[Key], after_compute: bool) -> list[tuple[list[Key], int]]:
+        """One all-gather of ``group`` among all ranks; ZeRO++ may split and shrink it (zeropp.py).
+        With ``offload_param`` the rank's slice is copied up from the host first."""
+        if self.pp.parts.on:
+            return self.pp.gather(group, self.phase, after_compute)
+        nbytes = sum(self.size[key] for key in group) * self.p.param_bytes
+        deps: tuple[int, ...] = ()
+        if self.offload is not None and self.offload.params:
+            elements = sum(shard(self.size[key], self.n) for key in group)
+            deps = (self.offload.params_up(group[0][0], elements, self.p.param_bytes, self.phase,
+                                           layer=group[0][0]),)
+        op = self.b.collective(ALL_GATHER, layer_collective(ALL_GATHER, group[0][0]), nbytes, self.phase,
+                               layer=group[0][0], deps=deps, alloc=((BUFFERS, nbytes),),
+                               after_compute=after_compute)
+        return [(group, op)]
 
     def note(self) -> str:
         decided = "precomputed" if self.ctx.knobs.precomputed_fetch else "made in Python per layer"
-        return (f"{self.persistent:,} parameters persistent (<= {self.threshold:,} elements per tensor); "
+        note = (f"{self.persistent:,} parameters persistent (<= {self.threshold:,} elements per tensor); "
                 f"{'batched' if self.batch else 'per-tensor'} collectives, "
                 f"{'fine-grained' if self.fine else 'whole-stream'} sync, "
                 f"fetch decisions {decided}")
+        parts = self.pp.parts.describe(self.ctx.nodes, self.w.params - self.persistent, self.p.param_bytes)
+        return note + (f"; ZeRO++ {parts}" if parts else "")
 
 
 class ZeRO3(Strategy):
@@ -417,5 +449,8 @@ class ZeRO3(Strategy):
         Knob("precomputed_fetch", True, "fetch decisions computed once, not in Python every layer", bool),
         Knob("fetch_decision_us", 500.0,
              "host time per layer per pass when fetch decisions are not precomputed", ge=0, le=1e6),
-    )
+    ) + ZEROPP_KNOBS
     Step = ZeRO3Step
+
+    def validate(self, ctx: Context) -> None:
+        refuse_zeropp(ctx)

@@ -100,6 +100,20 @@ def nvls_loads(topo: Topology, members: tuple[int, ...]) -> dict[str, float] | N
     return loads
 
 
+@lru_cache(maxsize=1024)
+def pairwise_loads(topo: Topology, members: tuple[int, ...]) -> dict[str, float]:
+    """An all-to-all run as NCCL runs it, every member sending its ``1/n`` slice straight to every
+    other member at once (grouped send/recv): per byte of one slice, each ordered pair's path
+    carries it once, so a GPU's port carries ``n-1`` slices each way and a NIC one slice for
+    every pair whose path crosses it."""
+    loads: dict[str, float] = {}
+    for src in members:
+        for dst in members:
+            if src != dst:
+                _add_path(loads, topo, src, dst, 1.0)
+    return loads
+
+
 @lru_cache(maxsize=4096)
 def ring_hops(topo: Topology, members: tuple[int, ...]) -> tuple[float, float, int]:
     """Simple-protocol latency of the slowest step inside a node and across nodes, and the node count."""

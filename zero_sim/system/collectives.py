@@ -35,6 +35,14 @@ and NCCL runs the (algorithm, protocol) pair with the smallest ``t``, as its tun
     across nodes on every rail.
   - *hierarchical* (named only, not NCCL's): reduce_scatter in each node, all_reduce across
     nodes per local index, all_gather in each node, three stages one after the other.
+* **all_to_all** (ZeRO++'s quantized gradient reduction) is not a ring: NCCL runs it as grouped
+  point-to-point sends (nccl-tests ``src/alltoall.cu``: one ``ncclSend``/``ncclRecv`` per peer
+  inside a group), so every member sends its ``1/n`` slice of ``S`` to each other member at
+  once (``pairwise_loads``).  One stage: the fabric's Simple fixed cost plus one step's latency
+  (the slowest path's), then ``S/n`` bytes per pair over the busiest link's share.  No
+  pipeline fill: point-to-point chunks are a few hundred KB (``NCCL_P2P_NET_CHUNKSIZE`` 128 KB,
+  ``NCCL_P2P_NVL_CHUNKSIZE`` 512 KB), not a ring's tens of MB.  No published all-to-all curve
+  was fitted: the fixed cost and step latency are the all_reduce fit's.
 * A link's *load* is the bytes that cross it per edge byte; a shared PCIe bus counts every
   edge that touches it (the 'GPT Adventures, Part 4: Distribute It' blog post), a NIC only
   the channels whose rings cross it.
@@ -52,9 +60,16 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from zero_sim.system.collective_paths import gloo_ring_loads, merge_loads, nvls_loads, ring_hops, tree_loads
+from zero_sim.system.collective_paths import (
+    gloo_ring_loads,
+    merge_loads,
+    nvls_loads,
+    pairwise_loads,
+    ring_hops,
+    tree_loads,
+)
 from zero_sim.system.topology import Topology, by_node, channel_loads, ring_step_latency
-from zero_sim.vocabulary import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER
+from zero_sim.vocabulary import ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, REDUCE_SCATTER
 from zero_sim.vocabulary.collectives import bus_factor
 
 ALGORITHMS = ("auto", "ring", "tree", "nvls", "nvls_tree", "hierarchical")
@@ -213,6 +228,8 @@ class CollectiveModel:
                      else merge_loads(channel_loads(self.topology, m) for m in instances))
             stage = Stage(fit.latency_s, edge_bytes, loads, cap, fit.queued_latency_s)
             return CollectivePlan(kind, nbytes, n, "calibrated", self.backend, (stage,), sent)
+        if kind == ALL_TO_ALL:  # point-to-point, whatever --algorithm names for the collectives
+            return self._all_to_all(nbytes, instances, sent)
         wanted = backend.algorithms if self.algorithm == "auto" else (self.algorithm,)
         candidates = [plan for algo in wanted for plan in self._candidates(algo, wire_kind, kind, nbytes,
                                                                             instances, sent)]
@@ -257,6 +274,21 @@ class CollectiveModel:
             stage = Stage(base + hops, wire, loads)
             plans.append(CollectivePlan(kind, nbytes, n, algo, self.backend, (stage,), sent, proto.name))
         return plans
+
+    def _all_to_all(self, nbytes: float, instances, sent: float) -> CollectivePlan:
+        """Every member's ``1/n`` slice straight to every other member at once (see the module
+        docstring): a fixed cost and one step's latency, then a slice over the busiest link."""
+        members, n = instances[0], len(instances[0])
+        intra_hop, inter_hop, nodes = ring_hops(self.topology, members)
+        hop = inter_hop if nodes > 1 else intra_hop
+        if self.backend == "gloo":
+            base = BACKENDS["gloo"].launch_latency_s
+        else:
+            base = self._base_us(PROTOCOLS.index(SIMPLE)) * 1e-6
+        loads = merge_loads(pairwise_loads(self.topology, m) for m in instances)
+        stage = Stage(base + hop, nbytes / n, loads)
+        return CollectivePlan(ALL_TO_ALL, nbytes, n, "pairwise", self.backend, (stage,), sent,
+                              "" if self.backend == "gloo" else SIMPLE.name)
 
     def _base_us(self, index: int) -> float:
         fitted = self.topology.spec.fabric.protocol_us

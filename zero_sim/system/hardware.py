@@ -361,7 +361,8 @@ class ComputeModel:
         return self._memory_seconds(nbytes) * self.stretch
 
     def elementwise_time(self, nbytes: float) -> float:
-        """Eager element-wise kernels that move ``nbytes`` (reads plus writes) through HBM."""
+        """A standalone element-wise kernel moving ``nbytes`` (reads plus writes), at the fraction of
+        HBM bandwidth a layer's element-wise kernels reach (FP8's casts, ZeRO++'s quantize and dequantize)."""
         return self._elementwise_seconds(nbytes) * self.stretch
 
     @property

@@ -32,6 +32,7 @@ COLORS = {
     "broadcast": "#DA8BC3", "fetch": "#64B5CD", "wait": "#8C8C8C",
     "copy_out": "#A6C8E0", "copy_in": "#F2B98C", "fp8_cast": "#B8D98A",
     "d2h": "#17BECF", "h2d": "#BCBD22", "cpu_adam": "#2CA02C",
+    "all_to_all": "#B07AA1", "dequantize": "#9DB469", "secondary": "#C9B79C",
 }
 OP_COLORS = COLORS
 MEMORY_COLORS = {"params": "#4C72B0", "grads": "#DD8452", "optimizer": "#55A868",

@@ -54,7 +54,8 @@ ALL_REDUCE = "all_reduce"
 REDUCE_SCATTER = "reduce_scatter"
 ALL_GATHER = "all_gather"
 BROADCAST = "broadcast"
-COLLECTIVES = (ALL_REDUCE, REDUCE_SCATTER, ALL_GATHER, BROADCAST)
+ALL_TO_ALL = "all_to_all"  # ZeRO++'s quantized gradient reduction (qgZ) exchanges slices pairwise
+COLLECTIVES = (ALL_REDUCE, REDUCE_SCATTER, ALL_GATHER, BROADCAST, ALL_TO_ALL)
 
 
 
@@ -120,6 +121,16 @@ def fp8_cast(layer: int) -> str:
     return f"fp8_cast L{layer}"
 
 
+def dequantize(layer: int) -> str:
+    """ZeRO++'s dequantize kernel: int8 weights gathered for layer ``layer`` back to bf16 (qwZ)."""
+    return f"dequantize L{layer}"
+
+
+def secondary(layer: int) -> str:
+    """ZeRO++'s copy of a gathered layer's slice into its node-local secondary partition (hpZ)."""
+    return f"secondary L{layer}"
+
+
 def _check_kind(kind: str) -> None:
     if kind not in COLLECTIVES:
         raise ValueError(f"unknown collective {kind!r}; expected one of {', '.join(COLLECTIVES)}")
@@ -128,7 +139,8 @@ def _check_kind(kind: str) -> None:
 @dataclass(frozen=True)
 class OpName:
     """An op name taken apart: ``kind`` is fwd/bwd/recompute/opt/wait/fetch, an FSDP
-    copy (copy_out/copy_in), fp8_cast, a host copy (d2h/h2d), cpu_adam or a collective."""
+    copy (copy_out/copy_in), fp8_cast, a host copy (d2h/h2d), cpu_adam, a ZeRO++ kernel
+    (dequantize/secondary) or a collective."""
 
     kind: str
     layer: int | None = None
@@ -138,7 +150,8 @@ class OpName:
 
 
 _OP_RE = re.compile(
-    r"^(?P<kind>fwd|bwd|recompute|opt|wait|fetch|copy_out|copy_in|fp8_cast|d2h|h2d|cpu_adam|all_reduce|reduce_scatter|all_gather|broadcast)"
+    r"^(?P<kind>fwd|bwd|recompute|opt|wait|fetch|copy_out|copy_in|fp8_cast|d2h|h2d|cpu_adam|dequantize|secondary"
+    r"|all_reduce|reduce_scatter|all_gather|broadcast|all_to_all)"
     r"(?: (?P<rest>.+))?$"
 )
 

@@ -141,6 +141,10 @@ SECTIONS: tuple[tuple[str, str, tuple[Entry, ...]], ...] = (
         _e("fp32", """the ordinary 32-bit floating-point number: 4 bytes per element."""),
         _e("bf16", """"brain float 16", a 16-bit floating-point format: 2 bytes per element, fp32's range
            with fewer significant digits; GPUs compute on it much faster."""),
+        _e("quantization", """storing numbers in fewer bits (int8: 1 byte, int4: half a byte) with one
+           scale per block of them, so each comes back as its integer times the scale: smaller, and
+           slightly off. ZeRO++ quantizes what it sends, not what it computes with.""",
+           "quantize", "quantized", "quantizing", "dequantize", "dequantized"),
         _e("mixed precision", """the usual recipe: bf16 parameters and gradients for the passes, and
            an fp32 master copy of the parameters plus Adam's two moments for the update (12 bytes per
            parameter), so tiny updates are not rounded away.""", "mixed-precision"),
@@ -225,6 +229,21 @@ SECTIONS: tuple[tuple[str, str, tuple[Entry, ...]], ...] = (
            the optimizer state there and runs the update on the CPU; ZeRO-3 and FSDP2 can move the
            weights too, copying each [shard](#shard) to the GPU before it is gathered. Less GPU memory,
            slower steps; see [offload.md](offload.md).""", "offloading", "offloaded", "CPU offload"),
+        _e("ZeRO++", """three switches DeepSpeed adds to ZeRO-3 to send fewer bytes between
+           [nodes](#node): [qwZ](#qwz), [hpZ](#hpz) and [qgZ](#qgz) (Wang et al. 2023). Each trades
+           something (precision, memory, extra kernels) for network traffic.""", anchor="zeropp",
+           case_sensitive=True),
+        _e("qwZ", """ZeRO++'s quantized weights: every parameter [all-gather](#all-gather) moves int8
+           instead of bf16, one byte an element plus a scale per block, and the receiver dequantizes
+           (DeepSpeed's `zero_quantized_weights`).""", case_sensitive=True),
+        _e("hpZ", """ZeRO++'s hierarchical partitioning: a second copy of the parameters sharded within
+           each [node](#node), so that after a step's first forward the all-gathers run over NVLink
+           only; costs 2Ψ / (GPUs per node) bytes a GPU (DeepSpeed's `zero_hpz_partition_size`).""",
+           case_sensitive=True),
+        _e("qgZ", """ZeRO++'s quantized gradients: the [reduce-scatter](#reduce-scatter) of gradients
+           replaced by int4 [all-to-alls](#all-to-all), first inside each node, then across nodes, with
+           the sums taken in full precision in between (DeepSpeed's `zero_quantized_gradients`).""",
+           case_sensitive=True),
     )),
     ("Collectives", "The network operations every rank of a group calls together.", (
         _e("collective", """an operation every rank of a group calls together; it starts only when all
@@ -237,6 +256,9 @@ SECTIONS: tuple[tuple[str, str, tuple[Entry, ...]], ...] = (
            reduce-scatter followed by an all-gather is an all-reduce.""",
            "all_gather", "all-gathered", "gathered"),
         _e("broadcast", """one rank's buffer is copied to every other rank."""),
+        _e("all-to-all", """every rank splits its array into N chunks and sends chunk j to rank j: each
+           rank ends with one chunk from every rank. NCCL sends them all at once, peer to peer.""",
+           "all_to_all", "alltoall"),
         _e("process group", """the set of ranks a collective runs over: `world` (all), `intra` (the ranks
            of one node), `inter` (one rank per node, same local index)."""),
         _e("ring", """the usual algorithm for large collectives: ranks pass chunks to their neighbour
