@@ -1,5 +1,5 @@
-"""LoRA fine-tuning in the real runs: two gloo ranks under DDP and FSDP train the adapters as one
-process does on the whole batch, hold gradients and Adam state for the adapters alone, and
+"""LoRA fine-tuning in the real runs: two gloo ranks under DDP, ZeRO-1, ZeRO-2 and FSDP train the
+adapters as one process does on the whole batch, hold gradients and Adam state for the adapters alone, and
 replay in the simulator as the same LoRA scenario.
 
 The run: the nano model, rank-4 adapters on q, v and the MLP's down projection (``out``), two
@@ -57,8 +57,11 @@ def lora_run(strategy: str):
     return real_run(strategy, 2, **LORA)
 
 
+STRATEGIES = ("ddp", "zero1", "zero2", "fsdp")
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+@pytest.mark.parametrize("strategy", STRATEGIES)
 def test_two_ranks_train_the_adapters_as_one_process_does(strategy):
     run, out = lora_run(strategy)
     ref, state = reference(), load_state(out)
@@ -77,23 +80,26 @@ def test_two_ranks_train_the_adapters_as_one_process_does(strategy):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("strategy, shards", [("ddp", 1), ("fsdp", 2)])
+@pytest.mark.parametrize("strategy, shards", [("ddp", (1, 1, 1)), ("zero1", (1, 1, 2)), ("zero2", (1, 2, 2)),
+                                              ("fsdp", (2, 2, 2))])
 def test_gradients_and_adam_state_are_held_for_the_adapters_only(strategy, shards):
+    """``shards``: over how many ranks weights, gradients and Adam state are split (the ZeRO stage)."""
     run, _ = lora_run(strategy)
     cfg = PRESETS[RUN["model"]]
     adapters = adapter_params(cfg.n_layer, cfg.d_model, LORA["lora_rank"], TARGETS)
     assert run["trainable_params"] == adapters == reference()["trainable"]
     assert (run["lora_rank"], run["lora_targets"]) == (4, "q,v,down")
+    weights, grads, adam = shards
     for per_rank in run["memory"].values():  # fp32: 4 bytes a gradient, 8 of Adam (m and v)
-        assert per_rank["grads"] == 4 * adapters // shards
-        assert per_rank["optimizer"] == 8 * adapters // shards
-        assert per_rank["params"] == 4 * run["params"] // shards  # every weight, frozen ones included
+        assert per_rank["grads"] == 4 * adapters // grads
+        assert per_rank["optimizer"] == 8 * adapters // adam
+        assert per_rank["params"] == 4 * run["params"] // weights  # every weight, frozen ones included
     formula = run["model_states_formula"]
     assert set(formula["measured"].values()) == {formula["bytes"]}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+@pytest.mark.parametrize("strategy", STRATEGIES)
 def test_a_replay_of_a_lora_run_simulates_the_same_lora_scenario(strategy):
     run, _ = lora_run(strategy)
     sim = predict_run(run)
