@@ -3,11 +3,13 @@ the AdamW update, and the collectives.
 
 A strategy sees the model as the list ``model.layers`` (0 = embeddings, last = head) and
 may act at four moments per layer, all called from hooks installed here:
-``before_forward(i)``, ``after_forward(i)``, ``before_backward(i)`` and
-``grad_ready(param)`` (after autograd has accumulated a parameter's gradient).  The
-hooks also time ``fwd L<i>`` / ``bwd L<i>``; the strategy's own work at those moments
-(waiting for a gather, launching a reduce-scatter) is deliberately left outside the
-compute spans, so a stall shows up as a gap rather than as slow compute.
+``before_forward(i)``, ``after_forward(i)``, ``before_backward(i)`` (not for a layer whose
+output needs no gradient, such as frozen embeddings) and ``grad_ready(param)`` (after
+autograd has accumulated a parameter's gradient, for trainable parameters only), and once a
+step at ``backward_done()`` (autograd has run its last node).  The hooks also time
+``fwd L<i>`` / ``bwd L<i>``; the strategy's own work at those moments (waiting for a gather,
+launching a reduce-scatter) is deliberately left outside the compute spans, so a stall shows
+up as a gap rather than as slow compute.
 
 Sharded strategies keep tensors in :class:`Flat` buffers: a group of parameters laid
 end to end and padded to a multiple of the world size, so that ``reduce_scatter`` and

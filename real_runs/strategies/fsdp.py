@@ -42,10 +42,10 @@ weight after the adapters' gradients are in.  A wholly frozen layer (the embeddi
 reduces nothing.
 
 Per-rank model states (fp32): (4 + 4 + 8)Ψ/N = 16Ψ/N; with LoRA (4Ψ + 4Ψ_t + 8Ψ_t)/N for Ψ_t
-trainable adapter weights.  Gathered parameters and
-full-size gradient buffers are recorded as ``buffers``; with prefetch at most two
-blocks' parameters, plus the embeddings and head, are live at once.  Communication
-is about 3Ψ per rank per step against DDP's 2Ψ: block parameters are gathered twice.
+trainable adapter weights.  Gathered parameters, the all-gather's buffer where a copy-out
+follows, and full-size gradient buffers are recorded as ``buffers``; with prefetch at most two
+blocks' parameters, plus the embeddings and head, are live at once.  Communication is about
+3Ψ per rank per step against DDP's 2Ψ: block parameters are gathered twice.
 """
 
 from __future__ import annotations
