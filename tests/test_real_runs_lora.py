@@ -12,7 +12,7 @@ import functools
 
 import pytest
 import torch
-from real_runs_helpers import RUN, load_state, max_rel_err, real_run
+from real_runs_helpers import RUN, load_state, max_rel_err, rank_record, real_run
 
 from real_runs.lora import add_lora
 from real_runs.lora_targets import ALIASES, ALL_LINEAR, PROJECTIONS, adapter_params, parse_targets
@@ -96,6 +96,26 @@ def test_gradients_and_adam_state_are_held_for_the_adapters_only(strategy, shard
         assert per_rank["params"] == 4 * run["params"] // weights  # every weight, frozen ones included
     formula = run["model_states_formula"]
     assert set(formula["measured"].values()) == {formula["bytes"]}
+
+
+@pytest.mark.slow
+def test_fsdp_gathers_every_weight_and_ddp_and_fsdp_reduce_the_adapters_only():
+    cfg = PRESETS[RUN["model"]]
+    adapters = adapter_params(cfg.n_layer, cfg.d_model, LORA["lora_rank"], TARGETS)
+    run, out = lora_run("fsdp")
+    net = add_lora(build_model(cfg, RUN["seed"]), LORA["lora_rank"], TARGETS, 8.0, RUN["seed"])
+    step = [op for op in rank_record(out, 0)["ops"] if op["step"] == 1]
+    sent = {op["name"]: op["bytes"] for op in step if op["stream"] == "comm"}
+    for i, layer in enumerate(net.layers):  # whole layers, frozen weights and adapters (nano: no padding)
+        assert sent[f"all_gather L{i}"] == 4 * sum(p.numel() for p in layer.parameters())
+    reduced = {name: b for name, b in sent.items() if name.startswith("reduce_scatter")}
+    assert set(reduced) == {f"reduce_scatter L{i}" for i in range(1, cfg.n_layer + 1)}  # blocks only
+    assert sum(reduced.values()) == 4 * adapters
+    # The copy out of the all-gather buffer runs where a layer holds both kinds: the blocks.
+    assert {op["name"] for op in step if op["name"].startswith("copy_out")} == {
+        f"copy_out L{i}" for i in range(1, cfg.n_layer + 1)}
+    ddp_step = [op for op in rank_record(lora_run("ddp")[1], 0)["ops"] if op["step"] == 1]
+    assert sum(op["bytes"] for op in ddp_step if op["name"].startswith("all_reduce")) == 4 * adapters
 
 
 @pytest.mark.slow
