@@ -3,7 +3,7 @@ adapters as one process does on the whole batch, hold gradients and Adam state f
 replay in the simulator as the same LoRA scenario.
 
 The run: the nano model, rank-4 adapters on q, v and the MLP's down projection (``out``), two
-steps, two ranks.  Runs are launched once per session and shared (``real_runs_helpers``).
+steps, two ranks.  Runs are launched once per pytest session and shared (``real_runs_helpers``).
 """
 
 from __future__ import annotations
