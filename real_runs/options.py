@@ -16,8 +16,13 @@ from pathlib import Path
 from zero_sim.vocabulary import REAL_STRATEGIES
 from zero_sim.vocabulary.buckets import DEFAULT_BUCKET_MB
 
+from .lora_targets import DEFAULT_ALPHA, DEFAULT_TARGETS, MAX_RANK, BadTarget, parse_targets
 from .precision import DEFAULT_PRECISION, PRECISIONS
 from .presets import PRESETS
+
+# Strategies that cannot train with frozen weights, and why (one sentence each).
+NO_LORA = {"fsdp-qwz": "fsdp-qwz gathers int8 shards of every weight and has no frozen-weight layout yet; "
+                       "fine-tune with LoRA under fsdp instead."}
 
 
 class BadInput(Exception):
@@ -59,6 +64,14 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--bucket-mb", type=float, default=DEFAULT_BUCKET_MB,
                    help="gradient bucket cap (ddp, zero1, zero2); at the default the first bucket is 1 MiB")
     p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--lora-rank", type=int, default=None,
+                   help="fine-tune with LoRA adapters of this rank: every weight of the model frozen")
+    p.add_argument("--lora-targets", default=None,
+                   help=f"with --lora-rank: the projections given adapters, peft's names (q_proj,v_proj), "
+                        f"short ones (q,v,o,fc,down), the block's own (qkv,proj,fc,out) or all-linear "
+                        f"(default {DEFAULT_TARGETS})")
+    p.add_argument("--lora-alpha", type=float, default=DEFAULT_ALPHA,
+                   help="with --lora-rank: the adapters' output is scaled by alpha / rank (peft's default 8)")
     p.add_argument("--out", default="out/real_run")
     p.add_argument("--trace", action="store_true",
                    help="also write a torch.profiler trace per rank to <out>/traces/rank<r>.pt.trace.json")
@@ -94,7 +107,28 @@ def validate(args: argparse.Namespace, world: int) -> None:
         raise BadInput("--stall-s must be zero or more.")
     if args.profile_memory and not args.trace:
         raise BadInput("--profile-memory adds memory events to the --trace profiler traces; add --trace too.")
+    check_lora(args)
     check_out(args.out)
+
+
+def check_lora(args: argparse.Namespace) -> None:
+    """LoRA's options, as the simulator checks its own; sets ``args.lora_targets`` to the short names
+    (``q,v``) that run.json records."""
+    if args.lora_rank is None:
+        if args.lora_targets is not None:
+            raise BadInput("--lora-targets names where adapters go, but no --lora-rank says their size; "
+                           "give --lora-rank (16 is common) or leave --lora-targets out.")
+        return
+    if not 1 <= args.lora_rank <= MAX_RANK:
+        raise BadInput(f"--lora-rank must be an integer from 1 to {MAX_RANK}, got {args.lora_rank}.")
+    if not args.lora_alpha > 0:
+        raise BadInput(f"--lora-alpha must be positive, got {args.lora_alpha}.")
+    if args.strategy in NO_LORA:
+        raise BadInput(NO_LORA[args.strategy])
+    try:
+        args.lora_targets = ",".join(parse_targets(args.lora_targets or DEFAULT_TARGETS))
+    except BadTarget as e:
+        raise BadInput(f"{e}.") from None
 
 
 # Rank files and run.json of the larger presets take a few MB, traces tens; below this much

@@ -219,7 +219,7 @@ class Recorder:
     @contextmanager
     def saved_activations(self):
         """Count the bytes autograd keeps for backward, by storage.  Parameters (and views
-        of them, such as a transposed weight) are model state, not activations.
+        of them, such as a transposed weight), frozen ones included, are model state, not activations.
 
         Counting runs a Python hook on every tensor autograd saves, a hundred or more per
         forward at a few microseconds each: enough to slow a small model's measured forward
@@ -243,7 +243,9 @@ class Recorder:
 
         def pack(t: torch.Tensor):
             owner = t if t._base is None else t._base
-            if not (owner.is_leaf and owner.requires_grad):
+            # A weight autograd keeps for its input's gradient is model state; a frozen one (LoRA)
+            # needs no grad, so it is known as a parameter rather than as a leaf that wants one.
+            if not (owner.is_leaf and owner.requires_grad) and not isinstance(owner, torch.nn.Parameter):
                 storage = t.untyped_storage()
                 if storage.data_ptr() not in seen:
                     seen.add(storage.data_ptr())

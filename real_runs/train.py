@@ -51,8 +51,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from zero_sim.vocabulary import GRADS, OPTIMIZER_STATE
 from zero_sim.vocabulary.files import write_json_atomic
-from zero_sim.vocabulary.model_states import formula
+from zero_sim.vocabulary.model_states import formula, model_state_bytes
 from zero_sim.vocabulary.records import rank_file, run_file
 
 from .allocator import allocator_in_use
@@ -66,6 +67,7 @@ from .launch import (
     mark_failed,
     progress_line,
 )
+from .lora import add_lora, count_trainable
 from .model import PRESETS, build_model, count_params, global_batch, rank_shard
 from .options import BadInput, make_parser, validate
 from .precision import PRECISIONS
@@ -203,6 +205,8 @@ def train(args) -> dict | None:
 
     cfg = PRESETS[args.model]
     model = build_model(cfg, args.seed, device)
+    if args.lora_rank is not None:
+        add_lora(model, args.lora_rank, tuple(args.lora_targets.split(",")), args.lora_alpha, args.seed)
     n_params = count_params(model)
     rec = Recorder(rank, device, labels=args.trace)
     strategy = STRATEGIES[args.strategy](model, rec, AdamW(lr=args.lr), args.bucket_mb, args.precision)
@@ -238,19 +242,32 @@ def train(args) -> dict | None:
     missing = [r for r in range(world) if not (out / f"rank{r}.json").exists()]
     if missing:
         raise RuntimeError(f"rank files missing for ranks {missing}")
-    run = _run_record(args, cfg, n_params, world, device, out, times.tolist(), mean_loss.tolist(),
-                      param_l2, per_rank)
+    run = _run_record(args, cfg, n_params, count_trainable(model), world, device, out, times.tolist(),
+                      mean_loss.tolist(), param_l2, per_rank)
     write_json_atomic(out / "run.json", run)
     return run
 
 
-def _run_record(args, cfg, n_params: int, world: int, device, out: Path, times: list[float],
+def _model_states_formula(stage: int, n_params: int, trainable: int, world: int, precision) -> dict:
+    """The ZeRO formula for the run; with frozen weights (LoRA) gradients and optimizer state count
+    the ``trainable`` parameters only, weights all of them (``psi_trainable`` says how many trained)."""
+    b, k = precision.param_bytes, precision.optimizer_bytes
+    states = formula(stage, n_params, world, elem_bytes=b, k=k)
+    if trainable != n_params:
+        held = model_state_bytes(stage, n_params, world, b, b, k)
+        trained = model_state_bytes(stage, trainable, world, b, b, k)
+        held.update({GRADS: trained[GRADS], OPTIMIZER_STATE: trained[OPTIMIZER_STATE]})
+        states.update(bytes=int(round(sum(held.values()))), psi_trainable=trainable)
+    return states
+
+
+def _run_record(args, cfg, n_params: int, trainable: int, world: int, device, out: Path, times: list[float],
                 losses: list[float], param_l2: float, per_rank: list[dict]) -> dict:
     """``run.json``: the run's settings, the slowest rank's step times, mean losses, memory per rank
     and the ZeRO formula's model states beside the measured ones."""
     precision = PRECISIONS[args.precision]
-    model_states = formula(STRATEGIES[args.strategy].stage, n_params, world, elem_bytes=precision.param_bytes,
-                           k=precision.optimizer_bytes)
+    stage = STRATEGIES[args.strategy].stage
+    model_states = _model_states_formula(stage, n_params, trainable, world, precision)
     model_states["measured"] = {
         str(r): m["params"] + m["grads"] + m["optimizer"] for r, m in enumerate(per_rank)}
     return run_file(
@@ -259,6 +276,8 @@ def _run_record(args, cfg, n_params: int, world: int, device, out: Path, times: 
         precision=precision.name, dtype=precision.dtype,
         global_batch=args.global_batch, seq_len=args.seq_len,
         steps=args.steps, seed=args.seed, bucket_mb=args.bucket_mb, lr=args.lr,
+        lora_rank=args.lora_rank, lora_targets=args.lora_targets,
+        lora_alpha=args.lora_alpha if args.lora_rank is not None else None, trainable_params=trainable,
         step_times_s=times, median_step_s=statistics.median(times),
         losses=losses, final_loss=float(losses[-1]), param_l2=param_l2,
         memory={str(r): m for r, m in enumerate(per_rank)}, model_states_formula=model_states,

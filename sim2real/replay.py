@@ -13,6 +13,10 @@ The pieces, each a deliberate choice:
   labelled ``embedding`` / ``block`` / ``head`` so per-kind calibrated times apply.
 * **precision**: the run's (``run.json`` ``precision``; fp32 for runs written before it):
   fp32 is the simulator's ``fp32`` (b = 4, K = 8), bf16 its ``mixed`` (b = 2, K = 12).
+* **fine-tuning**: a LoRA run (``run.json`` ``lora_rank``, ``lora_targets``: the simulator's short
+  names) is simulated with the same ``lora_rank`` and ``lora_targets``, so the same weights freeze
+  and the same adapters train (:mod:`zero_sim.system.lora`); the workload read off the module is
+  given the real GPT's shape, which names the projections the adapters sit beside.
 * **strategy**: each real implementation maps to the simulated strategy and knobs that
   describe what it does (:data:`REAL_TO_SIM`).  Where they differ, the mapping says so.
 * **machine**: a CPU run is ``gpu=CPU``, ``backend=gloo``; the topology is the emulated
@@ -27,12 +31,21 @@ The pieces, each a deliberate choice:
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from real_runs.precision import precision_of_run
+from real_runs.presets import GPTConfig
 from zero_sim.scenario import simulate
 from zero_sim.system.device_names import node_topology, preset_for_device
 from zero_sim.system.gpt_layers import GPTShape, gpt_workload
+from zero_sim.system.lora import DEFAULT_TARGETS
 from zero_sim.system.workload import Layer, Workload
 from zero_sim.vocabulary.buckets import DEFAULT_BUCKET_MB
+
+# The hand-written FSDP's schedule (real_runs.strategies.fsdp), as the simulated fsdp's knobs.
+FSDP_KNOBS = {"wrap": "blocks", "root": "per_layer", "reshard_after_forward": True,
+              "backward_prefetch": "pre", "forward_prefetch": True, "limit_all_gathers": False,
+              "update": "per_unit", "copies": "none"}
 
 # real strategy -> (simulated strategy, knobs, what the mapping leaves out)
 REAL_TO_SIM: dict[str, tuple[str, dict, str]] = {
@@ -42,11 +55,12 @@ REAL_TO_SIM: dict[str, tuple[str, dict, str]] = {
     "zero2": ("zero2", {"zero2_launch": "hook"}, ""),
     "zero2-step": ("zero2", {"zero2_launch": "step", "bucket_mb": 0.0}, ""),
     "zero2-hook": ("zero2", {"zero2_launch": "hook", "bucket_mb": 0.0}, ""),
-    "fsdp": ("fsdp", {"wrap": "blocks", "root": "per_layer", "reshard_after_forward": True,
-                       "backward_prefetch": "pre", "forward_prefetch": True, "limit_all_gathers": False,
-                       "update": "per_unit", "copies": "none"},
+    "fsdp": ("fsdp", FSDP_KNOBS,
               "the real FSDP keeps embeddings and head gathered from forward to backward, as FSDP's root "
               "unit, but as two flat buffers, each padded, gathered and reduced on its own"),
+    "fsdp-qwz": ("fsdp", FSDP_KNOBS,
+                 "the real run gathers int8 weights and a scale per 4,096 (a quarter of fp32's bytes, a half "
+                 "of bf16's); the simulated fsdp gathers them in their own precision"),
     "fsdp-torch": ("fsdp", {"wrap": "blocks", "reshard_after_forward": True, "copies": "fsdp2"},
                    "FSDP2's collectives are not recorded in the real run, only its compute"),
 }
@@ -107,12 +121,18 @@ def real_workload(model_config: dict, micro_batch: int, seq_len: int, name: str 
                     shaped.elementwise)
 
 
-def real_shape_workload(cfg, micro_batch: int, seq_len: int) -> Workload:
+def real_shape(cfg, seq_len: int) -> GPTShape:
     """The real GPT as the simulator's GPT shape: pre-norm LayerNorm blocks, a 4x GELU MLP, learned
-    positions, an untied head, no dropout, SDPA attention and eager element-wise ops, as
-    ``real_runs.model`` writes them (its qkv projection has no bias, a 0.02% difference in size)."""
-    shape = GPTShape(cfg.n_layer, cfg.d_model, cfg.n_head, cfg.vocab, seq_len, tied=False, dropout=False)
-    return gpt_workload(shape, micro_batch, seq_len, name="real", attention="flash", elementwise="eager")
+    positions, an untied head, no dropout, as ``real_runs.model`` writes them (its qkv projection has
+    no bias, a 0.02% difference in size)."""
+    return GPTShape(cfg.n_layer, cfg.d_model, cfg.n_head, cfg.vocab, seq_len, tied=False, dropout=False)
+
+
+def real_shape_workload(cfg, micro_batch: int, seq_len: int) -> Workload:
+    """The real GPT's shape (:func:`real_shape`) as a simulator workload, with SDPA attention and eager
+    element-wise ops, as ``real_runs.model`` runs them."""
+    return gpt_workload(real_shape(cfg, seq_len), micro_batch, seq_len, name="real", attention="flash",
+                        elementwise="eager")
 
 
 def scenario_for_run(run: dict, calibration=None) -> tuple[dict, Workload]:
@@ -150,7 +170,12 @@ def scenario_for_run(run: dict, calibration=None) -> tuple[dict, Workload]:
     if calibration is not None:
         kw["calibration"] = calibration
     name = f"{run.get('model', 'real')} (real_runs)"
-    return kw, real_workload(cfg, micro, seq_len, name, per_op=run.get("device", "cpu") != "cpu")
+    workload = real_workload(cfg, micro, seq_len, name, per_op=run.get("device", "cpu") != "cpu")
+    if run.get("lora_rank") is not None:
+        kw.update(lora_rank=int(run["lora_rank"]), lora_targets=run.get("lora_targets") or DEFAULT_TARGETS)
+        if workload.shape is None:  # read off the module: LoRA needs the shape to find the projections
+            workload = replace(workload, shape=real_shape(GPTConfig(**cfg), seq_len))
+    return kw, workload
 
 
 def gpu_machine(run: dict, world: int) -> dict:

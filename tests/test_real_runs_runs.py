@@ -29,12 +29,15 @@ from zero_sim.vocabulary.records import OP_FIELDS
 
 pytestmark = pytest.mark.slow
 TOL = 1e-5
+# Strategies that compute with the weights they were given: fsdp-qwz computes with int8-rounded
+# copies of them, and is held to its own tolerance in tests/test_real_runs_quantized.py.
+EXACT = tuple(s for s in REAL_STRATEGIES if s != "fsdp-qwz")
 
 
 # --- 1. Same parameters as one process on the whole batch -------------------------------
 
 @pytest.mark.parametrize("nproc", [1, 2, 4])
-@pytest.mark.parametrize("strategy", REAL_STRATEGIES)
+@pytest.mark.parametrize("strategy", EXACT)
 def test_every_strategy_reaches_the_single_process_parameters(strategy, nproc):
     run, out = real_run(strategy, nproc)
     ref = reference_for(RUN)
@@ -94,7 +97,7 @@ def test_in_bf16_one_rank_trains_exactly_as_the_textbook_mixed_precision_recipe(
     assert all(t.dtype == torch.bfloat16 for t in state["params"].values())
 
 
-@pytest.mark.parametrize("strategy", REAL_STRATEGIES)
+@pytest.mark.parametrize("strategy", EXACT)
 def test_in_bf16_every_strategy_holds_2_2_12_bytes_a_parameter_and_lands_where_ddp_does(strategy):
     run, out = real_run(strategy, 2, precision="bf16")
     formula = run["model_states_formula"]

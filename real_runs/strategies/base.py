@@ -3,11 +3,13 @@ the AdamW update, and the collectives.
 
 A strategy sees the model as the list ``model.layers`` (0 = embeddings, last = head) and
 may act at four moments per layer, all called from hooks installed here:
-``before_forward(i)``, ``after_forward(i)``, ``before_backward(i)`` and
-``grad_ready(param)`` (after autograd has accumulated a parameter's gradient).  The
-hooks also time ``fwd L<i>`` / ``bwd L<i>``; the strategy's own work at those moments
-(waiting for a gather, launching a reduce-scatter) is deliberately left outside the
-compute spans, so a stall shows up as a gap rather than as slow compute.
+``before_forward(i)``, ``after_forward(i)``, ``before_backward(i)`` (not for a layer whose
+output needs no gradient, such as frozen embeddings) and ``grad_ready(param)`` (after
+autograd has accumulated a parameter's gradient, for trainable parameters only), and once a
+step at ``backward_done()`` (autograd has run its last node).  The hooks also time
+``fwd L<i>`` / ``bwd L<i>``; the strategy's own work at those moments (waiting for a gather,
+launching a reduce-scatter) is deliberately left outside the compute spans, so a stall shows
+up as a gap rather than as slow compute.
 
 Sharded strategies keep tensors in :class:`Flat` buffers: a group of parameters laid
 end to end and padded to a multiple of the world size, so that ``reduce_scatter`` and
@@ -217,6 +219,10 @@ class Strategy:
         self.n_layers = len(self.layers)
         self.names = {p: n for n, p in model.named_parameters()}
         self.layer_of = {p: i for i, layer in enumerate(self.layers) for p in layer.parameters()}
+        # Fine-tuning freezes weights (real_runs.lora): a frozen weight has no gradient, so it is in
+        # no bucket and no reduction, and has no optimizer state; it is still held (and gathered).
+        self.trainable = [p for p in model.parameters() if p.requires_grad]
+        self.frozen_bytes = sum(p.nbytes for p in model.parameters() if not p.requires_grad)
         self.setup()
         self._install_hooks()
 
@@ -227,6 +233,7 @@ class Strategy:
     def after_forward(self, i: int) -> None: ...
     def before_backward(self, i: int) -> None: ...
     def grad_ready(self, p: nn.Parameter) -> None: ...
+    def backward_done(self) -> None: ...
     def zero_grad(self) -> None: ...
 
     def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -308,7 +315,7 @@ class Strategy:
 
             layer.register_forward_pre_hook(pre)
             layer.register_forward_hook(post)
-        for p in self.model.parameters():
+        for p in self.trainable:  # a frozen weight never gets a gradient, so never this hook
             p.register_post_accumulate_grad_hook(self.grad_ready)
 
     def _loss_hook(self, grad):
@@ -318,7 +325,14 @@ class Strategy:
         # The backward's compute ends when autograd has run its last node.  Queued now, this
         # callback runs before those queued later in the pass, such as torch DDP's wait for its
         # all-reduces, so that wait is recorded as communication, not as layer 0's backward.
-        Variable._execution_engine.queue_callback(lambda: self.rec.close(bwd(0)))
+        Variable._execution_engine.queue_callback(self._backward_over)
+
+    def _backward_over(self) -> None:
+        # Layer 0's backward ends here; with frozen embeddings (LoRA) it never ran, and the
+        # lowest block's backward, which no output hook below it closes, ends here instead.
+        for i in range(self.n_layers):
+            self.rec.close(bwd(i))
+        self.backward_done()
 
     # --- collectives, recorded (and labelled by name in a profiler trace) ---------
 

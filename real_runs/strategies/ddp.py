@@ -16,7 +16,9 @@ Communication phases of one step, in order:
    the bucket as one flat tensor.  Every rank applies the same update to the same
    numbers, so the replicas stay identical without a broadcast.
 
-Per-rank model states (fp32): params 4Ψ + grads 4Ψ + Adam 8Ψ = 16Ψ.
+Per-rank model states (fp32): params 4Ψ + grads 4Ψ + Adam 8Ψ = 16Ψ.  Fine-tuning with LoRA
+(:mod:`real_runs.lora`) buckets, reduces and updates the Ψ_t trainable adapter weights only:
+4Ψ + 4Ψ_t + 8Ψ_t, the frozen weights held whole beside the buckets.
 """
 
 from __future__ import annotations
@@ -35,7 +37,9 @@ class DDP(Strategy):
 
     def setup(self) -> None:
         world, rank = (self.world, self.rank) if self.pad_to_world else (1, 0)
-        groups = bucketize(list(self.model.parameters()), self.bucket_bytes, self.first_bucket_bytes)
+        # Only what trains has a gradient to reduce: frozen weights (LoRA) are in no bucket, as
+        # torch's reducer skips parameters that do not require one.
+        groups = bucketize(self.trainable, self.bucket_bytes, self.first_bucket_bytes)
         self.flats = [Flat(g, k, None, world, rank) for k, g in enumerate(groups)]
         for f in self.flats:
             f.bind()
@@ -75,7 +79,7 @@ class DDP(Strategy):
 
     def model_state_bytes(self) -> dict[str, int]:
         return model_state_bytes(
-            params=sum(f.nbytes for f in self.flats),
+            params=sum(f.nbytes for f in self.flats) + self.frozen_bytes,
             grads=sum(f.nbytes for f in self.flats),
             optimizer=sum(a.nbytes for a in self.adam),
         )

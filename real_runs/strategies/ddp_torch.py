@@ -39,7 +39,7 @@ class DDPTorch(Strategy):
             gradient_as_bucket_view=True,
         )
         self.ddp.register_comm_hook(None, self._comm_hook)
-        params = list(self.model.parameters())
+        params = self.trainable  # torch's DDP reduces, and Adam updates, what trains (LoRA: the adapters)
         # bf16: Adam updates fp32 masters (module docstring); fp32: the parameters themselves.
         self.masters = [p.detach().float().requires_grad_() for p in params] \
             if params[0].dtype != torch.float32 else None
@@ -66,7 +66,7 @@ class DDPTorch(Strategy):
             if self.masters is None:
                 self.opt.step()
                 return
-            params = list(self.model.parameters())
+            params = self.trainable
             for m, p in zip(self.masters, params, strict=True):
                 m.grad = p.grad.float()
             self.opt.step()

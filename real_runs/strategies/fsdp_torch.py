@@ -51,7 +51,8 @@ class FSDPTorch(Strategy):
         for block in self.layers[1:-1]:
             fully_shard(block, mesh=mesh, mp_policy=policy)
         fully_shard(self.model, mesh=mesh, mp_policy=policy)
-        self.opt = self.hp.torch_optimizer(self.model.parameters())
+        # FSDP2 shards per parameter: frozen ones (LoRA) are gathered, never reduced; Adam holds what trains.
+        self.opt = self.hp.torch_optimizer([p for p in self.model.parameters() if p.requires_grad])
         # fully_shard swapped in DTensor parameters; index them afresh.
         self.names = {p: n for n, p in self.model.named_parameters()}
         self.layer_of = {p: i for i, layer in enumerate(self.layers) for p in layer.parameters()}

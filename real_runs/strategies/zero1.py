@@ -17,7 +17,8 @@ Communication phases of one step, in order:
    chunk.  The gathers of early buckets overlap the updates of later ones; the step
    ends when all have arrived.
 
-Per-rank model states (fp32): params 4Ψ + grads 4Ψ + Adam 8Ψ/N.
+Per-rank model states (fp32): params 4Ψ + grads 4Ψ + Adam 8Ψ/N; with LoRA, as DDP, the buckets
+hold the trainable adapters alone (Ψ_t): 4Ψ + 4Ψ_t + 8Ψ_t/N.
 """
 
 from __future__ import annotations

@@ -25,7 +25,8 @@ Communication phases of one step, in order:
    rank's chunk of the parameters, and launch ``all_gather B<k>`` of the updated chunk.
    The step ends when every gather has arrived.
 
-Per-rank model states (fp32): params 4Ψ + grads 4Ψ/N + Adam 8Ψ/N.  The full-size
+Per-rank model states (fp32): params 4Ψ + grads 4Ψ/N + Adam 8Ψ/N; with LoRA the buckets hold
+the trainable adapters alone (Ψ_t): 4Ψ + 4Ψ_t/N + 8Ψ_t/N, frozen weights held whole.  The full-size
 gradient buckets exist only between backward and the reduce-scatter and are recorded
 as ``buffers``.
 """
@@ -55,7 +56,7 @@ class ZeRO2(Strategy):
     launch_in_step = False
 
     def setup(self) -> None:
-        params = list(self.model.parameters())
+        params = self.trainable  # frozen weights (LoRA) have no gradient to shard: held whole, outside
         groups = bucketize(params, 0) if self.per_param else bucketize(params, self.bucket_bytes,
                                                                           self.first_bucket_bytes)
         self.flats = [Flat(g, k, self.layer_of[g[0]], self.world, self.rank) for k, g in enumerate(groups)]
@@ -108,7 +109,7 @@ class ZeRO2(Strategy):
 
     def model_state_bytes(self) -> dict[str, int]:
         return model_state_bytes(
-            params=sum(f.nbytes for f in self.flats),
+            params=sum(f.nbytes for f in self.flats) + self.frozen_bytes,
             grads=sum(g.nbytes for g in self.grad_shards),
             optimizer=sum(a.nbytes for a in self.adam),
         )

@@ -46,7 +46,7 @@ MEMORY_CATEGORIES = (PARAMS, GRADS, OPTIMIZER_STATE, ACTIVATIONS, BUFFERS)
 # Strategies the simulator models, and the implementation variants real runs add.
 SIM_STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "fsdp")
 REAL_STRATEGIES = (
-    "ddp-torch", "ddp", "zero1", "zero2", "zero2-step", "zero2-hook", "fsdp", "fsdp-torch",
+    "ddp-torch", "ddp", "zero1", "zero2", "zero2-step", "zero2-hook", "fsdp", "fsdp-torch", "fsdp-qwz",
 )
 
 # Collective kinds, as nccl-tests and torch.distributed name them.

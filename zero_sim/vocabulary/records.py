@@ -122,6 +122,12 @@ class RunFile(_Record):
     seed: int | None = None
     bucket_mb: float | None = None
     lr: float | None = None
+    # LoRA fine-tuning (real_runs.lora): adapters' rank, the projections they sit on (the simulator's
+    # short names, q,v), alpha, and the parameters that trained; absent for full training.
+    lora_rank: int | None = None
+    lora_targets: str | None = None
+    lora_alpha: float | None = None
+    trainable_params: int | None = None
     step_times_s: list[Seconds] = []
     median_step_s: Seconds | None = None
     losses: list[float] | None = None
