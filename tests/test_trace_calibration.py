@@ -11,7 +11,7 @@ from sim2real.cli import main as zero_sim
 from zero_sim import simulate
 from zero_sim.calibration import Calibration
 from zero_sim.calibration.format import CalibrationError
-from zero_sim.calibration.from_traces import calibration_from_traces
+from zero_sim.calibration.from_traces import calibration_from_traces, run_facts
 
 A100_TRACE = Path(__file__).parent / "data" / "hta_a100_ddp" / "rank-0.json.gz"
 
@@ -331,3 +331,13 @@ def test_a_large_trace_is_streamed_keeping_only_what_a_calibration_reads(tmp_pat
     assert peak < big.stat().st_size / 8  # json.load would hold every event: several times the file
     assert seen[-1] == (big.stat().st_size, big.stat().st_size)
     assert all(a[0] <= b[0] for a, b in zip(seen, seen[1:], strict=False))
+
+
+def test_a_lora_runs_optimizer_updates_its_adapters_alone(tmp_path):
+    # run.json of a LoRA fine-tune: 1,000 weights, 16 of them trainable, on 2 ranks.
+    traces = tmp_path / "traces"
+    traces.mkdir()
+    for strategy, updated in (("ddp", 16), ("zero2", 8)):
+        run = {"world_size": 2, "params": 1000, "trainable_params": 16, "strategy": strategy}
+        (tmp_path / "run.json").write_text(json.dumps(run))
+        assert run_facts(traces).params_updated == updated

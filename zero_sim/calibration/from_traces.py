@@ -236,7 +236,8 @@ def run_facts(path: Path) -> RunFacts:
         value = run.get(key)
         return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
-    world, params = positive("world_size"), positive("params")
+    # The optimizer updates what trains: a LoRA run's adapters (trainable_params), else every weight.
+    world, params = positive("world_size"), positive("trainable_params") or positive("params")
     batch, seq = positive("global_batch"), positive("seq_len")
     tokens = batch // world * seq if batch and world and seq else None
     updated = None
