@@ -153,3 +153,14 @@ def test_the_planner_searches_a_fine_tune(capsys):
     assert main([*args, "--lora-rank", "16"]) == 0
     out = capsys.readouterr().out
     assert "LoRA r=16" in out.splitlines()[0] and "fastest that fits: ddp" in out
+
+
+def test_frozen_projections_without_adapters_save_no_input_for_a_weight_gradient():
+    # Llama-2-7B, one sequence of 4,096 tokens: with adapters on q and v only, the MLP's input and the
+    # down projection's input (the SwiGLU product) are saved for nobody; every projection adapted
+    # saves what full training saves.
+    settings = ({}, {"lora_rank": 16}, {"lora_rank": 16, "lora_targets": "all-linear"})
+    full, default, every = (run("ddp", **extra)["memory"]["activations_bytes"] for extra in settings)
+    tokens, h, f = 4096, 4096, 11008
+    assert full - default == 32 * (2 * tokens * h + 2 * tokens * f)
+    assert every == full

@@ -18,9 +18,15 @@ so, by these rules:
   input's gradient only (``Work.frozen_matmul_flops``: autograd skips the weight gradient of a
   tensor that does not require one), so a frozen model's backward GEMMs take about its forward's
   time, not twice it.
-* **memory**: saved activations are taken as full fine-tuning's (a frozen projection's input is
-  still the adapter's input, and the rest of the block saves what it always does); the adapters'
-  own ``r``-wide intermediates are small and not counted.
+* **memory**: a linear layer saves its input only to compute its weight's gradient, so a frozen
+  projection without an adapter saves nothing of its own (autograd's rule: ``dx = dy W^T`` needs
+  ``W``, not ``x``).  Of a block's saved activations (:mod:`zero_sim.system.activations`) these go:
+  the QKV input when none of q, k, v is targeted (the norm keeps its own input), the MLP's input
+  when none of its first matrices is, the GeLU output or SwiGLU product (the down projection's
+  input) when ``down`` is not, and with eager attention the output projection's input when ``o``
+  is not (flash keeps its output for its own backward).  Cross-attention blocks (T5) and
+  torchtitan's op-level recompute are left as full fine-tuning's.  The adapters' own ``r``-wide
+  intermediates are small and not counted.
 
 Targets use peft's names (``target_modules``) or short ones: ``q``, ``k``, ``v``, ``o`` (attention;
 ``q_proj``..``o_proj``, GPT-2's fused ``c_attn`` is q, k and v), ``gate``, ``up``, ``down`` (a
@@ -88,8 +94,31 @@ def with_lora(workload: Workload, rank: int, targets: str = DEFAULT_TARGETS) -> 
         raise WorkloadError(f"--lora-rank must be an integer from 1 to {MAX_RANK}, got {rank!r}")
     chosen = parse_targets(targets, workload.shape)
     table = projections(workload.shape)
-    return replace(workload, layers=tuple(_adapted(layer, rank, chosen, table, workload)
-                                          for layer in workload.layers))
+    adapted = (_adapted(layer, rank, chosen, table, workload) for layer in workload.layers)
+    return replace(workload, layers=tuple(_unsaved(layer, chosen, workload) for layer in adapted))
+
+
+def _unsaved(layer: Layer, chosen: tuple[str, ...], workload: Workload) -> Layer:
+    """A block's saved activations less what its frozen, unadapted projections no longer save."""
+    shape = workload.shape
+    first_cross = shape.n_layer - shape.cross_attention + 1
+    if layer.kind != "block" or layer.index >= first_cross or workload.recompute == "op":
+        return layer
+    t, h, f = workload.tokens_per_micro_batch, shape.d_model, shape.d_ffn
+    targeted = set(chosen)
+    freed = 0
+    if not targeted & {"q", "k", "v"}:
+        freed += 2 * t * h  # the QKV input
+    if "o" not in targeted and workload.attention == "eager":
+        freed += 2 * t * shape.n_head * shape.d_head  # the output projection's input
+    if not targeted & ({"gate", "up"} if shape.mlp == "swiglu" else {"fc"}):
+        freed += 2 * t * h  # the MLP's input
+    if "down" not in targeted and shape.mlp != "relu":
+        freed += 2 * t * f  # the down projection's input (ReLU's output is kept for ReLU's backward)
+    kept = layer.checkpointed_activation_bytes
+    if workload.recompute in ("none", "selective"):
+        kept -= freed
+    return replace(layer, activation_bytes=layer.activation_bytes - freed, checkpointed_activation_bytes=kept)
 
 
 def _adapted(layer: Layer, rank: int, chosen: tuple[str, ...], table: dict, workload: Workload) -> Layer:
