@@ -7,7 +7,8 @@ peft's ``target_modules`` (``q_proj``, ``v_proj``, ``c_attn`` ...), the short na
 (``qkv``, ``proj``, ``fc``, ``out``: :mod:`real_runs.model`).  A run resolves them to short
 names, which ``run.json`` records and the simulator reads back unchanged, so a replay puts
 its adapters where the run did.  ``real_runs`` may not import the simulator's parser (it
-knows only ``zero_sim.vocabulary``); a test holds the two to the same answers.
+knows only ``zero_sim.vocabulary``), so both read names by the one rule of
+:mod:`zero_sim.vocabulary.lora_targets`; a test holds the two to the same answers.
 
 The real block is GPT-2's layout: a fused ``qkv`` projection (d -> 3d), ``proj`` (attention's
 output, d -> d), ``fc`` (d -> 4d) and ``out`` (the MLP's down projection, 4d -> d).  Each of
@@ -18,10 +19,15 @@ them (``d_in x r`` plus ``r x d_out`` per short name).
 
 from __future__ import annotations
 
-ALL_LINEAR = "all-linear"
-DEFAULT_TARGETS = "q,v"  # peft's default for Llama-style models, the simulator's default
+from zero_sim.vocabulary.lora_targets import (
+    ALL_LINEAR,
+    DEFAULT_TARGETS,
+    MAX_RANK,
+    PEFT_ALIASES,
+    resolve_targets,
+)
+
 DEFAULT_ALPHA = 8.0  # peft's LoraConfig default lora_alpha; the adapters' output is scaled by alpha / r
-MAX_RANK = 4096  # the simulator's bound
 
 # Short name -> (the block's module it sits on, its slice of that module's output, in thirds or whole).
 PROJECTIONS: dict[str, tuple[str, int]] = {
@@ -30,12 +36,9 @@ PROJECTIONS: dict[str, tuple[str, int]] = {
 # The parts each module's output splits into, in order.
 MODULE_PARTS: dict[str, tuple[str, ...]] = {"qkv": ("q", "k", "v"), "proj": ("o",), "fc": ("fc",),
                                             "out": ("down",)}
-# peft's names (as the simulator reads them) and the real block's own, and what they stand for.
-ALIASES: dict[str, tuple[str, ...]] = {
-    "q_proj": ("q",), "k_proj": ("k",), "v_proj": ("v",), "o_proj": ("o",), "c_attn": ("q", "k", "v"),
-    "c_fc": ("fc",), "out_proj": ("o",), "dense": ("o",), "down_proj": ("down",),
-    "qkv": ("q", "k", "v"), "proj": ("o",), "out": ("down",),
-}
+# peft's names and the real block's own module names, and what they stand for.
+ALIASES: dict[str, tuple[str, ...]] = PEFT_ALIASES | {"qkv": ("q", "k", "v"), "proj": ("o",),
+                                                      "out": ("down",)}
 
 
 class BadTarget(ValueError):
@@ -44,22 +47,8 @@ class BadTarget(ValueError):
 
 def parse_targets(text: str) -> tuple[str, ...]:
     """The short names ``text`` (comma-separated) targets, in block order (q, k, v, o, fc, down)."""
-    wanted: list[str] = []
-    for name in (t.strip() for t in text.split(",") if t.strip()):
-        if name == ALL_LINEAR:
-            wanted += list(PROJECTIONS)
-            continue
-        for short in ALIASES.get(name, (name,)):
-            if short not in PROJECTIONS:
-                raise BadTarget(f"LoRA target {name!r} is not a projection of the real GPT's blocks; they "
-                                f"have {', '.join(PROJECTIONS)} (peft's q_proj, k_proj, v_proj, o_proj, "
-                                f"c_attn, c_fc, down_proj, the block's own qkv, proj, fc, out, "
-                                f"or {ALL_LINEAR})")
-            wanted.append(short)
-    if not wanted:
-        raise BadTarget(f"--lora-targets names no projection; give some of {', '.join(PROJECTIONS)} "
-                        f"or {ALL_LINEAR}")
-    return tuple(t for t in PROJECTIONS if t in wanted)
+    return resolve_targets(text, PROJECTIONS, BadTarget,
+                           "the real GPT's blocks (also named qkv, proj, fc, out)", ALIASES)
 
 
 def adapter_params(n_layer: int, d_model: int, rank: int, targets: tuple[str, ...]) -> int:
@@ -67,3 +56,7 @@ def adapter_params(n_layer: int, d_model: int, rank: int, targets: tuple[str, ..
     each (the MLP is 4x as wide as the model)."""
     width = {"q": (1, 1), "k": (1, 1), "v": (1, 1), "o": (1, 1), "fc": (1, 4), "down": (4, 1)}
     return n_layer * sum(rank * d_model * sum(width[t]) for t in targets)
+
+
+__all__ = ["ALIASES", "ALL_LINEAR", "DEFAULT_ALPHA", "DEFAULT_TARGETS", "MAX_RANK", "MODULE_PARTS",
+           "PROJECTIONS", "BadTarget", "adapter_params", "parse_targets"]

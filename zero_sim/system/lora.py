@@ -40,14 +40,16 @@ from __future__ import annotations
 from dataclasses import replace
 
 from zero_sim.system.workload import Layer, Tensor, Workload, WorkloadError
+from zero_sim.vocabulary.lora_targets import (
+    ALL_LINEAR,
+    DEFAULT_TARGETS,
+    MAX_RANK,
+    PEFT_ALIASES,
+    resolve_targets,
+)
 
-DEFAULT_TARGETS = "q,v"
-MAX_RANK = 4096
-# peft's module names (Llama, GPT-2) and the short names they stand for.
-ALIASES = {"q_proj": ("q",), "k_proj": ("k",), "v_proj": ("v",), "o_proj": ("o",), "gate_proj": ("gate",),
-           "up_proj": ("up",), "down_proj": ("down",), "c_attn": ("q", "k", "v"), "c_fc": ("fc",),
-           "out_proj": ("o",), "dense": ("o",)}
-ALL_LINEAR = "all-linear"
+# Names, aliases and the bound on the rank are shared with the real runs (zero_sim.vocabulary.lora_targets).
+ALIASES = PEFT_ALIASES
 
 
 def projections(shape) -> dict[str, tuple[str, int, int]]:
@@ -68,21 +70,7 @@ def projections(shape) -> dict[str, tuple[str, int, int]]:
 def parse_targets(text: str, shape) -> tuple[str, ...]:
     """The short names ``text`` (comma-separated) targets in a block of ``shape``, in block order;
     a name the model does not have is one sentence naming those it has."""
-    have = projections(shape)
-    wanted: list[str] = []
-    for name in (t.strip() for t in text.split(",") if t.strip()):
-        if name == ALL_LINEAR:
-            wanted += list(have)
-            continue
-        for short in ALIASES.get(name, (name,)):
-            if short not in have:
-                raise WorkloadError(f"LoRA target {name!r} is not a projection of this model's blocks; it "
-                                    f"has {', '.join(have)} (or {ALL_LINEAR})")
-            wanted.append(short)
-    if not wanted:
-        raise WorkloadError(f"--lora-targets names no projection; give some of {', '.join(have)} or "
-                            f"{ALL_LINEAR}")
-    return tuple(t for t in have if t in wanted)
+    return resolve_targets(text, projections(shape), WorkloadError, "this model's blocks")
 
 
 def with_lora(workload: Workload, rank: int, targets: str = DEFAULT_TARGETS) -> Workload:
