@@ -3,14 +3,15 @@
     result = simulate(model="llama3-8b", strategy="fsdp", gpus=64, topology="dgx-h100")
     result.metrics["step_time_s"], result.scenario.cluster.gpu, result.scenario.knobs.wrap
 
-The steps, each a function below: :func:`resolve` checks the keywords against the schema
-(common settings in :mod:`zero_sim.scenario_settings`, each strategy's knobs beside it) into
-frozen :class:`~zero_sim.scenario_settings.CommonSettings`; :func:`prepare` builds the
-workload, topology, compute model and the strategy's context, refusing what cannot be
-simulated in one sentence; then the strategy's program runs on the engine, and the result
-carries the typed :class:`~zero_sim.scenario_types.Scenario` it was simulated with.  A knob
-given to a strategy that does not take it is refused with a sentence naming the strategies
-it belongs to.
+The steps, each a function below: :func:`resolve` checks the keywords against the schema (common
+settings in :mod:`zero_sim.scenario_settings`, each strategy's knobs beside it) into frozen
+:class:`~zero_sim.scenario_settings.CommonSettings`; :func:`prepare` builds the workload, the
+machine (:mod:`zero_sim.scenario_machine`: topology, compute model, host costs, precision), what
+is offloaded (:mod:`zero_sim.scenario_offload`) and the strategy's context, refusing what cannot
+be simulated in one sentence; then the strategy's program runs on the engine, and the result
+carries the typed :class:`~zero_sim.scenario_types.Scenario` it was simulated with. A knob given
+to a strategy that does not take it is refused with a sentence naming the strategies it belongs
+to.
 """
 
 from __future__ import annotations
@@ -29,6 +30,17 @@ from zero_sim.engine.run_types import EngineConfig, RunOutput, Straggler
 from zero_sim.engine.shared_cores import SharedCores
 from zero_sim.results import SimResult, allocator_reserve, compute_metrics, context_gb
 from zero_sim.scenario_inputs import canonical_names, with_stack
+from zero_sim.scenario_machine import (
+    compute_model,
+    fp8_for,
+    gpu_spread,
+    host_pricing,
+    is_modelled_gpu,
+    measured_figure,
+    precision_of,
+    step_host_s,
+    topology_for,
+)
 from zero_sim.scenario_offload import describe as describe_offload
 from zero_sim.scenario_offload import host_memory, offload_plan
 from zero_sim.scenario_settings import (
@@ -41,20 +53,15 @@ from zero_sim.scenario_settings import (
 )
 from zero_sim.scenario_types import Scenario
 from zero_sim.settings import ScenarioError, check_settings
-from zero_sim.strategies import PRECISIONS, Context, all_knobs, get_strategy
-from zero_sim.strategies.base import Precision, Strategy, StrategyError
+from zero_sim.strategies import Context, all_knobs, get_strategy
+from zero_sim.strategies.base import Strategy, StrategyError
 from zero_sim.system.collectives import CollectiveModel
-from zero_sim.system.fp8 import Fp8Training, fp8_training
 from zero_sim.system.gpt_layers import gpt_workload
-from zero_sim.system.gpu_spread import GPU_SPEED_SIGMA, slowest_gpu_factor
 from zero_sim.system.gpus import GPUS
 from zero_sim.system.hardware import ComputeModel, default_overlap_slowdown
-from zero_sim.system.host_costs import MeasuredHostCosts, host_costs
 from zero_sim.system.lora import DEFAULT_TARGETS, with_lora
 from zero_sim.system.model_presets import PRESETS, human_params, preset, synthesize_shape
-from zero_sim.system.run_overheads import run_overhead
 from zero_sim.system.topology import PRESETS as TOPOLOGIES
-from zero_sim.system.topology import Topology, build_topology
 from zero_sim.system.workload import Workload, WorkloadError
 from zero_sim.system.zeropp import ZeroPP
 from zero_sim.vocabulary import CPU_ADAM
@@ -200,151 +207,6 @@ class Prepared:
     stack_given: bool = False
 
 
-def _topology(s: CommonSettings, calibration: Calibration | None) -> Topology:
-    """The topology preset (or the calibration's imported one) at ``--gpus``, with ``--bandwidth-gbps``."""
-    spec = s.topology
-    if spec == "calibrated":
-        if calibration is None or calibration.topology is None:
-            raise ScenarioError("--topology calibrated needs --calibration with an imported topology; "
-                                "make one with "
-                                "`zero-sim calibrate --nccl-tests FILE --nvidia-smi-topo FILE --out FILE`")
-        spec = calibration.topology
-    try:
-        topo = build_topology(spec, s.gpus, s.gpus_per_node)
-    except ValueError as exc:
-        raise ScenarioError(str(exc)) from None
-    if s.bandwidth_gbps is not None and s.node_bandwidth_gbps is not None:
-        raise ScenarioError("--bandwidth-gbps sets each NIC and --node-bandwidth-gbps the whole node's; "
-                            "give one of them")
-    if s.bandwidth_gbps is not None:
-        topo = topo.with_bandwidth(s.bandwidth_gbps)
-    elif s.node_bandwidth_gbps is not None:
-        # A node's bandwidth is shared evenly by its NICs (one rail each on a rail-optimised fabric).
-        nics = topo.nics if topo.bottleneck_kind() == "nic" else 1
-        topo = topo.with_bandwidth(s.node_bandwidth_gbps / nics)
-    return topo
-
-
-def _gpu_spread(s: CommonSettings, gpu, calibration: Calibration | None) -> float:
-    """The spread of GPU speeds a step pays for: as given, else by what the compute model is.
-
-    The per-op model is one benchmarked GPU's; a step runs at the slowest of N (gpu_spread.py).
-    A flat ``--efficiency``, CPU ranks and a measured layer table (which timed its own slowest
-    rank) take none."""
-    measured = calibration is not None and calibration.compute is not None
-    if s.gpu_spread and measured:
-        raise ScenarioError("--gpu-spread applies to modelled compute, but the calibration's layer table "
-                            "measured its own slowest rank; drop --gpu-spread or the calibration")
-    if s.gpu_spread is not None:
-        return s.gpu_spread
-    modelled = gpu.profile is not None and s.efficiency is None and not measured
-    return GPU_SPEED_SIGMA if modelled else 0.0
-
-
-def _compute_model(s: CommonSettings, gpu, calibration: Calibration | None) -> ComputeModel:
-    """The GPU's per-op model (``efficiency`` None), a flat roofline at ``efficiency``, or the
-    calibration's measured layer table."""
-    if calibration is not None and calibration.backend and calibration.backend != s.backend:
-        raise ScenarioError(f"the calibration was measured with {calibration.backend} but --backend is "
-                            f"{s.backend}; use --backend {calibration.backend} or another calibration")
-    if calibration is not None and calibration.compute is not None:
-        c = calibration.compute
-        shared = cores_shared(s.gpus, c.ranks, c.cores) if gpu.name == "CPU" else 1.0
-        per_param = c.optimizer_seconds_per_param
-        return ComputeModel(gpu, efficiency=s.efficiency,
-                            layer_seconds={kind: {d: t * shared for d, t in times.items()}
-                                           for kind, times in c.layer_seconds.items()},
-                            calibrated_tokens=c.tokens,
-                            optimizer_seconds_per_param=None if per_param is None else per_param * shared,
-                            slowest_rank_factor=c.slowest_rank_factor)
-    return ComputeModel(gpu, efficiency=s.efficiency,
-                        slowest_rank_factor=slowest_gpu_factor(s.gpus, s.gpu_spread),
-                        run_overhead=_run_overhead(s, gpu))
-
-
-def cores_shared(ranks: int, measured_ranks: int, cores: int | None) -> float:
-    """How much slower each CPU rank computes with ``ranks`` on the machine than the calibration's
-    ``measured_ranks`` did on its ``cores``: every rank runs one thread (as the real runs do), so
-    beyond one rank per core the ranks take turns, ``ranks / cores`` of them to a core.  Without
-    the cores measured, the calibration is taken as it is."""
-    if not cores:
-        return 1.0
-    return max(1.0, ranks / cores) / max(1.0, measured_ranks / cores)
-
-
-def _run_overhead(s: CommonSettings, gpu) -> float:
-    """As given, else the fitted factor for the per-op GPU model; a flat ``--efficiency`` is the
-    user's own figure and takes none."""
-    if s.run_overhead is not None:
-        return s.run_overhead
-    return run_overhead(gpu.name) if gpu.profile is not None and s.efficiency is None else 1.0
-
-
-def _modelled_gpu(gpu, calibration: Calibration | None) -> bool:
-    """Whether compute is the GPU model's: eager host costs price modelled kernels (CPU ranks' host
-    *is* their compute; a measured layer table holds what the host cost when it was timed), and
-    the published runs' residuals describe only the model."""
-    return gpu.name != "CPU" and not (calibration is not None and calibration.compute is not None)
-
-
-def _host(workload, s: CommonSettings, calibration: Calibration | None, modelled_gpu: bool):
-    """Who prices the host's issuing of each layer: the per-op model for modelled GPU compute, the
-    host times a trace measured beside its kernel times, else nobody (a layer table timed end to end
-    already holds them; CPU ranks' host *is* their compute)."""
-    if modelled_gpu:
-        return host_costs(workload, s.kernel_host_us)
-    measured = _measured(calibration, "host_seconds")
-    return MeasuredHostCosts(measured) if measured else None
-
-
-def _measured(calibration: Calibration | None, name: str):
-    """A figure of the calibration's compute block, None where it has none."""
-    return getattr(calibration.compute, name) if calibration and calibration.compute else None
-
-
-def _step_host_s(s: CommonSettings, calibration: Calibration | None, modelled_gpu: bool) -> float:
-    """The training loop's host work per step: the stack's for modelled compute, a trace's measure."""
-    if modelled_gpu:
-        return (s.step_host_ms or 0.0) * 1e-3
-    return _measured(calibration, "step_host_s") or 0.0
-
-
-def _precision(s: CommonSettings) -> Precision:
-    precision = PRECISIONS[s.precision]
-    if s.optimizer_k is not None:
-        precision = replace(precision, optimizer_bytes=int(s.optimizer_k))
-    return precision
-
-
-def _fp8(s: CommonSettings, gpu, workload: Workload, calibration: Calibration | None,
-         strategy: Strategy) -> Fp8Training | None:
-    """The FP8 model under ``--precision fp8`` (zero_sim.system.fp8), None otherwise; what it does not
-    model is refused in one sentence rather than simulated as something else."""
-    if s.fp8_all_gather and s.precision != "fp8":
-        raise ScenarioError("--fp8-all-gather gathers the float8 weights of --precision fp8; add "
-                            "--precision fp8 or drop --fp8-all-gather")
-    if s.fp8_all_gather and strategy.name != "fsdp":
-        raise ScenarioError(f"--fp8-all-gather is FSDP2's float8 all-gather of sharded weights, which "
-                            f"{strategy.name} does not gather; use --strategy fsdp or drop --fp8-all-gather")
-    if s.precision != "fp8":
-        return None
-    if s.efficiency is not None:
-        raise ScenarioError("--precision fp8 times the blocks' GEMMs at the FP8 peak with the per-op "
-                            "model, which --efficiency replaces with one fraction of the bf16 peak; drop "
-                            "--efficiency")
-    if calibration is not None and calibration.compute is not None:
-        raise ScenarioError("--precision fp8 is modelled on the GPU's figures, but the calibration's layer "
-                            "table holds measured times of another precision; drop the calibration's compute "
-                            "or --precision fp8")
-    if s.lora_rank is not None:
-        raise ScenarioError("--lora-rank with --precision fp8 (float8 GEMMs beside frozen weights and "
-                            "adapters) is not modelled; use --precision mixed for LoRA")
-    try:
-        return fp8_training(gpu, workload, s.fp8_all_gather)
-    except WorkloadError as exc:
-        raise ScenarioError(str(exc)) from None
-
-
 def prepare(workload: Workload | None = None, **kwargs) -> Prepared:
     """Every check ``simulate()`` makes before it builds the program, in its order; the first
     failure is a :class:`ScenarioError` of one sentence.  Panels ask it which values to offer."""
@@ -367,18 +229,18 @@ def prepare(workload: Workload | None = None, **kwargs) -> Prepared:
     elif workload.micro_batch != s.micro_batch:
         raise ScenarioError(f"the workload was built for micro-batch {workload.micro_batch} "
                             f"but --micro-batch is {s.micro_batch}; pass the same value to both")
-    topo = _topology(s, calibration)
+    topo = topology_for(s, calibration)
     gpu = GPUS[s.gpu or topo.spec.gpu]
-    s = replace(s, gpu_spread=_gpu_spread(s, gpu, calibration))
-    compute = _compute_model(s, gpu, calibration)
-    compute.fp8 = _fp8(s, gpu, workload, calibration, strategy)
-    modelled_gpu = _modelled_gpu(gpu, calibration)
+    s = replace(s, gpu_spread=gpu_spread(s, gpu, calibration))
+    compute = compute_model(s, gpu, calibration)
+    compute.fp8 = fp8_for(s, gpu, workload, calibration, strategy)
+    modelled_gpu = is_modelled_gpu(gpu, calibration)
     offload, topo = offload_plan(s, strategy.name, knobs, topo, gpu.name)
-    ctx = Context(workload, s.gpus, topo.ranks_per_node, compute, _precision(s), s.grad_accum,
+    ctx = Context(workload, s.gpus, topo.ranks_per_node, compute, precision_of(s), s.grad_accum,
                   s.host_overhead_us * 1e-6, knobs,
-                  host=_host(workload, s, calibration, modelled_gpu),
-                  step_host_s=_step_host_s(s, calibration, modelled_gpu),
-                  optimizer_host_s_per_param=_measured(calibration, "optimizer_host_seconds_per_param"),
+                  host=host_pricing(workload, s, calibration, modelled_gpu),
+                  step_host_s=step_host_s(s, calibration, modelled_gpu),
+                  optimizer_host_s_per_param=measured_figure(calibration, "optimizer_host_seconds_per_param"),
                   offload=offload)
     try:
         strategy.validate(ctx)
@@ -477,7 +339,7 @@ def _result(p: Prepared, program: Program, run: RunOutput, scenario: Scenario) -
         metrics["cpu_update_s"] = sum(r.end_s - r.start_s for r in run.records
                                       if r.name == CPU_ADAM and r.rank == run.simulated_ranks[0]
                                       and r.step == len(run.step_ends[r.rank]) - 1)
-    metrics |= confidence_fields(metrics, scenario, p.gpu.peak_flops, _modelled_gpu(p.gpu, p.calibration))
+    metrics |= confidence_fields(metrics, scenario, p.gpu.peak_flops, is_modelled_gpu(p.gpu, p.calibration))
     # What a configuration file set, ignored (and why) or had overridden, beside the figures it produced.
     metrics["config_notes"] = reading.notes if reading is not None else []
     # The stack assumed in one line, then each setting given that overrides it.
