@@ -33,7 +33,7 @@ from zero_sim.system.workload import RECOMPUTE_MODES
 MAX_CANDIDATES = 20_000
 ZEROPP = ("zero_quantized_weights", "zero_hpz_partition_size", "zero_quantized_gradients")
 SHARED = ("model", "params", "seq_len", "topology", "gpu", "stack", "precision", "bandwidth_gbps",
-          "node_bandwidth_gbps", "calibration", "lora_rank", "lora_targets", "peft_config",
+          "node_bandwidth_gbps", "calibration", "lora_rank", "lora_targets", "lora_base", "peft_config",
           "offload_optimizer", "offload_params", "host_memory_gb", *SHAPE_SETTINGS)
 
 
@@ -88,6 +88,8 @@ def plan_args(parser) -> None:
                         help="fine-tune with LoRA adapters of this rank (docs/fine-tuning.md)")
     parser.add_argument("--lora-targets", dest="lora_targets", default=None,
                         help="with --lora-rank: the projections given adapters (default q,v)")
+    parser.add_argument("--lora-base", dest="lora_base", default=None, choices=("bf16", "nf4"),
+                        help="with --lora-rank: nf4 stores the frozen base in 4 bits (QLoRA)")
     parser.add_argument("--peft-config", dest="peft_config", default=None,
                         help="a peft adapter_config.json: its rank and target modules")
     parser.add_argument("--offload-optimizer", dest="offload_optimizer", default=None,

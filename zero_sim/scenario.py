@@ -218,12 +218,16 @@ def prepare(workload: Workload | None = None, **kwargs) -> Prepared:
     calibration = _load_calibration(calibration or s.calibration)
     if workload is None:
         workload = _resolve_workload(s)
-    if s.lora_targets is not None and s.lora_rank is None:
-        raise ScenarioError("--lora-targets names where adapters go, but no --lora-rank says their size; "
-                            "give --lora-rank (16 is common) or leave --lora-targets out")
+    if (s.lora_targets is not None or s.lora_base is not None) and s.lora_rank is None:
+        raise ScenarioError("--lora-targets and --lora-base describe LoRA adapters, but no --lora-rank says "
+                            "their size; give --lora-rank (16 is common) or leave them out")
+    if s.lora_base == "nf4" and strategy.name in ("zero3", "fsdp"):
+        raise ScenarioError(f"a 4-bit QLoRA base sharded by {strategy.name} (FSDP-QLoRA) is not modelled; "
+                            "use --strategy ddp, zero1 or zero2, or --lora-base bf16")
     if s.lora_rank is not None:
         try:
-            workload = with_lora(workload, s.lora_rank, s.lora_targets or DEFAULT_TARGETS)
+            workload = with_lora(workload, s.lora_rank, s.lora_targets or DEFAULT_TARGETS,
+                                 s.lora_base or "bf16")
         except WorkloadError as exc:
             raise ScenarioError(str(exc)) from None
     elif workload.micro_batch != s.micro_batch:
@@ -347,7 +351,8 @@ def _result(p: Prepared, program: Program, run: RunOutput, scenario: Scenario) -
     # With frozen weights (LoRA), what trains: gradients, optimizer state and reductions are for these.
     metrics["trainable_params"] = p.workload.trainable_params
     if s.lora_rank is not None:
-        metrics["lora"] = f"r={s.lora_rank} on {s.lora_targets or DEFAULT_TARGETS}"
+        base = ", base in 4-bit NF4 (QLoRA)" if s.lora_base == "nf4" else ""
+        metrics["lora"] = f"r={s.lora_rank} on {s.lora_targets or DEFAULT_TARGETS}{base}"
     # Under --precision fp8, what ran in float8 and the sources of its rates (zero_sim.system.fp8).
     metrics["fp8"] = p.compute.fp8.record() if p.compute.fp8 is not None else None
     # ZeRO++'s parts assumed (zero3 only), in one line; None when off.

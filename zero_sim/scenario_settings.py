@@ -84,6 +84,9 @@ COMMON: tuple[Setting, ...] = (
     Setting("lora_targets", None, "with --lora-rank: the projections given adapters, peft's names or "
             "short ones (q,k,v,o,gate,up,down,fc) or all-linear (default: q,v, peft's for Llama)", str,
             section="training"),
+    Setting("lora_base", None, "with --lora-rank: how the frozen base's block projections are stored: "
+            "bf16, or nf4 (QLoRA: 4-bit NormalFloat, double quantization, 4.127 bits a weight, dequantized "
+            "for each matmul; ddp, zero1, zero2)", str, ("bf16", "nf4"), section="training"),
     Setting("offload_optimizer", "none", "keep the optimizer state (fp32 master weights, Adam's moments) "
             "in host memory and update it on the CPU: ZeRO-Offload under zero1, zero2 or zero3 "
             "(docs/offload.md)",

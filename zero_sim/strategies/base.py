@@ -208,7 +208,10 @@ class Step:
             sharded = self.stage >= SHARDED_FROM[category]
             return sum(shard(u, self.n) for u in units) if sharded else sum(units)
 
-        return {PARAMS: p.param_bytes * held(self.shard_units(), PARAMS),
+        # Weights held whole are stored as they are (a QLoRA base in 4-bit); sharded, at the precision's.
+        weights = (p.param_bytes * held(self.shard_units(), PARAMS) if self.stage >= SHARDED_FROM[PARAMS]
+                   else int(self.w.weight_bytes(p.param_bytes)))
+        return {PARAMS: weights,
                 GRADS: p.grad_bytes * held(self.gradient_units(), GRADS),
                 OPTIMIZER_STATE: p.optimizer_bytes * held(self.trainable_units(), OPTIMIZER_STATE)}
 

@@ -104,8 +104,8 @@ def flat_bucket_states(step: Step, units: tuple[int, ...]) -> dict[str, int]:
     slices are equal (DeepSpeed pads its flat groups for the same reason)."""
     states = Step.resident(step)
     padded = sum(shard(u, step.n) * step.n for u in units)
-    frozen = step.w.params - step.w.trainable_params  # held whole, outside the buckets
-    states[PARAMS] = step.p.param_bytes * (padded + frozen)
+    frozen = step.w.weight_bytes(step.p.param_bytes, trainable=False)  # held whole, outside the buckets
+    states[PARAMS] = int(step.p.param_bytes * padded + frozen)
     if step.stage < 2:
         states[GRADS] = step.p.grad_bytes * padded
     return states

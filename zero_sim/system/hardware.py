@@ -259,9 +259,11 @@ class ComputeModel:
     def op_seconds(self, kind: str, direction: str, work: Any) -> dict[str, float]:
         """The per-op model's seconds for ``gemm``, ``attention`` and ``memory`` kernels."""
         mult = 1.0 if direction == "fwd" else MEMORY_BWD_OVER_FWD
+        dequantize = getattr(work, "dequantize_bytes", 0.0)  # quantized weights, once each way
         return {"gemm": self.gemm_seconds(kind, direction, work),
                 "attention": self.attention_seconds(direction, work),
-                "memory": self._elementwise_seconds(work.memory_bytes) * mult}
+                "memory": self._elementwise_seconds(work.memory_bytes) * mult
+                + self._elementwise_seconds(dequantize)}
 
     # --- kernels ----------------------------------------------------------------------------
 

@@ -28,6 +28,15 @@ so, by these rules:
   torchtitan's op-level recompute are left as full fine-tuning's.  The adapters' own ``r``-wide
   intermediates are small and not counted.
 
+**QLoRA** (Dettmers et al. 2023, "QLoRA: Efficient Finetuning of Quantized LLMs"), ``base="nf4"``:
+the frozen base model's block projections are stored as 4-bit NormalFloat with double quantization,
+``4 + 8/64 + 32/(64*256)`` = 4.127 bits a weight (the paper's figures: a 64-weight block's 8-bit
+constant, itself quantized in blocks of 256 with fp32 constants), and dequantized to bf16 before
+each GEMM that reads them: once in forward, once in backward for the input gradient, each reading the
+packed weight and writing its bf16 copy (``Work.dequantize_bytes``).  Embeddings, norms, biases and
+the head stay bf16, as bitsandbytes quantizes ``nn.Linear`` layers and Hugging Face keeps ``lm_head``
+out; the adapters train in bf16.
+
 Targets use peft's names (``target_modules``) or short ones: ``q``, ``k``, ``v``, ``o`` (attention;
 ``q_proj``..``o_proj``, GPT-2's fused ``c_attn`` is q, k and v), ``gate``, ``up``, ``down`` (a
 SwiGLU MLP; ``gate_proj``..``down_proj``), ``fc`` and ``down`` (a GELU MLP's two matrices;
@@ -73,8 +82,15 @@ def parse_targets(text: str, shape) -> tuple[str, ...]:
     return resolve_targets(text, projections(shape), WorkloadError, "this model's blocks")
 
 
-def with_lora(workload: Workload, rank: int, targets: str = DEFAULT_TARGETS) -> Workload:
-    """``workload`` fine-tuned with rank-``rank`` adapters on ``targets`` (module docstring)."""
+# QLoRA's NF4 with double quantization: 4 bits, an 8-bit constant per 64 weights, and an fp32 constant
+# per 256 of those (Dettmers et al. 2023, section 3): 4.127 bits a weight.
+NF4_BITS = 4 + 8 / 64 + 32 / (64 * 256)
+BASES = ("bf16", "nf4")
+
+
+def with_lora(workload: Workload, rank: int, targets: str = DEFAULT_TARGETS, base: str = "bf16") -> Workload:
+    """``workload`` fine-tuned with rank-``rank`` adapters on ``targets``, the frozen base's block
+    projections stored as ``base`` (module docstring)."""
     if workload.shape is None:
         raise WorkloadError("LoRA needs a model built from its shape (a preset, --params or shape flags); "
                             "a model read off a module has no named projections to put adapters beside")
@@ -83,7 +99,28 @@ def with_lora(workload: Workload, rank: int, targets: str = DEFAULT_TARGETS) -> 
     chosen = parse_targets(targets, workload.shape)
     table = projections(workload.shape)
     adapted = (_adapted(layer, rank, chosen, table, workload) for layer in workload.layers)
-    return replace(workload, layers=tuple(_unsaved(layer, chosen, workload) for layer in adapted))
+    layers = tuple(_unsaved(layer, chosen, workload) for layer in adapted)
+    if base == "nf4":
+        layers = tuple(_quantized(layer) for layer in layers)
+    return replace(workload, layers=layers)
+
+
+def _quantized(layer: Layer) -> Layer:
+    """A block whose frozen projection weights are stored in NF4 and dequantized before each use."""
+    if layer.kind != "block":
+        return layer
+    tensors = tuple(replace(t, bits=NF4_BITS) if _projection_weight(t) else t for t in layer.tensors)
+    packed = sum(t.numel for t in tensors if t.bits)
+    work = layer.work
+    if work is not None:  # read the packed weight, write its bf16 copy, for every GEMM pass
+        work = replace(work, dequantize_bytes=packed * (NF4_BITS / 8 + 2))
+    return replace(layer, tensors=tensors, work=work)
+
+
+def _projection_weight(tensor: Tensor) -> bool:
+    """A frozen block projection's weight (not a norm, a bias or an adapter)."""
+    return (not tensor.trainable and tensor.name.endswith(".weight")
+            and tensor.name.split(".")[0] in ("attn", "xattn", "mlp"))
 
 
 def _unsaved(layer: Layer, chosen: tuple[str, ...], workload: Workload) -> Layer:
@@ -125,4 +162,4 @@ def _adapted(layer: Layer, rank: int, chosen: tuple[str, ...], table: dict, work
     return replace(layer, tensors=frozen + adapters, fwd_flops=layer.fwd_flops + extra, work=work)
 
 
-__all__ = ["ALL_LINEAR", "DEFAULT_TARGETS", "parse_targets", "projections", "with_lora"]
+__all__ = ["ALL_LINEAR", "BASES", "DEFAULT_TARGETS", "NF4_BITS", "parse_targets", "projections", "with_lora"]

@@ -47,6 +47,12 @@ class Tensor:
     # False for a frozen weight (fine-tuning with adapters, zero_sim.system.lora): it is read and
     # gathered like any other, but has no gradient, no optimizer state and no update.
     trainable: bool = True
+    # Bits a stored element takes when the weight is kept quantized (QLoRA's 4-bit base, 4.127 with
+    # its block constants); 0: the precision's bytes per weight.
+    bits: float = 0.0
+
+    def stored_bytes(self, param_bytes: int) -> float:
+        return self.numel * self.bits / 8 if self.bits else self.numel * param_bytes
 
 
 @dataclass(frozen=True)
@@ -69,6 +75,9 @@ class Work:
     # GEMM FLOPs whose weights are frozen: their backward computes the input's gradient only (one
     # GEMM, not two), as autograd skips a weight gradient nobody asked for.
     frozen_matmul_flops: float = 0.0
+    # HBM traffic of dequantizing quantized weights to bf16 before their GEMMs (QLoRA): paid once in
+    # forward and once in backward (the input gradient's GEMM needs the weight again).
+    dequantize_bytes: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -118,6 +127,12 @@ class Workload:
     @property
     def trainable_params(self) -> int:
         return sum(layer.trainable_numel for layer in self.layers)
+
+    def weight_bytes(self, param_bytes: int, trainable: bool | None = None) -> float:
+        """Bytes of the stored weights at ``param_bytes`` each, quantized ones at their own bits; only
+        the trainable (or only the frozen) ones when ``trainable`` says which."""
+        return sum(t.stored_bytes(param_bytes) for layer in self.layers for t in layer.tensors
+                   if trainable is None or t.trainable == trainable)
 
     @property
     def tokens_per_micro_batch(self) -> int:
