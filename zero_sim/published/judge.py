@@ -68,7 +68,8 @@ def scenario_for(point: dict, mode: str = "configured") -> dict:
 
 
 def unfitted_feature(scenario: dict) -> str | None:
-    """The first setting of a scenario that uses a feature with no fitted part, or None."""
+    """The first setting of a scenario that uses a feature with no fitted part (FP8, ZeRO++, offloading),
+    or None.  Read from the keywords as given: a point names them directly, not through a config file."""
     if scenario.get("precision") == "fp8" or scenario.get("fp8_all_gather"):
         return "precision fp8"
     for key in ("zero_quantized_weights", "zero_quantized_gradients"):
@@ -80,7 +81,6 @@ def unfitted_feature(scenario: dict) -> str | None:
         if scenario.get(key, "none") != "none":
             return key
     return None
-
 
 
 class PublishedError(ValueError):
