@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from zero_sim.published import POINTS_FILE, PublishedError, judge, load_points
-from zero_sim.published.judge import MEMORY_METRICS
+from zero_sim.published.fit import in_fit, refit
+from zero_sim.published.judge import MEMORY_METRICS, unfitted_feature
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -81,6 +82,53 @@ def test_the_table_draws_on_many_sources_and_covers_memory_and_collectives():
     assert sum(p["metric"] in MEMORY_METRICS for p in points) >= 6
     assert sum("collective" in p for p in points) >= 5
     assert all(p.get("unstated") for p in points if "scenario" in p), "say what the source left out"
+
+
+PLAIN_RUN = """
+[[point]]
+id = "plain"
+source = "a made-up run"
+metric = "tokens_per_s_per_gpu"
+value = 3000.0
+[point.scenario]
+model = "llama2-7b"
+strategy = "fsdp"
+gpus = 16
+topology = "dgx-a100"
+micro_batch = 1
+seq_len = 4096
+"""
+
+
+@pytest.mark.parametrize("old, new", [
+    ('topology = "dgx-a100"', 'topology = "dgx-h100"\nprecision = "fp8"'),
+    ('strategy = "fsdp"', 'strategy = "zero3"\nzero_quantized_weights = true'),
+    ('strategy = "fsdp"', 'strategy = "zero3"\nzero_hpz_partition_size = 8'),
+    ('strategy = "fsdp"', 'strategy = "zero3"\noffload_optimizer = "cpu"'),
+    ("value = 3000.0", "value = 3000.0\nfit = false"),
+])
+def test_runs_on_features_with_no_fitted_part_are_judged_but_not_fitted(tmp_path, old, new):
+    """The overhead is fitted to plain runs; FP8, ZeRO++ and offloaded runs, and a point marked
+    fit = false, are predicted with the shipped fit and never move it."""
+    (plain,) = load_points(write(tmp_path, PLAIN_RUN))
+    (point,) = load_points(write(tmp_path, PLAIN_RUN.replace(old, new)))
+    assert in_fit(plain) and not in_fit(point)
+    (judged,) = judge([point]).judged
+    assert judged.error is not None
+    assert refit([point])["points"] == [] and [r["id"] for r in refit([plain])["points"]] == ["plain"]
+
+
+def test_fit_is_true_or_false(tmp_path):
+    with pytest.raises(PublishedError, match="fit = 'no'"):
+        load_points(write(tmp_path, PLAIN_RUN.replace('value = 3000.0', 'value = 3000.0\nfit = "no"')))
+
+
+def test_every_shipped_point_on_fp8_zeropp_or_offload_is_out_of_the_fit():
+    points = load_points(POINTS_FILE)
+    featured = [p for p in points if "scenario" in p and unfitted_feature(p["scenario"])]
+    assert {unfitted_feature(p["scenario"]) for p in featured} >= {"precision fp8", "zero_quantized_weights",
+                                                                   "offload_optimizer"}
+    assert not any(in_fit(p) for p in featured)
 
 
 def test_the_command_prints_the_verdict_as_json():

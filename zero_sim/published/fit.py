@@ -10,6 +10,13 @@ from), the factors are refitted from every *other* source's points and that sour
 predicted with them; those errors are the headline.  A factor that only fits the points it was
 fitted on shows up here as a larger error.
 
+What is not fitted (:func:`in_fit`): the overhead is what plain runs lose beyond the kernel
+models.  FP8, ZeRO++ and offloading add parts of their own (casts, quantization kernels, host
+copies and the CPU's update) that no factor was fitted for, so a run whose scenario uses one of
+them (:func:`zero_sim.published.judge.unfitted_feature`) is judged with the shipped fit and never
+moves it; so is a point marked ``fit = false`` (a plain baseline published beside such runs to
+form pairs, held out with them).
+
 The intervals: the leave-one-source-out speed errors (``predicted / published - 1`` of
 throughput, so positive = predicted too fast) of every time point, in two groups (stack known,
 default stack), give a distribution-free 80% interval (:func:`interval`).  Coverage is checked
@@ -24,7 +31,7 @@ import math
 import statistics
 from dataclasses import dataclass
 
-from zero_sim.published.judge import TIME_METRICS, load_points, predict, scenario_for
+from zero_sim.published.judge import TIME_METRICS, load_points, predict, scenario_for, unfitted_feature
 from zero_sim.system.gpus import GENERATIONS, GPUS
 from zero_sim.system.run_overheads import DEFAULT_STACK_GROUP, FIT_FILE, KNOWN_STACK
 from zero_sim.system.topology import PRESETS as TOPOLOGIES
@@ -33,6 +40,13 @@ LOW_QUANTILE = 0.10  # each tail of an 80% interval
 # An interval narrower than this either side is not claimed: a few dozen runs cannot show more.
 MIN_HALF_WIDTH = 0.05
 NO_OVERHEAD = {"run_overhead": 1.0}
+
+
+def in_fit(point: dict) -> bool:
+    """Whether a point's figure enters the overhead fit: a training run's time figure, on none of the
+    features without a fitted part, and not marked ``fit = false``."""
+    return ("scenario" in point and point["metric"] in TIME_METRICS and point.get("fit", True) is not False
+            and unfitted_feature(point["scenario"]) is None)
 
 
 def source_of(point: dict) -> str:
@@ -66,7 +80,7 @@ class Row:
 def _rows(points: list[dict]) -> list[Row]:
     rows = []
     for p in points:
-        if "scenario" not in p or p["metric"] not in TIME_METRICS:
+        if not in_fit(p):
             continue
         raw = {}
         for mode in ("default", "stack", "configured"):
@@ -161,4 +175,4 @@ def write_fit(fit: dict) -> None:
     FIT_FILE.write_text(json.dumps(fit, indent=1, sort_keys=True) + "\n")
 
 
-__all__ = ["refit", "write_fit", "scenario_for", "coverage", "interval", "overheads"]
+__all__ = ["refit", "write_fit", "scenario_for", "coverage", "interval", "overheads", "in_fit"]

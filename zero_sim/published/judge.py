@@ -67,6 +67,22 @@ def scenario_for(point: dict, mode: str = "configured") -> dict:
     return kept
 
 
+def unfitted_feature(scenario: dict) -> str | None:
+    """The first setting of a scenario that uses a feature with no fitted part (FP8, ZeRO++, offloading),
+    or None.  Read from the keywords as given: a point names them directly, not through a config file."""
+    if scenario.get("precision") == "fp8" or scenario.get("fp8_all_gather"):
+        return "precision fp8"
+    for key in ("zero_quantized_weights", "zero_quantized_gradients"):
+        if scenario.get(key):
+            return key
+    if (scenario.get("zero_hpz_partition_size") or 1) > 1:
+        return "zero_hpz_partition_size"
+    for key in ("offload_optimizer", "offload_params"):
+        if scenario.get(key, "none") != "none":
+            return key
+    return None
+
+
 class PublishedError(ValueError):
     """A points file that cannot be used; the message says which point and how to fix it."""
 
@@ -135,6 +151,8 @@ def load_points(path: str | Path = POINTS_FILE) -> list[dict[str, Any]]:
             raise PublishedError(f"point {pid!r} needs exactly one of [point.scenario] or [point.collective]")
         if not p.get("source"):
             raise PublishedError(f"point {pid!r} does not say where its figure was published (source)")
+        if not isinstance(p.get("fit", True), bool):
+            raise PublishedError(f"point {pid!r} has fit = {p['fit']!r}; use true or false")
     return points
 
 
