@@ -40,7 +40,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from zero_sim.vocabulary import COMM, COMPUTE, HOST, MEMORY_CATEGORIES
+from zero_sim.vocabulary import COMM, COMPUTE, D2H, H2D, HOST, MEMORY_CATEGORIES
 
 OP_KINDS = ("compute", "collective", "sync", "host", "copy")
 GROUPS = ("world", "intra", "inter")
@@ -118,7 +118,7 @@ class ProgramBuilder:
     def copy(self, name: str, phase: str, nbytes: float, direction: str, *, layer: int | None = None,
              deps=(), alloc=(), free=(), host_s=None) -> int:
         """A copy of ``nbytes`` over the GPU's host link, ``direction`` d2h or h2d (its stream)."""
-        if direction not in ("d2h", "h2d"):
+        if direction not in (D2H, H2D):
             raise ValueError(f"unknown copy direction {direction!r}")
         return self._add(name=name, stream=direction, kind="copy", phase=phase, layer=layer,
                          nbytes=float(nbytes), deps=tuple(deps), alloc=tuple(alloc), free=tuple(free),
