@@ -59,7 +59,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from zero_sim.vocabulary import COMPUTE, HOST, parse_op_name
+from zero_sim.vocabulary import COMPUTE, D2H, H2D, HOST, parse_op_name
 from zero_sim.vocabulary.files import write_json_atomic
 
 COMPUTE_STREAM = 7  # the stream id PyTorch's default stream gets in real traces
@@ -93,7 +93,7 @@ def host_pid(rank: int) -> int:
 
 
 # Kineto's names for copies to and from pinned host memory (offloading), which HTA counts as memory.
-_MEMCPY = {"d2h": "Memcpy DtoH (Device -> Pinned)", "h2d": "Memcpy HtoD (Pinned -> Device)"}
+_MEMCPY = {D2H: "Memcpy DtoH (Device -> Pinned)", H2D: "Memcpy HtoD (Pinned -> Device)"}
 DEVICE_WORK = ("compute", "collective", "copy")  # device ops launched from the host: kernels and copies
 
 

@@ -29,6 +29,7 @@ from zero_sim.system.host_side import (
     with_host_links,
 )
 from zero_sim.system.topology import Topology
+from zero_sim.system.zeropp import ZeroPP
 
 DEEPSPEED_STRATEGIES = ("zero1", "zero2", "zero3")
 
@@ -61,8 +62,7 @@ def offload_plan(s, strategy: str, knobs, topo: Topology, gpu_name: str) -> tupl
     if strategy == "fsdp" and not params:
         raise ScenarioError("FSDP2's CPUOffloadPolicy offloads parameters, gradients and optimizer state "
                             "together; give --offload-params cpu")
-    zeropp = [k for k in ("zero_quantized_weights", "zero_quantized_gradients") if getattr(knobs, k, False)]
-    if zeropp or (getattr(knobs, "zero_hpz_partition_size", 1) or 1) > 1:
+    if ZeroPP.from_knobs(knobs).on:
         raise ScenarioError("ZeRO++ with states offloaded to the host is not modelled; drop the ZeRO++ "
                             "switches or the offload")
     if s.fp8_all_gather:

@@ -11,8 +11,9 @@ from zero_sim.system.topology import Topology
 
 
 def subgroup_size(kind: str) -> int | None:
-    """``k`` of an ``intra:<k>`` group, None for the other kinds."""
-    return int(kind.split(":", 1)[1]) if kind.startswith("intra:") else None
+    """``k`` of an ``intra:<k>`` group, None for the other kinds (and for a malformed one)."""
+    size = kind[len("intra:"):] if kind.startswith("intra:") else ""
+    return int(size) if size.isdigit() else None
 
 
 def process_groups(topo: Topology, kind: str) -> tuple[tuple[int, ...], ...]:

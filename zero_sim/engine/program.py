@@ -40,6 +40,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from zero_sim.engine.groups import subgroup_size
 from zero_sim.vocabulary import COMM, COMPUTE, D2H, H2D, HOST, MEMORY_CATEGORIES
 
 OP_KINDS = ("compute", "collective", "sync", "host", "copy")
@@ -108,7 +109,7 @@ class ProgramBuilder:
         """A collective; ``after_compute=False`` when it is issued from a stream that does not wait
         for the compute op issued before it (see the module docstring); ``seconds`` of the library's
         kernels on its stream."""
-        if group not in GROUPS and not (group.startswith("intra:") and group[6:].isdigit()):
+        if group not in GROUPS and subgroup_size(group) is None:
             raise ValueError(f"unknown process group {group!r}")
         return self._add(name=name, stream=stream, kind="collective", phase=phase, layer=layer,
                          collective=kind, group=group, nbytes=float(nbytes), deps=tuple(deps),

@@ -331,10 +331,12 @@ class Step:
         """One ``opt L<i>`` per layer (every layer by default) on the compute stream, updating
         ``share`` of its trainable weights after ``deps``."""
         seconds, host = self.ctx.compute.optimizer_time, self.ctx.optimizer_host_s_per_param
-        return [self.b.compute(opt(layer.index), OPTIMIZER, seconds(int(layer.trainable_numel * share)),
-                               layer=layer.index, deps=deps,
-                               host_s=None if host is None else host * int(layer.trainable_numel * share))
-                for layer in (layers or self.w.layers)]
+        ops = []
+        for layer in layers or self.w.layers:
+            updated = int(layer.trainable_numel * share)
+            ops.append(self.b.compute(opt(layer.index), OPTIMIZER, seconds(updated), layer=layer.index,
+                                      deps=deps, host_s=None if host is None else host * updated))
+        return ops
 
 
 class Strategy:
