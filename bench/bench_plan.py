@@ -2,7 +2,7 @@
 
     python bench/bench_plan.py
 
-For each case it times, in this one run, (a) ``zero_sim.plan_search.search`` in this process,
+For each case it times, in this one run, (a) ``zero_sim.plan.search.search`` in this process,
 (b) the same search on a process pool over the machine's cores, and (c) every candidate
 simulated one after another, then prints the candidates per second of each, the ratios, how
 many candidates the bounds settled without the engine, and whether the top 10 agree.  Goal
@@ -17,9 +17,9 @@ import time
 
 import pandas as pd
 
-from zero_sim.executors import default_executor
-from zero_sim.plan_search import SIMULATED, rank, search, search_space
-from zero_sim.sweep import run_rows
+from zero_sim.plan.executors import default_executor
+from zero_sim.plan.search import SIMULATED, rank, search, search_space
+from zero_sim.plan.sweep import run_rows
 
 CASES = [
     ("gpt2-1.5b on dgx-a100, 8 and 16 GPUs, micro-batch 1-16",

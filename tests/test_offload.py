@@ -8,7 +8,7 @@ from zero_sim import simulate
 from zero_sim.cli import main
 from zero_sim.configs.deepspeed import read_deepspeed
 from zero_sim.configs.fsdp import read_fsdp
-from zero_sim.fit_advice import first_change_that_fits
+from zero_sim.plan.fit_advice import first_change_that_fits
 from zero_sim.scenario import ScenarioError
 from zero_sim.system.host_side import CPU_ADAM_RATE, HOSTS, TORCH_CPU_ADAM_RATE, host_for
 from zero_sim.system.model_presets import preset

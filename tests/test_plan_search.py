@@ -11,11 +11,11 @@ import pytest
 
 from zero_sim import ScenarioError, simulate
 from zero_sim.cli import main
-from zero_sim.executors import default_executor
-from zero_sim.fit_advice import first_change_that_fits
-from zero_sim.plan_bounds import MARGIN, bounds
-from zero_sim.plan_search import MEMORY_BOUND, PlanError, rank, search, search_space
-from zero_sim.sweep import run_rows
+from zero_sim.plan.bounds import MARGIN, bounds
+from zero_sim.plan.executors import default_executor
+from zero_sim.plan.fit_advice import first_change_that_fits
+from zero_sim.plan.search import MEMORY_BOUND, PlanError, rank, search, search_space
+from zero_sim.plan.sweep import run_rows
 
 SMALL = dict(model="gpt2-124m", topology="pcie")
 
@@ -63,7 +63,7 @@ def test_a_process_pool_gives_the_same_table():
 
 def test_a_dask_cluster_runs_the_same_search():
     distributed = pytest.importorskip("dask.distributed", reason="dask is the optional [dask] extra")
-    from zero_sim.executors import dask_executor
+    from zero_sim.plan.executors import dask_executor
 
     space = search_space(SMALL, [4], (4,), strategies=["ddp"], recompute=("none",))
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False,

@@ -1,6 +1,6 @@
 """Sweeps and the planner's search, without a notebook: tables of scenarios, ranked candidates.
 
-:mod:`zero_sim.sweep` and :mod:`zero_sim.planner` are plain functions over ``simulate()``
+:mod:`zero_sim.plan.sweep` and :mod:`zero_sim.plan.planner` are plain functions over ``simulate()``
 that return pandas frames; the widget library is needed only by the panels that show
 them, so these tests also check that importing the two modules leaves it unloaded.
 """
@@ -14,9 +14,9 @@ import pandas as pd
 import pytest
 
 from zero_sim import ScenarioError, simulate
-from zero_sim.planner import FITS, NO_FIT, PLANNER_SKIPS, REFUSED, candidates, knobs_label, plan, tally
+from zero_sim.plan.planner import FITS, NO_FIT, PLANNER_SKIPS, REFUSED, candidates, knobs_label, plan, tally
+from zero_sim.plan.sweep import sweep
 from zero_sim.strategies import STRATEGIES
-from zero_sim.sweep import sweep
 
 PAIR = [{"topology": "pcie", "gpus": 2}, {"topology": "pcie", "gpus": 2, "bucket_mb": -1}]
 
@@ -95,7 +95,7 @@ def test_a_memory_miss_is_counted_as_one():
 
 
 def test_sweeps_and_plans_need_no_widget_library():
-    script = "import sys, zero_sim.planner, zero_sim.sweep; print('ipywidgets' in sys.modules)"
+    script = "import sys, zero_sim.plan.planner, zero_sim.plan.sweep; print('ipywidgets' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split()[-1] == "False"

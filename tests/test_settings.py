@@ -19,8 +19,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from zero_sim import ScenarioError, scenario, simulate
-from zero_sim.scenario_settings import COMMON, MAX_GPUS, MAX_OP_INSTANCES
+import zero_sim.scenario.pipeline as scenario
+from zero_sim import ScenarioError, simulate
+from zero_sim.scenario.settings import COMMON, MAX_GPUS, MAX_OP_INSTANCES
 from zero_sim.settings import Setting, check_settings
 from zero_sim.strategies import STRATEGIES, all_knobs
 from zero_sim.system.topology import PRESETS as TOPOLOGIES

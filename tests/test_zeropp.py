@@ -8,7 +8,7 @@ import pytest
 from zero_sim import simulate
 from zero_sim.cli import main
 from zero_sim.engine.groups import process_groups
-from zero_sim.planner import candidates
+from zero_sim.plan.planner import candidates
 from zero_sim.scenario import ScenarioError, prepare
 from zero_sim.system.collectives import CollectiveModel
 from zero_sim.system.topology import build_topology

@@ -29,10 +29,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from zero_sim.confidence import interval_line
-from zero_sim.fit_advice import first_change_that_fits
-from zero_sim.plan_cli import plan_args, run_plan
+from zero_sim.plan.cli import plan_args, run_plan
+from zero_sim.plan.fit_advice import first_change_that_fits
 from zero_sim.scenario import ScenarioError, simulate
-from zero_sim.scenario_settings import COMMON
+from zero_sim.scenario.settings import COMMON
 from zero_sim.strategies import STRATEGIES, all_knobs
 from zero_sim.system.collectives import CollectiveError
 from zero_sim.system.gpus import GPUS
@@ -225,7 +225,7 @@ def _simulate(args) -> int:
         check_output_path(args.trace_dir / "rank-0.pt.trace.json")
     result = simulate(**kwargs)
     if not result.metrics["memory"]["fits"]:
-        # The answer a user needs next: the first change (in zero_sim.fit_advice's order) that fits.
+        # The answer a user needs next: the first change (in zero_sim.plan.fit_advice's order) that fits.
         change = first_change_that_fits({k: v for k, v in kwargs.items() if v is not None})
         result.metrics["fit_advice"] = (None if change is None
                                         else {"change": change[0], "spare_gb": change[1]})

@@ -54,10 +54,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from zero_sim.breakdown import PHASE_KEYS, clip, step_breakdown, uncovered, union
-from zero_sim.scenario_types import Scenario
 from zero_sim.trace import to_chrome_trace
 from zero_sim.vocabulary import (
     ACTIVATIONS,
@@ -70,6 +69,9 @@ from zero_sim.vocabulary import (
     PARAMS,
 )
 from zero_sim.vocabulary.records import OpRecord
+
+if TYPE_CHECKING:  # the result carries a scenario; the scenario package builds results
+    from zero_sim.scenario.types import Scenario
 
 # GB per GPU outside the tensors (CUDA context with its kernels and cuBLAS workspaces, plus one
 # NCCL communicator's buffers); sources in the module docstring.  Unknown GPUs: the newest figure.
@@ -107,7 +109,7 @@ class SimResult:
     records: list[OpRecord] = field(repr=False)
     # rank -> (t, category, the category's total after the change)
     memory_samples: dict[int, list[tuple[float, str, int]]] = field(repr=False)
-    scenario: Scenario  # every setting, resolved (zero_sim.scenario_types); .to_dict() for JSON
+    scenario: Scenario  # every setting, resolved (zero_sim.scenario.types); .to_dict() for JSON
     window: tuple[float, float]
     world_size: int
     simulated_ranks: list[int]

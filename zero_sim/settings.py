@@ -44,7 +44,7 @@ class Setting:
     ``ge`` and ``le`` bound a number (greater than, at least, at most); ``parse``, when given,
     turns what the user wrote into ``kind`` first (``"7.5B"`` parameters), raising ValueError
     with one sentence.  A default of None means "decided from the other settings" and is never
-    validated.  ``section`` names the part of the typed scenario (:mod:`zero_sim.scenario_types`)
+    validated.  ``section`` names the part of the typed scenario (:mod:`zero_sim.scenario.types`)
     that holds a common setting's resolved value; a strategy's knobs have none."""
 
     name: str

@@ -41,7 +41,7 @@ What it reads, and the rule for each:
 * **the profiler's own cost**: recording every CPU op slows the host; given the step time the
   run shows untraced (``untraced_step_ms``) the host times shrink by the difference
   (:func:`without_profiler`).  A CPU trace's ranks share the run's cores (``cores`` from its
-  ``run.json``), which the simulator scales by (:func:`zero_sim.scenario_machine.cores_shared`).
+  ``run.json``), which the simulator scales by (:func:`zero_sim.scenario.machine.cores_shared`).
 
 * **compute beside communication**: the same kernels (name, grid, block) alone and while an NCCL
   kernel runs (:func:`zero_sim.calibration.trace_index.slowdown_beside_nccl`), the file's

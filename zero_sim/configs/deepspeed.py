@@ -247,8 +247,9 @@ def _zeropp(zero: _Zero, written: dict, stage: int, reading: ConfigReading) -> N
     """ZeRO++'s keys become ZeRO-3's knobs of the same names; one turned on beside another stage is
     passed on too, so that the simulator refuses it naming the key (ZeRO++ extends stage 3 only)."""
     for key in ZEROPP_KEYS:
-        if key in written and (stage == 3 or _turned_on(key, getattr(zero, key))):
-            value = getattr(zero, key)
+        value = getattr(zero, key)
+        # A key written as null is a key left out: DeepSpeed's default (off) holds.
+        if value is not None and key in written and (stage == 3 or _turned_on(key, value)):
             # DeepSpeed reads a partition size of -1 or 0 as off, as 1 is.
             reading.set(key, max(value, 1) if key.endswith("_size") else value, f"zero_optimization.{key}")
 

@@ -1,6 +1,6 @@
 """Controls for simulator settings and strategy knobs, built from what each setting declares.
 
-A control is built from a setting's :class:`~zero_sim.settings.Setting` (``zero_sim.scenario_settings.COMMON``
+A control is built from a setting's :class:`~zero_sim.settings.Setting` (``zero_sim.scenario.settings.COMMON``
 for the common settings, each strategy's ``knobs`` for the rest): booleans become
 checkboxes, multiple-choice settings dropdowns, numbers with well-known stops (GPUs, bucket
 sizes, bandwidths ...) sliders over those stops, other numbers boxes bounded by the
@@ -21,11 +21,11 @@ from collections.abc import Iterable
 
 import ipywidgets as W
 
+from zero_sim.plan.sweep import sweep
 from zero_sim.scenario import ScenarioError
-from zero_sim.scenario_settings import COMMON
+from zero_sim.scenario.settings import COMMON
 from zero_sim.settings import Setting
 from zero_sim.strategies import STRATEGIES, all_knobs, get_strategy
-from zero_sim.sweep import sweep
 from zero_sim.system.model_presets import PRESETS as MODELS
 from zero_sim.system.topology import PRESETS as TOPOLOGIES
 from zero_sim.ui.text import error_html, format_gb, format_ms, metrics_html, metrics_text, optimizer_text
@@ -240,7 +240,7 @@ def knob_default(strategy: str, name: str):
 
 
 def sweep_with_bar(scenarios, description: str = "simulating"):
-    """:func:`zero_sim.sweep.sweep` with a tqdm progress bar (a widget in the notebook)."""
+    """:func:`zero_sim.plan.sweep.sweep` with a tqdm progress bar (a widget in the notebook)."""
     return sweep(scenarios, progress=True, description=description)
 
 

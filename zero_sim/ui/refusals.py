@@ -3,7 +3,7 @@
 A panel offers a value only where the simulator accepts it beside the other settings
 (:mod:`zero_sim.ui.offers`).  Asking ``simulate()`` itself about every stop of every control
 would run dozens of simulations per slider release, so :func:`refusal` asks
-:func:`zero_sim.scenario.prepare`, the part of ``simulate()`` that makes every check
+:func:`zero_sim.scenario.pipeline`, the part of ``simulate()`` that makes every check
 before the program is built (settings, presets, workload, topology, the strategy's own
 ``validate``, the size budget).  It returns the sentence the simulator would refuse
 with, or None.

@@ -14,9 +14,9 @@ from typing import Any
 import ipywidgets as W
 import pandas as pd
 
+from zero_sim.plan.sweep import summary_row
 from zero_sim.scenario import ScenarioError, simulate
 from zero_sim.strategies import all_knobs
-from zero_sim.sweep import summary_row
 from zero_sim.ui.controls import (
     error_html,
     kind_of,

@@ -1,6 +1,6 @@
 """The planner panel: pick a model, GPUs and a topology, press plan, read which setup to use.
 
-The search itself is :func:`zero_sim.planner.plan`; this panel adds the controls, a
+The search itself is :func:`zero_sim.plan.planner.plan`; this panel adds the controls, a
 progress bar over the candidates, a one-paragraph verdict (the fastest candidate that
 fits, or how far the leanest one is from fitting), the ranked table, and a chart of every
 candidate's reserved memory (what must fit, one definition for table, chart and text) against
@@ -10,7 +10,7 @@ so it runs when the reader presses **plan**, not on every control change.
 The controls offer only what every strategy can run (:mod:`zero_sim.ui.offers`): the GPU
 counts the topology's node size allows, for instance.  Candidates the simulator still
 refuses on this cluster (hybrid sharding on one node) are counted apart from those that do
-not fit in memory, with the reason (:func:`zero_sim.planner.tally`).
+not fit in memory, with the reason (:func:`zero_sim.plan.planner.tally`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from collections.abc import Iterable
 import ipywidgets as W
 from IPython.display import display
 
-from zero_sim.planner import candidates, plan, tally
+from zero_sim.plan.planner import candidates, plan, tally
 from zero_sim.strategies import STRATEGIES
 from zero_sim.system.workload import RECOMPUTE_MODES
 from zero_sim.ui.controls import error_html, kind_of, read_value, setting_control

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from zero_sim.engine.groups import process_groups
 from zero_sim.results import allocator_reserve, context_gb
-from zero_sim.scenario import _program, prepare
+from zero_sim.scenario.pipeline import _program, prepare
 from zero_sim.system.collectives import CollectiveModel
 
 # Slack on the time bound: a candidate is pruned only when even this much faster than its bound

@@ -7,7 +7,7 @@ without regard to case (a near miss answered with the name it was probably meant
 from __future__ import annotations
 
 from zero_sim.names import NameError_, canonical
-from zero_sim.scenario_settings import COMMON
+from zero_sim.scenario.settings import COMMON
 from zero_sim.settings import ScenarioError
 from zero_sim.strategies import STRATEGIES, StrategyError, get_strategy
 from zero_sim.system.gpus import GPUS

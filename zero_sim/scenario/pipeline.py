@@ -4,12 +4,12 @@
     result.metrics["step_time_s"], result.scenario.cluster.gpu, result.scenario.knobs.wrap
 
 The steps, each a function below: :func:`resolve` checks the keywords against the schema (common
-settings in :mod:`zero_sim.scenario_settings`, each strategy's knobs beside it) into frozen
-:class:`~zero_sim.scenario_settings.CommonSettings`; :func:`prepare` builds the workload, the
-machine (:mod:`zero_sim.scenario_machine`: topology, compute model, host costs, precision), what
-is offloaded (:mod:`zero_sim.scenario_offload`) and the strategy's context, refusing what cannot
+settings in :mod:`zero_sim.scenario.settings`, each strategy's knobs beside it) into frozen
+:class:`~zero_sim.scenario.settings.CommonSettings`; :func:`prepare` builds the workload, the
+machine (:mod:`zero_sim.scenario.machine`: topology, compute model, host costs, precision), what
+is offloaded (:mod:`zero_sim.scenario.offload`) and the strategy's context, refusing what cannot
 be simulated in one sentence; then the strategy's program runs on the engine, and the result
-carries the typed :class:`~zero_sim.scenario_types.Scenario` it was simulated with. A knob given
+carries the typed :class:`~zero_sim.scenario.types.Scenario` it was simulated with. A knob given
 to a strategy that does not take it is refused with a sentence naming the strategies it belongs
 to.
 """
@@ -29,8 +29,8 @@ from zero_sim.engine.program import Program
 from zero_sim.engine.run_types import EngineConfig, RunOutput, Straggler
 from zero_sim.engine.shared_cores import SharedCores
 from zero_sim.results import SimResult, allocator_reserve, compute_metrics, context_gb
-from zero_sim.scenario_inputs import canonical_names, with_stack
-from zero_sim.scenario_machine import (
+from zero_sim.scenario.inputs import canonical_names, with_stack
+from zero_sim.scenario.machine import (
     compute_model,
     fp8_for,
     gpu_spread,
@@ -41,9 +41,9 @@ from zero_sim.scenario_machine import (
     step_host_s,
     topology_for,
 )
-from zero_sim.scenario_offload import describe as describe_offload
-from zero_sim.scenario_offload import host_memory, offload_plan
-from zero_sim.scenario_settings import (
+from zero_sim.scenario.offload import describe as describe_offload
+from zero_sim.scenario.offload import host_memory, offload_plan
+from zero_sim.scenario.settings import (
     COMMON,
     COMMON_NAMES,
     MAX_GPUS,
@@ -51,7 +51,7 @@ from zero_sim.scenario_settings import (
     SHAPE_SETTINGS,
     CommonSettings,
 )
-from zero_sim.scenario_types import Scenario
+from zero_sim.scenario.types import Scenario
 from zero_sim.settings import ScenarioError, check_settings
 from zero_sim.strategies import Context, all_knobs, get_strategy
 from zero_sim.strategies.base import Strategy, StrategyError

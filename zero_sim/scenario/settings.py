@@ -2,7 +2,7 @@
 
 Each :class:`~zero_sim.settings.Setting` is a ``simulate()`` keyword and a CLI flag; its
 ``section`` says where its resolved value lives in the typed scenario
-(:mod:`zero_sim.scenario_types`): the workload (model and shape), the training loop, the
+(:mod:`zero_sim.scenario.types`): the workload (model and shape), the training loop, the
 cluster, the hardware model, the simulation itself, or the input files.  A strategy's own knobs
 are declared beside the strategy (:mod:`zero_sim.strategies`).
 """

@@ -6,7 +6,7 @@ grows to match), a sharded strategy (``fsdp``, then ``zero3``), offloading to ho
 the same GPUs (ZeRO-3's optimizer state, then its weights too: slower steps, no new hardware;
 docs/offload.md), more GPUs of the same kind (doubling, up to 16 times as many), then a GPU with
 more memory.  Each try is first checked
-against the memory bound (:mod:`zero_sim.plan_bounds`) and only simulated when it might fit;
+against the memory bound (:mod:`zero_sim.plan.bounds`) and only simulated when it might fit;
 the first that fits is the answer.
 """
 
@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from zero_sim.plan_bounds import bounds
+from zero_sim.plan.bounds import bounds
 from zero_sim.scenario import ScenarioError, simulate
-from zero_sim.scenario_settings import MAX_GPUS
+from zero_sim.scenario.settings import MAX_GPUS
 from zero_sim.strategies import all_knobs, get_strategy
 from zero_sim.system.gpus import GPUS
 

@@ -3,12 +3,12 @@
     zero-sim plan --model llama3-8b --gpus 16,32 --topology p4d-efa --seq-len 4096 --global-batch 256
 
 It searches strategies x their main knobs x recompute x micro-batch (x gradient accumulation
-when ``--global-batch`` is fixed) x GPU counts (:mod:`zero_sim.plan_search`) and prints a
+when ``--global-batch`` is fixed) x GPU counts (:mod:`zero_sim.plan.search`) and prints a
 ranked table, the fastest candidate that fits first: tokens/s per GPU with its likely range,
 MFU, step time, reserved memory against capacity (what "fits" compares), exposed
 communication and the settings to use.  Rows within 5% of the fastest are marked ``≈``, too
 close to call.  When nothing fits it says what would: the first change, found by trying them
-(:mod:`zero_sim.fit_advice`).  ``--json`` and ``--csv`` print the whole table instead; progress
+(:mod:`zero_sim.plan.fit_advice`).  ``--json`` and ``--csv`` print the whole table instead; progress
 shows on a terminal's stderr otherwise.
 """
 
@@ -20,12 +20,12 @@ import sys
 
 import pandas as pd
 
-from zero_sim.executors import dask_executor, default_executor
-from zero_sim.fit_advice import first_change_that_fits
-from zero_sim.plan_search import MICRO_BATCHES, SIMULATED, PlanError, search, search_space
-from zero_sim.planner import FITS
+from zero_sim.plan.executors import dask_executor, default_executor
+from zero_sim.plan.fit_advice import first_change_that_fits
+from zero_sim.plan.planner import FITS
+from zero_sim.plan.search import MICRO_BATCHES, SIMULATED, PlanError, search, search_space
 from zero_sim.scenario import resolve
-from zero_sim.scenario_settings import SHAPE_SETTINGS
+from zero_sim.scenario.settings import SHAPE_SETTINGS
 from zero_sim.strategies import STRATEGIES
 from zero_sim.system.workload import RECOMPUTE_MODES
 

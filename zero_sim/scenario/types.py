@@ -1,7 +1,7 @@
 """The typed scenario: one simulation's settings, resolved, frozen, and read by attribute.
 
 ``simulate(**keywords)`` is the friendly front; it checks the keywords against the schema
-(:mod:`zero_sim.scenario_settings` and each strategy's knobs) and resolves what was left to
+(:mod:`zero_sim.scenario.settings` and each strategy's knobs) and resolves what was left to
 the simulator (the preset's name, the GPU, the overlap slowdown, ...) into a
 :class:`Scenario`.  Everything downstream (results, traces, the overlay, validation) reads it
 by attribute: ``result.scenario.cluster.gpus``, ``result.scenario.workload.params``,
@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
-from zero_sim.scenario_settings import COMMON
+from zero_sim.scenario.settings import COMMON
 from zero_sim.settings import settings_record
 
 SECTIONS = ("workload", "training", "cluster", "hardware", "simulation", "inputs")

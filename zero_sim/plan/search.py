@@ -1,16 +1,16 @@
 """A planning search at scale: every candidate bounded, only those that could rank simulated.
 
 The space (:func:`search_space`): the planner's strategy and knob candidates
-(:func:`zero_sim.planner.candidates`: each strategy at its defaults and with each main knob
+(:func:`zero_sim.plan.planner.candidates`: each strategy at its defaults and with each main knob
 varied, under each recompute mode) x GPU counts x micro-batches, with the gradient
 accumulation that makes up the global batch when one is fixed.
 
 The search (:func:`search`), in three passes:
 
-1. every candidate's bounds (:mod:`zero_sim.plan_bounds`, milliseconds each): refused ones get
+1. every candidate's bounds (:mod:`zero_sim.plan.bounds`, milliseconds each): refused ones get
    their sentence; those whose reserved memory cannot fit are settled as not fitting;
 2. the rest are simulated best-bound first, in batches on the executor
-   (:mod:`zero_sim.executors`), and after each batch any candidate whose throughput bound
+   (:mod:`zero_sim.plan.executors`), and after each batch any candidate whose throughput bound
    cannot reach the K-th fastest that fits is settled as out of the running;
 3. the table: what fits first, fastest (tokens per second, all GPUs) first; each row says how it
    was settled (``settled``: simulated, memory bound, time bound, refused).
@@ -26,11 +26,11 @@ from typing import Any
 
 import pandas as pd
 
-from zero_sim.executors import map_on
-from zero_sim.plan_bounds import bounds
-from zero_sim.planner import FITS, NO_FIT, REFUSED, candidates, knobs_label, ranked
+from zero_sim.plan.bounds import bounds
+from zero_sim.plan.executors import map_on
+from zero_sim.plan.planner import FITS, NO_FIT, REFUSED, candidates, knobs_label, ranked
+from zero_sim.plan.sweep import Progress, run_rows
 from zero_sim.scenario import ScenarioError
-from zero_sim.sweep import Progress, run_rows
 from zero_sim.system.gpus import GB
 from zero_sim.system.workload import RECOMPUTE_MODES
 

@@ -2,7 +2,7 @@
 model, who prices the host's launches, precision and FP8.
 
 Each function takes the checked settings (and the calibration, when one was given) and returns
-one piece :func:`zero_sim.scenario.prepare` assembles, or refuses a combination it cannot
+one piece :func:`zero_sim.scenario.pipeline` assembles, or refuses a combination it cannot
 simulate with one :class:`~zero_sim.settings.ScenarioError` sentence.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from zero_sim.calibration import Calibration
-from zero_sim.scenario_settings import CommonSettings
+from zero_sim.scenario.settings import CommonSettings
 from zero_sim.settings import ScenarioError
 from zero_sim.strategies import PRECISIONS
 from zero_sim.strategies.base import Precision, Strategy

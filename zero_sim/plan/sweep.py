@@ -18,7 +18,7 @@ from typing import Any
 
 import pandas as pd
 
-from zero_sim.executors import map_on
+from zero_sim.plan.executors import map_on
 from zero_sim.scenario import ScenarioError, simulate
 from zero_sim.system.gpus import GB
 
@@ -82,7 +82,7 @@ def sweep(scenarios: Iterable[Mapping[str, Any]], progress: Progress = None,
     Each row holds the scenario's keywords, then :func:`summary_row`'s metrics; a refused
     scenario gets its sentence in ``error`` instead of metrics.  ``progress`` says how to
     report each finished scenario (see :data:`Progress`); ``description`` labels its own bar.
-    ``executor`` (a :class:`concurrent.futures.Executor`, :mod:`zero_sim.executors`) runs them
+    ``executor`` (a :class:`concurrent.futures.Executor`, :mod:`zero_sim.plan.executors`) runs them
     elsewhere; rows keep the scenarios' order.
     """
     scenarios = [dict(s) for s in scenarios]
