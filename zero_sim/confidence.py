@@ -72,6 +72,12 @@ def confidence_fields(metrics: dict, scenario, peak_flops: float, modelled_gpu: 
     return out
 
 
+def widest_inputs(band: dict, n: int = 2) -> str:
+    """The inputs that widen this step's interval most, with how far each alone moves it."""
+    widest = sorted(((h, name) for name, h in band.get("shares", {}).items() if h >= 0.005), reverse=True)[:n]
+    return ", ".join(f"{name} ±{h:.0%}" for h, name in widest)
+
+
 def interval_line(metrics: dict) -> str | None:
     """One line for people: the per-GPU throughput range and what widens it."""
     band = metrics.get("prediction_interval")
@@ -79,9 +85,8 @@ def interval_line(metrics: dict) -> str | None:
     if not band or not low_high:
         return None
     low, high = low_high
-    widest = sorted(((h, name) for name, h in band.get("shares", {}).items() if h >= 0.005), reverse=True)[:2]
-    told = "stack named" if band["group"] == KNOWN_STACK else "default stack"
+    told = "its stack named" if band["group"] == KNOWN_STACK else "the default stack"
     why = "; ".join(f"{u['feature']} is judged, never fitted ({u['why']})" for u in band.get("unfitted", []))
-    inputs = ", ".join(f"{name} ±{h:.0%}" for h, name in widest)
-    return (f"{low:,.0f}-{high:,.0f} tokens/s per GPU ({band['level']:.0%} interval, {told}): the inputs' "
-            f"spreads through this step, most from {inputs}" + (f"; wider: {why}" if why else ""))
+    line = (f"{low:,.0f}-{high:,.0f} tokens/s per GPU ({band['level']:.0%} interval): the inputs' spreads "
+            f"through this step at {told}, most from {widest_inputs(band)}")
+    return line + (f"; wider: {why}" if why else "")

@@ -331,7 +331,8 @@ def _scenario(p: Prepared, figures: RankFigures) -> Scenario:
     }, p.knobs)
 
 
-def _interval_inputs(p: Prepared, program: Program, run: RunOutput, engine: Engine) -> tuple[Timeline, Setting]:
+def _interval_inputs(p: Prepared, program: Program, run: RunOutput,
+                     engine: Engine) -> tuple[Timeline, Setting]:
     """The recorded step to re-time and what the inputs' spreads depend on (zero_sim.uncertainty)."""
     s = p.settings
     timeline = timeline_of(program, run.op_seconds, s.steps, s.host_overhead_us * 1e-6,
