@@ -33,8 +33,9 @@ Features judged but never fitted (FP8, ZeRO++, offloading, QLoRA): no whole run 
 entered the overhead fit, and a feature changes more than its own kernels (what overlaps
 what, the allocator's traffic, the host's work), so beside the overhead's doubled spread the
 whole step takes one more factor, ±50% (:data:`UNFITTED_STEP`, assumed).  The published runs
-with these features, judged and never fitted, sat 23-64% (ZeRO++) and 37-54% (FP8) from the
-model (docs/published.md): a check that the figure is not too wide, not a fit.  The
+with these features, judged and never fitted, sat +23% to +64% (ZeRO++ on 384 V100s) and +2%
+to +20% (FP8, as configured) from the model (docs/published.md): a check that the figure is
+not too wide, not a fit.  The
 allocator's reserve is an input of memory, not of speed: its interval is the memory model's.
 """
 
