@@ -61,10 +61,11 @@ def test_the_replay_with_every_factor_one_gives_the_simulated_step_back(settings
     ends = run.step_ends[run.simulated_ranks[0]]
     simulated = ends[-1] - (ends[-2] if len(ends) > 1 else 0.0)
     timeline = timeline_of(program, run.op_seconds, p.settings.steps, p.settings.host_overhead_us * 1e-6)
-    replayed = retime(timeline, np.ones((len(program.ops), 3)), np.ones(3))
+    every_op = np.zeros(len(program.ops), dtype=int)  # every op on the table's one row
+    replayed = retime(timeline, np.ones((1, 3)), every_op, np.ones(3))
     assert replayed == pytest.approx([simulated] * 3, rel=1e-9)
     # Doubling every op's time (issue costs too) doubles the step: the replay is the step's own graph.
-    assert retime(timeline, np.full((len(program.ops), 1), 2.0), np.full(1, 2.0))[0] == \
+    assert retime(timeline, np.full((1, 1), 2.0), every_op, np.full(1, 2.0))[0] == \
         pytest.approx(2 * simulated, rel=1e-9)
 
 

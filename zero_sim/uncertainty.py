@@ -103,11 +103,12 @@ def step_interval(timeline: Timeline, s: Setting, simulated_s: float) -> StepInt
     """The step's 80% interval: the re-timed step's 10th and 90th percentiles, median at ``simulated_s``."""
     sig = op_sigmas(timeline.ops, s)
     z = draws()
-    factors = np.exp(sig @ z)
+    rows, row_of_op = np.unique(sig, axis=0, return_inverse=True)  # ops scaled alike share a row
+    row_of_op = row_of_op.reshape(-1)
     host = np.exp(spreads.sigma(spreads.HOST_PER_KERNEL) * z[HOST])
-    times = retime(timeline, factors, host)
+    times = retime(timeline, np.exp(rows @ z), row_of_op, host)
     low, median, high = np.quantile(times, [LOW_Q, 0.5, HIGH_Q])
-    unit = retime(timeline, np.ones((len(timeline.ops), 1)), np.ones(1))[0]
+    unit = retime(timeline, np.ones((len(rows), 1)), row_of_op, np.ones(1))[0]
     scale = simulated_s / median
     half_ranges = np.expm1(sig.max(axis=0) * spreads.Z80)
     return StepInterval(float(low * scale), float(high * scale), float(median / unit - 1.0),

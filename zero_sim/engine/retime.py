@@ -17,9 +17,11 @@ rules (docs/engine.md):
 
 What the replay keeps from the simulation rather than redoing: how links were shared and how
 much compute slowed beside NCCL (each op's recorded time carries them, then scaled), straggler
-stalls (left out), and waiting for other ranks at a collective (every rank is taken to run as
-the first simulated one, as the symmetric engine does).  With every factor 1 it gives the
-simulated step back; tests/test_confidence_propagated.py checks that.
+stalls (left out), waiting for other ranks at a collective (every rank is taken to run as the
+first simulated one, as the symmetric engine does), and gloo's two calls in flight per stream
+(replayed one at a time; :mod:`zero_sim.uncertainty` scales the replay to the simulated step).
+With every factor 1 it gives the simulated step back; tests/test_confidence_propagated.py
+checks that.
 """
 
 from __future__ import annotations
@@ -48,32 +50,36 @@ def timeline_of(program, op_seconds: dict[int, float], steps: int, host_overhead
     return Timeline(list(program.ops), seconds, steps, host_overhead_s, always_after_compute)
 
 
-def retime(timeline: Timeline, op_factors: np.ndarray, host_factor: np.ndarray) -> np.ndarray:
-    """The last step's time per sample: ``op_factors`` (ops x samples) scales each op's recorded
-    time, ``host_factor`` (samples) every issue cost."""
-    durations = timeline.seconds[:, None] * op_factors
+def retime(timeline: Timeline, factors: np.ndarray, row_of_op: np.ndarray,
+           host_factor: np.ndarray) -> np.ndarray:
+    """The last step's time per sample.  Op ``i``'s recorded time is scaled by
+    ``factors[row_of_op[i]]`` (a table of rows x samples: ops scaled alike share a row, so a
+    program of a million ops needs no million-row table), every issue cost by ``host_factor``."""
     zero = np.zeros(host_factor.shape[0])
+    needed = {d for op in timeline.ops for d in op.deps}  # only ends someone waits on are kept
     host, free, last_compute = zero, {}, None
     before = last = zero
     for _ in range(timeline.steps):
-        ends: list = [zero] * len(timeline.ops)
+        ends: dict[int, np.ndarray] = {}
         step_end = zero
         for op in timeline.ops:
             issue = timeline.host_overhead_s if op.host_s is None else op.host_s
             if issue > 0:
                 host = host + issue * host_factor
-            end = _op_end(op, timeline, host, free, last_compute, ends, durations[op.index])
+            duration = timeline.seconds[op.index] * factors[row_of_op[op.index]]
+            end = _op_end(op, timeline, host, free, last_compute, ends, duration)
             if op.kind in ("sync", "host"):
                 host = end  # the host thread waited for it or did it
             elif op.kind == "compute":
                 last_compute = end
-            ends[op.index] = end
+            if op.index in needed:
+                ends[op.index] = end
             step_end = np.maximum(step_end, end)
         before, last = last, step_end
     return last - before
 
 
-def _op_end(op: Op, timeline: Timeline, host, free: dict, last_compute, ends: list, duration):
+def _op_end(op: Op, timeline: Timeline, host, free: dict, last_compute, ends: dict, duration):
     """When ``op`` ends, per sample, given the host's clock and its streams' and dependencies' ends."""
     if op.kind == "sync":
         start = host
