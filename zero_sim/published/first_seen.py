@@ -61,8 +61,10 @@ def preregistered_block(frozen: list[dict] | None = None) -> dict:
 def _cells(s: dict) -> str:
     if s["median_abs_error"] is None:
         return "no point predicted"
+    refused = s["points"] - s["predicted"]
     return (f"median |error| {s['median_abs_error']:5.1%}, 80% intervals held {s['coverage']:4.0%}; "
-            f"{s['too_fast']} of {s['points']} too fast, {s['too_slow']} too slow")
+            f"{s['too_fast']} of {s['points']} too fast, {s['too_slow']} too slow"
+            f"{f', {refused} refused' if refused else ''}")
 
 
 def format_block(block: dict) -> list[str]:

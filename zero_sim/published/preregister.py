@@ -33,7 +33,7 @@ import tomllib
 from pathlib import Path
 
 from zero_sim.published.fit import speed_error
-from zero_sim.published.judge import PublishedError, load_points, predict
+from zero_sim.published.judge import PublishedError, load_points, metric_value
 from zero_sim.scenario import ScenarioError, simulate
 
 HERE = Path(__file__).parent
@@ -76,18 +76,19 @@ def metric_interval(metrics: dict, point: dict) -> tuple[float | None, float | N
 
 
 def predict_point(point: dict) -> dict:
-    """One point's frozen record: the prediction, its interval and whether the run was predicted to fit."""
-    judged = predict(point, "configured")
-    record = {"id": point["id"], "metric": point["metric"], "published": point["value"],
-              "predicted": judged.predicted, "low": None, "high": None, "fits": judged.fits,
-              "refusal": judged.refusal}
-    if judged.predicted is not None:
-        try:
-            metrics = simulate(**point["scenario"]).metrics
-        except (ScenarioError, ValueError, KeyError, TypeError):  # predict() already ran this scenario
-            metrics = {}
-        record["low"], record["high"] = metric_interval(metrics, point)
-        record["speed_error"] = speed_error(point, judged.predicted)
+    """One point's frozen record: the prediction as configured, the interval ``simulate`` printed for it
+    and whether the run was predicted to fit; a refused scenario is recorded with its sentence."""
+    record = {"id": point["id"], "metric": point["metric"], "published": point["value"], "predicted": None,
+              "low": None, "high": None, "fits": None, "refusal": None}
+    try:
+        metrics = simulate(**point["scenario"]).metrics
+        record["predicted"] = metric_value(point, metrics)
+    except (ScenarioError, ValueError, KeyError, TypeError) as exc:  # as judge.predict reports a refusal
+        record["refusal"] = f"{type(exc).__name__}: {exc}"
+        return record
+    record["fits"] = bool(metrics["memory"]["fits"])
+    record["low"], record["high"] = metric_interval(metrics, point)
+    record["speed_error"] = speed_error(point, record["predicted"])
     return record
 
 
