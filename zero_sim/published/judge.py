@@ -168,6 +168,12 @@ def _collective(point: dict) -> float:
 
 def _training(point: dict, mode: str, extra: dict | None) -> tuple[float, bool, tuple[float, float] | None]:
     m = simulate(**scenario_for(point, mode), **(extra or {})).metrics
+    value = metric_value(point, m)
+    return value, bool(m["memory"]["fits"]), _interval(m, point["metric"], value)
+
+
+def metric_value(point: dict, m: dict) -> float:
+    """The simulated figure a training point's metric is compared with (see the module docstring)."""
     mem, metric = m["memory"], point["metric"]
     if metric == "step_time_s":
         value = m["step_time_s"]
@@ -179,7 +185,7 @@ def _training(point: dict, mode: str, extra: dict | None) -> tuple[float, bool, 
         held = mem.get("reserved_peak_bytes", mem["peak_bytes"]) if point.get("memory") == "reserved" \
             else mem["peak_bytes"]
         value = held / UNITS[point.get("unit", "GB")]
-    return value, bool(mem["fits"]), _interval(m, metric, value)
+    return value
 
 
 def _interval(m: dict, metric: str, value: float) -> tuple[float, float] | None:
