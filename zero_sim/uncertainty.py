@@ -111,6 +111,7 @@ def step_interval(timeline: Timeline, s: Setting, simulated_s: float) -> StepInt
     unit = retime(timeline, np.ones((len(rows), 1)), row_of_op, np.ones(1))[0]
     scale = simulated_s / median
     half_ranges = np.expm1(sig.max(axis=0) * spreads.Z80)
+    half_ranges[HOST] = spreads.HOST_PER_KERNEL  # every op's issue cost is scaled by it
     return StepInterval(float(low * scale), float(high * scale), float(median / unit - 1.0),
                         _named(half_ranges), _named(_shares(z, times, half_ranges > 0)), z.shape[1])
 
