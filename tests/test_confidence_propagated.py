@@ -12,7 +12,7 @@ import pytest
 
 from zero_sim import simulate
 from zero_sim.cli import main
-from zero_sim.confidence import interval_line
+from zero_sim.confidence import interval_line, makes_progress
 from zero_sim.engine.retime import retime, timeline_of
 from zero_sim.plan.search import search
 from zero_sim.scenario import pipeline
@@ -133,6 +133,12 @@ def test_no_interval_for_a_run_that_does_not_fit(capsys):
     metrics = json.loads(capsys.readouterr().out)
     assert metrics["prediction_interval"] is None
     assert all(metrics[key] is None for key in metrics if key.endswith("_interval"))
+
+
+def test_a_run_that_makes_no_progress_has_no_speed_to_be_unsure_of():
+    assert makes_progress({"memory": {"fits": True}, "tokens_per_s": 1e4, "step_time_s": 0.5})
+    assert not makes_progress({"memory": {"fits": True}, "tokens_per_s": 0.0, "step_time_s": 0.5})
+    assert not makes_progress({"memory": {"fits": False}, "tokens_per_s": 1e4, "step_time_s": 0.5})
 
 
 def test_a_plan_computes_intervals_only_for_the_rows_it_shows():
