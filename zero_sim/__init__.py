@@ -4,9 +4,9 @@
 returns a :class:`~zero_sim.results.SimResult` whose ``.metrics`` is the CLI's JSON.
 
 The package imports neither torch nor ``real_runs``.  Its names are loaded on first use,
-so ``real_runs`` can import :mod:`zero_sim.vocabulary` without loading the simulator; what
-it does load is the results' record and the plots they draw with (not matplotlib), which
-it joins here so that :mod:`zero_sim.results` need not import the ui above it.
+so ``real_runs`` can import :mod:`zero_sim.vocabulary` without loading the simulator.  What
+it does load is :mod:`zero_sim.results` and the ui's plots (not matplotlib, which loads with
+the first picture): it joins them, so that results need not import the ui above it.
 """
 
 from __future__ import annotations

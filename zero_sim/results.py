@@ -69,10 +69,10 @@ from zero_sim.vocabulary import (
     OPTIMIZER_STATE,
     PARAMS,
 )
-from zero_sim.vocabulary.records import OpRecord
 
 if TYPE_CHECKING:  # the result carries a scenario; the scenario package builds results
     from zero_sim.scenario.types import Scenario
+    from zero_sim.vocabulary.records import OpRecord
 
 # GB per GPU outside the tensors (CUDA context with its kernels and cuBLAS workspaces, plus one
 # NCCL communicator's buffers); sources in the module docstring.  Unknown GPUs: the newest figure.
