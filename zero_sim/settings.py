@@ -65,7 +65,7 @@ class Setting:
 
 
 # Settings whose values are preset names, matched without regard to case by simulate()
-# (zero_sim.names): their flags take any text and name the choices in their help.
+# (zero_sim.system.names): their flags take any text and name the choices in their help.
 CASE_FREE = ("gpu",)
 
 
