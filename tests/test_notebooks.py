@@ -53,11 +53,13 @@ def test_notebook_is_committed_without_outputs(name):
 
 
 @pytest.mark.parametrize("name", NOTEBOOKS)
-def test_notebook_opens_with_what_you_learn_and_ends_with_what_to_try(name):
+def test_notebook_opens_with_what_you_learn_and_ends_with_what_to_try_and_the_course_s_next_step(name):
     nb = nbformat.read(NOTEBOOKS_DIR / name, as_version=4)
-    first, last = nb.cells[0], nb.cells[-1]
+    first, tries, last = nb.cells[0], nb.cells[-2], nb.cells[-1]
     assert first.cell_type == "markdown" and "what you will learn" in first.source.lower()
-    assert last.cell_type == "markdown" and "what to try next" in last.source.lower()
+    assert tries.cell_type == "markdown" and "what to try next" in tries.source.lower()
+    # The next notebook comes from the course's one list, never from a hand-typed one.
+    assert last.cell_type == "code" and f'next_in_course("{Path(name).stem}")' in last.source
 
 
 @pytest.fixture
