@@ -83,5 +83,5 @@ def legend_below(ax, handles=None, gap_pt: float = 30, **kw):
     return ax.legend(handles=handles, **kw) if handles is not None else ax.legend(**kw)
 
 
-__all__ = ["COLORS", "FIGURE_WIDTH", "HOST_COLOR", "HOST_LABEL", "MEMORY_COLORS", "OP_COLORS", "STRATEGY_COLORS", "legend_below",
-           "legend_beside", "op_color", "strategy_color"]
+__all__ = ["COLORS", "FIGURE_WIDTH", "HOST_COLOR", "HOST_LABEL", "MEMORY_COLORS", "OP_COLORS",
+           "STRATEGY_COLORS", "legend_below", "legend_beside", "op_color", "strategy_color"]
