@@ -57,7 +57,7 @@ class StepThrough(Panel):
             "micro_batch": W.Dropdown(options=[1, 2, 4, 8], value=micro_batch, description="micro-batch",
                                       style=STYLE),
             "last": W.ToggleButtons(options=[("ZeRO-3", "zero3"), ("FSDP", "fsdp")], value=last,
-                                    description="fully sharded", style={"description_width": "10em"}),
+                                    description="fully sharded", style=STYLE),
         }
         self.time = W.IntSlider(value=0, min=0, max=FRAMES - 1, description="time", style=STYLE,
                                 readout=False, continuous_update=True, layout=W.Layout(width="36em"))
