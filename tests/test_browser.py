@@ -144,8 +144,11 @@ def _launch(playwright, profile: str):
 
 
 def _open_and_run_all(page, url: str, sync_api) -> None:
-    """Open a notebook, wait for its kernel, and start Run > Run All Cells as a reader would."""
-    page.goto(url)
+    """Open a notebook, wait for its kernel, and start Run > Run All Cells as a reader would.
+
+    ``?reset`` starts from an empty workspace: the server is shared by the module's tests, and
+    without it JupyterLab reopens the notebooks an earlier test had open beside this one."""
+    page.goto(f"{url}?reset")
     # The notebook is open and its kernel is ready.
     page.wait_for_selector(".jp-NotebookPanel .jp-Cell")
     page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=90_000)
