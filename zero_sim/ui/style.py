@@ -38,7 +38,7 @@ COLORS = {
 }
 OP_COLORS = COLORS
 HOST_COLOR = "#CFCFCF"
-HOST_LABEL = "host: the CPU launching the GPU's work"
+HOST_LABEL = "host (the CPU)"  # short: the legend sits beside the chart, inside the figure's width
 MEMORY_COLORS = {"params": "#4C72B0", "grads": "#DD8452", "optimizer": "#55A868",
                  "activations": "#C44E52", "buffers": "#8172B3"}
 # Okabe-Ito colours (distinguishable with the common colour-vision deficiencies), one per strategy.
