@@ -89,8 +89,10 @@ What each collective waits for (torch 2.13.0, ``torch/distributed/fsdp/_runtime_
 
 from __future__ import annotations
 
-from zero_sim.strategies.base import Alloc, Context, Knob, Step, Strategy, StrategyError, shard
+from zero_sim.strategies.base import Alloc, Context, Knob, Step, Strategy, StrategyError
+from zero_sim.strategies.capabilities import FP8_ALL_GATHER, PYTORCH, Capabilities, OffloadRule
 from zero_sim.strategies.fsdp_units import Unit, wrap_units
+from zero_sim.strategies.states import shard
 from zero_sim.system.fp8 import FP32_SHARD_BYTES
 from zero_sim.system.workload import Layer
 from zero_sim.vocabulary import (
@@ -115,7 +117,6 @@ class FSDPStep(Step):
     """Gather a unit when its first layer computes, free it after its last, reduce-scatter its
     gradients once its backward is done; the optimizer updates the local shard."""
 
-    stage = 3
 
     def setup(self) -> None:
         ctx, p = self.ctx, self.p
@@ -373,6 +374,8 @@ class FSDPStep(Step):
 class FSDP(Strategy):
     name = "fsdp"
     summary = "PyTorch FSDP: shard per wrap unit; gather before use, reduce-scatter after backward"
+    can = Capabilities(stage=3, library=PYTORCH, offload=OffloadRule(params="required"),
+                       features=frozenset({FP8_ALL_GATHER}))
     knobs = (
         Knob("wrap", "blocks", "wrap units: 'blocks' (one per block + root), 'none', or layer indices", str),
         Knob("root", "one", "the layers no wrap unit holds: one flat parameter (torch's root unit) or one "

@@ -94,9 +94,11 @@ does it is :mod:`zero_sim.strategies.zeropp`, its model :mod:`zero_sim.system.ze
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from zero_sim.strategies.base import Alloc, Context, Knob, Step, Strategy, shard
+from zero_sim.strategies.base import Alloc, Context, Knob, Step, Strategy
+from zero_sim.strategies.capabilities import DEEPSPEED, ZEROPP, Capabilities, OffloadRule
+from zero_sim.strategies.states import ModelStates, shard
 from zero_sim.strategies.zeropp import ZEROPP_KNOBS, ZeroPlusPlus, refuse_zeropp
 from zero_sim.system.workload import Layer
 from zero_sim.vocabulary import (
@@ -106,7 +108,6 @@ from zero_sim.vocabulary import (
     COMM,
     FORWARD,
     OPTIMIZER,
-    PARAMS,
     REDUCE_SCATTER,
     fetch,
     layer_collective,
@@ -136,7 +137,6 @@ class ZeRO3Step(Step):
     """Fetch each layer before it computes (prefetching by DeepSpeed's element limits), release it
     unless reused soon, reduce-scatter gradients in buckets; the optimizer updates the local slice."""
 
-    stage = 3
 
     def setup(self) -> None:
         ctx, w = self.ctx, self.w
@@ -186,14 +186,14 @@ class ZeRO3Step(Step):
             traversed += self.module_numel(li)
         return kept
 
-    def resident(self) -> dict[str, int]:
+    def model_states(self) -> ModelStates:
         """Stage 3's shards, except that persistent tensors are held whole on every rank (only the
         rest of the weights is sharded); plus the reduce bucket, allocated once (stage3.py,
         DeepSpeedZeroOptimizer_Stage3.__init__)."""
-        states = super().resident()
-        psi, n, persistent = self.w.params, self.n, self.persistent
-        states[PARAMS] += self.p.param_bytes * (persistent + shard(psi - persistent, n) - shard(psi, n))
-        states[BUFFERS] = states.get(BUFFERS, 0) + self.cap * self.p.grad_bytes
+        states = super().model_states()
+        sharded = self.w.params - self.persistent
+        states.weights = replace(states.weights, units=(sharded,), whole=self.persistent)
+        states.buffers = self.cap * self.p.grad_bytes
         return states
 
     # --- a micro-step: forward, backward, reductions ------------------------------------------
@@ -323,9 +323,6 @@ class ZeRO3Step(Step):
                 self.b.sync(wait(self.b.program.ops[up].name), OPTIMIZER, (up,))
         self.pp.step_end()
 
-    def persistent_param_bytes(self) -> int:
-        return self.p.param_bytes * self.persistent
-
     # --- fetching ----------------------------------------------------------------------------
 
     def fetch(self, layer: Layer) -> tuple[int, ...]:
@@ -429,6 +426,8 @@ class ZeRO3Step(Step):
 class ZeRO3(Strategy):
     name = "zero3"
     summary = "shard weights, gradients and optimizer state; all-gather each layer before use"
+    can = Capabilities(stage=3, library=DEEPSPEED, offload=OffloadRule(params="with_optimizer"),
+                       features=frozenset({ZEROPP}))
     knobs = (
         Knob("prefetch", None, "cap on layers a prefetch reaches ahead (default: none, DeepSpeed's element "
              "limits decide; 0: no prefetch)", int, ge=0, le=100_000),

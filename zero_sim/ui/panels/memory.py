@@ -17,7 +17,7 @@ from zero_sim.ui.figure import FIGURE_WIDTH, Figure
 from zero_sim.ui.panel import Panel
 from zero_sim.ui.plots import MEMORY_COLORS, legend_beside
 from zero_sim.vocabulary import GRADS, OPTIMIZER_STATE, PARAMS
-from zero_sim.vocabulary.model_states import model_state_bytes
+from zero_sim.vocabulary.model_states import model_state_bytes, sharded
 
 STAGE_NAMES = ("DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3")
 
@@ -29,7 +29,7 @@ GPU_COUNTS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
 
 def comm_volume_elements(psi: float, stage: int) -> float:
     """Elements each rank sends and receives per step: 2 Psi for DDP and stages 1-2, 3 Psi for stage 3."""
-    return (3 if stage == 3 else 2) * psi
+    return (3 if sharded(stage, PARAMS) else 2) * psi
 
 
 def _stage_bytes(psi: float, n: int, stage: int, k: float) -> dict[str, float]:

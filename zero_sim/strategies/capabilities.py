@@ -1,0 +1,44 @@
+"""What a strategy can do, declared on its class: the questions the rest of the project asks
+instead of comparing strategy names.
+
+* ``stage``: the ZeRO stage whose sharding its model states follow (the rule itself is
+  :mod:`zero_sim.vocabulary.model_states`); :meth:`Capabilities.shards` answers per state;
+* ``library``: whose implementation it models (DeepSpeed or PyTorch), which decides how a
+  feature behaves under it (offload: DeepSpeed's CPU Adam or FSDP2's ``CPUOffloadPolicy``);
+* ``offload``: which model states may live in host memory (:class:`OffloadRule`), None for a
+  strategy that has nothing to offload, with the sentence that says so;
+* ``features``: the plug-ins it accepts (:data:`ZEROPP`, :data:`FP8_ALL_GATHER`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from zero_sim.vocabulary.model_states import sharded
+
+DEEPSPEED, PYTORCH = "DeepSpeed", "PyTorch"
+ZEROPP = "ZeRO++"  # DeepSpeed's quantized and hierarchical weight gathers and gradient reductions
+FP8_ALL_GATHER = "float8 all-gather"  # FSDP2's float8 weights gathered at one byte an element
+
+
+@dataclass(frozen=True)
+class OffloadRule:
+    """Which states a strategy's library may keep in host memory."""
+
+    params: str  # the weights: "never" (held whole), "with_optimizer" (DeepSpeed), "required" (FSDP2)
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    stage: int
+    library: str
+    offload: OffloadRule | None = None
+    cannot_offload: str = ""  # why not, in one sentence, when ``offload`` is None
+    features: frozenset[str] = frozenset()
+
+    def shards(self, category: str) -> bool:
+        """Whether the strategy shards the model state ``category`` over the ranks."""
+        return sharded(self.stage, category)
+
+    def accepts(self, feature: str) -> bool:
+        return feature in self.features
