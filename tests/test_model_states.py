@@ -28,8 +28,8 @@ def simulated_states(**settings) -> tuple[dict[str, int], object]:
 def rule(step, persistent: int = 0, trainable: int | None = None) -> dict[str, float]:
     """``model_state_bytes`` for the step's model, padded as the simulator pads."""
     p = step.p
-    return model_state_bytes(step.stage, step.w.params, step.n, p.param_bytes, p.grad_bytes, p.optimizer_bytes,
-                             shard, trainable=trainable, persistent=persistent)
+    return model_state_bytes(step.stage, step.w.params, step.n, p.param_bytes, p.grad_bytes,
+                             p.optimizer_bytes, shard, trainable=trainable, persistent=persistent)
 
 
 def test_zero3_model_states_follow_the_simulator_with_persistent_tensors_and_padding():
@@ -42,8 +42,8 @@ def test_zero3_model_states_follow_the_simulator_with_persistent_tensors_and_pad
 
 
 @settings(max_examples=12, deadline=None)
-@given(model=st.sampled_from(["gpt2-124m", "gpt2-350m", "llama3-8b"]), gpus=st.sampled_from([1, 3, 8, 24, 64]),
-       strategy=st.sampled_from(["ddp", "zero3"]))
+@given(model=st.sampled_from(["gpt2-124m", "gpt2-350m", "llama3-8b"]),
+       gpus=st.sampled_from([1, 3, 8, 24, 64]), strategy=st.sampled_from(["ddp", "zero3"]))
 def test_one_buffer_strategies_hold_exactly_what_model_state_bytes_says(model, gpus, strategy):
     states, step = simulated_states(model=model, strategy=strategy, gpus=gpus, topology="dgx-a100")
     persistent = getattr(step, "persistent", 0)

@@ -27,7 +27,7 @@ SHARDED = tuple(sorted((name for name, st in STRATEGIES.items() if st.can.shards
                        key=lambda name: STRATEGIES[name].can.library != PYTORCH))
 # The one that offloads the optimizer state alone, then the weights with it (DeepSpeed's ZeRO-3).
 OFFLOADS = next(name for name, st in STRATEGIES.items()
-                if st.can.shards(PARAMS) and st.can.offload and st.can.offload.params == "with_optimizer")
+                if st.can.shards(PARAMS) and st.can.placement and st.can.placement.params == "with_optimizer")
 MORE_GPUS = (2, 4, 8, 16)
 DEFAULT_STRATEGY = next(setting.default for setting in COMMON if setting.name == "strategy")
 

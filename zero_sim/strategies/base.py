@@ -164,8 +164,8 @@ class Step:
             self.states = ctx.offload.place(self.states)
         self.b = ProgramBuilder(self.states.on_gpu())
         self.b.program.host_resident = self.states.host
-        # Copies to and from host memory and the CPU's update, when states are offloaded.
-        self.offload = ctx.offload.moves(self.b) if ctx.offload is not None else None
+        # Copies between the GPU and where the placement keeps states, and the host's update.
+        self.host_moves = ctx.offload.moves(self.b) if ctx.offload is not None else None
 
     # --- to override ------------------------------------------------------------------
 

@@ -112,9 +112,9 @@ def flat_bucket_states(step: Step, units: tuple[int, ...]) -> ModelStates:
 
 def offload_slice(step: Step, bucket: Bucket, label: str, reduction: int) -> None:
     """ZeRO-Offload: copy this rank's slice of the reduced bucket to the host once it lands."""
-    if step.offload is not None:
-        step.offload.grads_down(label, shard(bucket.numel, step.n), step.p.grad_bytes, (reduction,), BACKWARD,
-                                bucket.ready_after_layer)
+    if step.host_moves is not None:
+        step.host_moves.grads_down(label, shard(bucket.numel, step.n), step.p.grad_bytes, (reduction,),
+                                   BACKWARD, bucket.ready_after_layer)
 
 
 def update_slices_then_gather(step: Step, buckets: GradientBuckets, label) -> None:
@@ -124,14 +124,14 @@ def update_slices_then_gather(step: Step, buckets: GradientBuckets, label) -> No
     Offloaded (ZeRO-Offload), the CPU updates every slice at once after the gradient copies, and
     each updated slice is copied up before its all-gather."""
     by_index = {bucket.index: bucket for bucket in buckets.plan}
-    if step.offload is not None:
-        step.offload.update_on_cpu(sum(shard(by_index[k].numel, step.n) for k in buckets.reductions))
+    if step.host_moves is not None:
+        step.host_moves.update_on_cpu(sum(shard(by_index[k].numel, step.n) for k in buckets.reductions))
     gathers = []
     for k, reduction in buckets.reductions.items():
         bucket, name = by_index[k], label(by_index[k])
-        if step.offload is not None:
-            ready = step.offload.params_up(name, shard(bucket.numel, step.n), step.p.param_bytes, OPTIMIZER,
-                                           bucket.ready_after_layer)
+        if step.host_moves is not None:
+            ready = step.host_moves.params_up(name, shard(bucket.numel, step.n), step.p.param_bytes,
+                                              OPTIMIZER, bucket.ready_after_layer)
         else:
             seconds = step.ctx.compute.optimizer_time(bucket.numel // step.ctx.world_size)
             ready = step.b.compute(opt(name), OPTIMIZER, seconds, layer=bucket.ready_after_layer,

@@ -5,8 +5,8 @@ instead of comparing strategy names.
   :mod:`zero_sim.vocabulary.model_states`); :meth:`Capabilities.shards` answers per state;
 * ``library``: whose implementation it models (DeepSpeed or PyTorch), which decides how a
   feature behaves under it (offload: DeepSpeed's CPU Adam or FSDP2's ``CPUOffloadPolicy``);
-* ``offload``: which model states may live in host memory (:class:`OffloadRule`), None for a
-  strategy that has nothing to offload, with the sentence that says so;
+* ``placement``: which model states may live off the GPU (:class:`PlacementRule`), None for a
+  strategy that has nothing to move there, with the sentence that says so;
 * ``features``: the plug-ins it accepts (:data:`ZEROPP`, :data:`FP8_ALL_GATHER`).
 """
 
@@ -22,8 +22,8 @@ FP8_ALL_GATHER = "float8 all-gather"  # FSDP2's float8 weights gathered at one b
 
 
 @dataclass(frozen=True)
-class OffloadRule:
-    """Which states a strategy's library may keep in host memory."""
+class PlacementRule:
+    """Which states a strategy's library may keep off the GPU (the optimizer state always may)."""
 
     params: str  # the weights: "never" (held whole), "with_optimizer" (DeepSpeed), "required" (FSDP2)
 
@@ -32,8 +32,8 @@ class OffloadRule:
 class Capabilities:
     stage: int
     library: str
-    offload: OffloadRule | None = None
-    cannot_offload: str = ""  # why not, in one sentence, when ``offload`` is None
+    placement: PlacementRule | None = None
+    cannot_place: str = ""  # why not, in one sentence, when ``placement`` is None
     features: frozenset[str] = frozenset()
 
     def shards(self, category: str) -> bool:

@@ -80,7 +80,7 @@ class DDPStep(Step):
 class DDP(Strategy):
     name = "ddp"
     summary = "replicate everything; all-reduce gradient buckets during backward"
-    can = Capabilities(stage=0, library=PYTORCH, cannot_offload=(
+    can = Capabilities(stage=0, library=PYTORCH, cannot_place=(
         "DDP replicates every model state on every GPU and cannot offload them; use --strategy zero2 "
         "--offload-optimizer cpu (ZeRO-Offload), or zero3 / fsdp"))
     knobs = (

@@ -90,7 +90,7 @@ What each collective waits for (torch 2.13.0, ``torch/distributed/fsdp/_runtime_
 from __future__ import annotations
 
 from zero_sim.strategies.base import Alloc, Context, Knob, Step, Strategy, StrategyError
-from zero_sim.strategies.capabilities import FP8_ALL_GATHER, PYTORCH, Capabilities, OffloadRule
+from zero_sim.strategies.capabilities import FP8_ALL_GATHER, PYTORCH, Capabilities, PlacementRule
 from zero_sim.strategies.fsdp_units import Unit, wrap_units
 from zero_sim.strategies.states import shard
 from zero_sim.system.fp8 import FP32_SHARD_BYTES
@@ -265,8 +265,8 @@ class FSDPStep(Step):
             self.reduces.append(self.b.collective(
                 ALL_REDUCE, layer_collective(ALL_REDUCE, u.label), shard(numel, self.n) * self.reduce_bytes,
                 BACKWARD, group="inter", stream="comm:inter", layer=u.label, deps=(rs,), after_compute=False))
-        if self.offload is not None:  # CPUOffloadPolicy: the reduced shard is copied to the host
-            self.reduces.append(self.offload.grads_down(u.label, shard(numel, self.n), self.reduce_bytes,
+        if self.host_moves is not None:  # CPUOffloadPolicy: the reduced shard is copied to the host
+            self.reduces.append(self.host_moves.grads_down(u.label, shard(numel, self.n), self.reduce_bytes,
                                                         (self.reduces[-1],), BACKWARD, u.label))
         self.reduced.append((u, self.reduces[-1]))
 
@@ -274,8 +274,8 @@ class FSDPStep(Step):
         """The local shard of every layer, once the last micro-step's reductions have landed
         (``after_backward``), or unit by unit as each one's reduction lands (``per_unit``); offloaded,
         on the host's CPU tensors; then, under the float8 all-gather, the next step's weight scales."""
-        if self.offload is not None:  # optimizer.step() on the host's CPU tensors
-            self.offload.update_on_cpu(sum(shard(u.trained, self.n) for u in self.units))
+        if self.host_moves is not None:  # optimizer.step() on the host's CPU tensors
+            self.host_moves.update_on_cpu(sum(shard(u.trained, self.n) for u in self.units))
             return
         if self.ctx.knobs.update == "after_backward":
             updates = self.update_layers(tuple(self.reduces), share=1.0 / self.n)
@@ -321,8 +321,8 @@ class FSDPStep(Step):
         if self.ctx.knobs.limit_all_gathers:
             self.rate_limit(u, phase)
         first_of_forward = phase == FORWARD and not any(p == FORWARD for p, _ in self.gathers)
-        if self.offload is not None:  # CPUOffloadPolicy: the shard is copied up before it is gathered
-            deps += (self.offload.params_up(u.label, shard(u.numel, self.n), self.gather_bytes, phase,
+        if self.host_moves is not None:  # CPUOffloadPolicy: the shard is copied up before it is gathered
+            deps += (self.host_moves.params_up(u.label, shard(u.numel, self.n), self.gather_bytes, phase,
                                             layer=u.label),)
         self.gathers[key] = self.b.collective(
             ALL_GATHER, layer_collective(ALL_GATHER, u.label), self.nbytes(u), phase, group=self.group,
@@ -374,7 +374,7 @@ class FSDPStep(Step):
 class FSDP(Strategy):
     name = "fsdp"
     summary = "PyTorch FSDP: shard per wrap unit; gather before use, reduce-scatter after backward"
-    can = Capabilities(stage=3, library=PYTORCH, offload=OffloadRule(params="required"),
+    can = Capabilities(stage=3, library=PYTORCH, placement=PlacementRule(params="required"),
                        features=frozenset({FP8_ALL_GATHER}))
     knobs = (
         Knob("wrap", "blocks", "wrap units: 'blocks' (one per block + root), 'none', or layer indices", str),

@@ -18,7 +18,7 @@ Two libraries, one shape (``docs/offload.md``):
   host; each all-gather copies the unit's fp32 shard up first, each reduce-scatter's output is
   copied down, and ``optimizer.step()`` is ``torch.optim.AdamW`` on CPU tensors.
 
-What a strategy may offload is its capability (``Strategy.can.offload``, capabilities.py); a
+What a strategy may offload is its capability (``Strategy.can.placement``, capabilities.py); a
 combination outside it is refused with one sentence, never silently ignored.  A copy is an op on a
 copy stream (``d2h``, ``h2d``) whose bytes cross the GPU's host link (:mod:`zero_sim.system.host_side`);
 the CPU's update is host work, during which the rank's host thread issues nothing and its GPU idles.
@@ -33,11 +33,24 @@ from dataclasses import dataclass, replace
 from zero_sim.engine.program import ProgramBuilder
 from zero_sim.engine.run_types import RunOutput
 from zero_sim.settings import ScenarioError
+from zero_sim.strategies.base import Context
 from zero_sim.strategies.capabilities import PYTORCH, Capabilities
-from zero_sim.strategies.states import HOST, ModelStates
+from zero_sim.strategies.states import HOST, HostMoves, ModelStates, shard
+from zero_sim.strategies.transfers import Bucket, Key, Update, WeightTransfers
 from zero_sim.system.host_side import CPU_ADAM_RATE, TORCH_CPU_ADAM_RATE, Host, cpu_adam_seconds, host_for
 from zero_sim.system.topology import Topology
-from zero_sim.vocabulary import CPU_ADAM, D2H, GRADS, H2D, OPTIMIZER, OPTIMIZER_STATE, PARAMS, host_copy, wait
+from zero_sim.vocabulary import (
+    BACKWARD,
+    CPU_ADAM,
+    D2H,
+    GRADS,
+    H2D,
+    OPTIMIZER,
+    OPTIMIZER_STATE,
+    PARAMS,
+    host_copy,
+    wait,
+)
 
 FP32 = 4  # bytes: the host's gradient buffers, and FSDP2's sharded parameters and gradients
 HOST_FLAGS = ("host_memory_gb", "host_cores", "host_link_gbps", "cpu_adam_rate")
@@ -123,13 +136,48 @@ class HostOffload:
         self.b.host(CPU_ADAM, OPTIMIZER, params * self.offload.cpu_seconds_per_param)
 
 
+class OffloadedTransfers(WeightTransfers):
+    """ZeRO-3 with ZeRO-Offload: each reduced gradient slice is copied down as it lands, each gather
+    of weights that live on the host (``offload_param``) copies the rank's slice up first, and the
+    CPU updates the slice; the updated weights are copied up unless they live on the host."""
+
+    @classmethod
+    def applies(cls, ctx: Context) -> bool:
+        return ctx.offload is not None
+
+    @property
+    def host(self) -> HostMoves:
+        assert self.s.host is not None, "built only for a context that offloads"
+        return self.s.host
+
+    def before_gather(self, keys: list[Key], phase: str) -> tuple[int, ...]:
+        if not self.host.params:
+            return ()
+        elements = sum(shard(self.s.size[key], self.s.n) for key in keys)
+        return (self.host.params_up(keys[0][0], elements, self.s.p.param_bytes, phase, layer=keys[0][0]),)
+
+    def reduce(self, bucket: Bucket, index: int, layer: int, sizes: list[int],
+               after_compute: bool) -> list[int]:
+        ops = super().reduce(bucket, index, layer, sizes, after_compute)
+        return [self.host.grads_down(f"B{index}", shard(size, self.s.n), self.s.p.grad_bytes, (op,),
+                                     BACKWARD, layer) for op, size in zip(ops, sizes, strict=True)]
+
+    def optimizer(self, reduces: tuple[int, ...], update: Update) -> None:
+        s = self.s
+        self.host.update_on_cpu(shard(s.w.trainable_params, s.n))
+        if not self.host.params:
+            sliced = shard(s.w.params - s.persistent, s.n)
+            up = self.host.params_up("params", sliced, s.p.param_bytes, OPTIMIZER)
+            s.b.sync(wait(s.b.program.ops[up].name), OPTIMIZER, (up,))
+
+
 def refuse(s, name: str, can: Capabilities, zeropp_on: bool) -> None:
     """The first offload the settings ``s`` ask of strategy ``name`` that its capabilities ``can``
     do not hold, as one sentence."""
     optimizer, params = s.offload_optimizer != "none", s.offload_params != "none"
-    rule = can.offload
+    rule = can.placement
     if rule is None:
-        raise ScenarioError(can.cannot_offload)
+        raise ScenarioError(can.cannot_place)
     if rule.params == "never" and params:
         raise ScenarioError(f"{name} holds whole weights on every GPU, so they cannot be offloaded; "
                             "use --strategy zero3 (DeepSpeed offload_param) or fsdp (CPUOffloadPolicy)")

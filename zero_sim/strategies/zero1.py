@@ -28,7 +28,7 @@ from zero_sim.strategies.buckets import (
     offload_slice,
     update_slices_then_gather,
 )
-from zero_sim.strategies.capabilities import DEEPSPEED, Capabilities, OffloadRule
+from zero_sim.strategies.capabilities import DEEPSPEED, Capabilities, PlacementRule
 from zero_sim.strategies.states import ModelStates
 from zero_sim.system.workload import Layer
 from zero_sim.vocabulary import ALL_REDUCE, BUFFERS, REDUCE_SCATTER
@@ -78,7 +78,7 @@ class ZeRO1Step(Step):
 class ZeRO1(Strategy):
     name = "zero1"
     summary = "shard optimizer state; reduce gradients as DDP; all-gather updated weights"
-    can = Capabilities(stage=1, library=DEEPSPEED, offload=OffloadRule(params="never"))
+    can = Capabilities(stage=1, library=DEEPSPEED, placement=PlacementRule(params="never"))
     knobs = (
         Knob("bucket_mb", DEFAULT_BUCKET_MB, "gradient bucket cap in MiB", gt=0, le=2**20),
         Knob("zero1_reduce", "reduce_scatter", "how gradient buckets are reduced", str,

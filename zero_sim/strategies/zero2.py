@@ -40,7 +40,7 @@ from zero_sim.strategies.buckets import (
     offload_slice,
     update_slices_then_gather,
 )
-from zero_sim.strategies.capabilities import DEEPSPEED, Capabilities, OffloadRule
+from zero_sim.strategies.capabilities import DEEPSPEED, Capabilities, PlacementRule
 from zero_sim.strategies.states import ModelStates
 from zero_sim.system.workload import Layer
 from zero_sim.vocabulary import BUFFERS, REDUCE_SCATTER
@@ -122,7 +122,7 @@ class ZeRO2Step(Step):
 class ZeRO2(Strategy):
     name = "zero2"
     summary = "shard optimizer state and gradients; reduce-scatter gradients, all-gather weights"
-    can = Capabilities(stage=2, library=DEEPSPEED, offload=OffloadRule(params="never"))
+    can = Capabilities(stage=2, library=DEEPSPEED, placement=PlacementRule(params="never"))
     knobs = (
         Knob("bucket_mb", DEFAULT_BUCKET_MB, "reduce bucket cap in MiB (first bucket 1 MiB at the default); "
              "0 = one reduce-scatter per tensor", ge=0, le=2**20),
