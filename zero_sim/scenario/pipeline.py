@@ -238,7 +238,7 @@ def prepare(workload: Workload | None = None, **kwargs) -> Prepared:
     compute = compute_model(s, gpu, calibration)
     compute.fp8 = fp8_for(s, gpu, workload, calibration, strategy)
     modelled_gpu = is_modelled_gpu(gpu, calibration)
-    offload, topo = offload_plan(s, strategy, knobs, topo, gpu.name)
+    offload, topo = offload_plan(s, strategy, knobs, topo, gpu.name, precision_of(s))
     ctx = Context(workload, s.gpus, topo.ranks_per_node, compute, precision_of(s), s.grad_accum,
                   s.host_overhead_us * 1e-6, knobs,
                   host=host_pricing(workload, s, calibration, modelled_gpu),
@@ -335,7 +335,7 @@ def _result(p: Prepared, program: Program, run: RunOutput, scenario: Scenario) -
                               allocator_reserve=scenario.hardware.allocator_reserve)
     # Offloaded states: where they live, what updates them, and whether the nodes' RAM holds them.
     if p.ctx.offload is not None:
-        p.ctx.offload.results(metrics, program.host_resident, p.topology, run)
+        p.ctx.offload.results(metrics, program, p.topology, run)
     metrics |= confidence_fields(metrics, scenario, p.gpu.peak_flops, is_modelled_gpu(p.gpu, p.calibration))
     # What a configuration file set, ignored (and why) or had overridden, beside the figures it produced.
     metrics["config_notes"] = reading.notes if reading is not None else []

@@ -164,6 +164,7 @@ class Step:
             self.states = ctx.offload.place(self.states)
         self.b = ProgramBuilder(self.states.on_gpu())
         self.b.program.host_resident = self.states.host
+        self.b.program.nvme_resident = self.states.nvme
         # Copies between the GPU and where the placement keeps states, and the host's update.
         self.host_moves = ctx.offload.moves(self.b) if ctx.offload is not None else None
 

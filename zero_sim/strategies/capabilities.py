@@ -26,6 +26,7 @@ class PlacementRule:
     """Which states a strategy's library may keep off the GPU (the optimizer state always may)."""
 
     params: str  # the weights: "never" (held whole), "with_optimizer" (DeepSpeed), "required" (FSDP2)
+    nvme: bool = False  # states may go on to NVMe drives (DeepSpeed ZeRO-Infinity, stage 3 only)
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from zero_sim.engine.program import ProgramBuilder
+from zero_sim.engine.program import Program, ProgramBuilder
 from zero_sim.engine.run_types import RunOutput
 from zero_sim.settings import ScenarioError
 from zero_sim.strategies.base import Context
@@ -84,19 +84,22 @@ class Offload:
         """The copies and the CPU update of one build."""
         return HostOffload(b, self)
 
+    def placed(self) -> str:
+        """Which states live where, in words."""
+        return ("optimizer state and weights" if self.params else "optimizer state") + " in host memory"
+
     def describe(self, topo: Topology) -> str:
         """The offload as simulated, in one line for the summary."""
         host = topo.host
-        what = "optimizer state and weights" if self.params else "optimizer state"
-        return (f"{what} in host memory, updated by {self.optimizer_name}; host link "
+        return (f"{self.placed()}, updated by {self.optimizer_name}; host link "
                 f"{host.d2h_gbps:g} GB/s down / {host.h2d_gbps:g} up per {host.gpus_per_link} GPU(s) "
                 f"(docs/offload.md)")
 
-    def results(self, metrics: dict, host_resident: dict[str, int], topo: Topology, run: RunOutput) -> None:
+    def results(self, metrics: dict, program: Program, topo: Topology, run: RunOutput) -> None:
         """The result's offload fields: where the states live, what updates them, whether the nodes'
         RAM holds them, and the CPU update's time in the last step."""
         metrics["offload"] = self.describe(topo)
-        host = host_memory(host_resident, topo.host, topo.ranks_per_node)
+        host = host_memory(program.host_resident, topo.host, topo.ranks_per_node)
         metrics["memory"] |= host
         metrics["memory"]["fits"] = metrics["memory"]["fits"] and host.get("host_fits", True)
         metrics["cpu_update_s"] = sum(r.end_s - r.start_s for r in run.records

@@ -75,7 +75,8 @@ class ModelStates:
     grads: State
     optimizer: State
     buffers: int = 0  # resident buffers (a reduce bucket, DDP's bucket copy of the gradients)
-    host: dict[str, int] = field(default_factory=dict)  # bytes a placement moved off the GPU
+    host: dict[str, int] = field(default_factory=dict)  # bytes a placement moved to host memory
+    nvme: dict[str, int] = field(default_factory=dict)  # bytes a placement moved on to NVMe drives
 
     @property
     def states(self) -> tuple[State, State, State]:

@@ -371,8 +371,8 @@ class ZeRO3Step(Step):
 class ZeRO3(Strategy):
     name = "zero3"
     summary = "shard weights, gradients and optimizer state; all-gather each layer before use"
-    can = Capabilities(stage=3, library=DEEPSPEED, placement=PlacementRule(params="with_optimizer"),
-                       features=frozenset({ZEROPP}))
+    can = Capabilities(stage=3, library=DEEPSPEED, features=frozenset({ZEROPP}),
+                       placement=PlacementRule(params="with_optimizer", nvme=True))
     knobs = (
         Knob("prefetch", None, "cap on layers a prefetch reaches ahead (default: none, DeepSpeed's element "
              "limits decide; 0: no prefetch)", int, ge=0, le=100_000),
