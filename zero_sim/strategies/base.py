@@ -331,6 +331,7 @@ class Strategy:
     dataclass built from them that the step reads (``ctx.knobs.bucket_mb``)."""
 
     name: str = ""
+    label: str = ""  # the strategy's name in figures (ZeRO-3)
     summary: str = ""
     can: Capabilities = Capabilities(stage=0, library=PYTORCH)  # what it can do (capabilities.py)
     knobs: tuple[Knob, ...] = ()
@@ -341,7 +342,7 @@ class Strategy:
         super().__init_subclass__(**kwargs)
         cls.Knobs = settings_record(f"{cls.__name__}Knobs", cls.knobs, module=cls.__module__)
 
-    def knob_values(self, values: dict[str, object]) -> Any:
+    def knob_values(self, values: dict[str, object]) -> object:
         """The strategy's typed knobs from checked values (defaults for those missing)."""
         return self.Knobs(**({k.name: k.default for k in self.knobs} | values))
 

@@ -79,6 +79,7 @@ class DDPStep(Step):
 
 class DDP(Strategy):
     name = "ddp"
+    label = "DDP"
     summary = "replicate everything; all-reduce gradient buckets during backward"
     can = Capabilities(stage=0, library=PYTORCH, cannot_place=(
         "DDP replicates every model state on every GPU and cannot offload them; use --strategy zero2 "

@@ -373,6 +373,7 @@ class FSDPStep(Step):
 
 class FSDP(Strategy):
     name = "fsdp"
+    label = "FSDP"
     summary = "PyTorch FSDP: shard per wrap unit; gather before use, reduce-scatter after backward"
     can = Capabilities(stage=3, library=PYTORCH, placement=PlacementRule(params="required"),
                        features=frozenset({FP8_ALL_GATHER}))

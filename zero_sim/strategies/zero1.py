@@ -77,6 +77,7 @@ class ZeRO1Step(Step):
 
 class ZeRO1(Strategy):
     name = "zero1"
+    label = "ZeRO-1"
     summary = "shard optimizer state; reduce gradients as DDP; all-gather updated weights"
     can = Capabilities(stage=1, library=DEEPSPEED, placement=PlacementRule(params="never"))
     knobs = (

@@ -121,6 +121,7 @@ class ZeRO2Step(Step):
 
 class ZeRO2(Strategy):
     name = "zero2"
+    label = "ZeRO-2"
     summary = "shard optimizer state and gradients; reduce-scatter gradients, all-gather weights"
     can = Capabilities(stage=2, library=DEEPSPEED, placement=PlacementRule(params="never"))
     knobs = (

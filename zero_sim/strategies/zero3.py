@@ -370,6 +370,7 @@ class ZeRO3Step(Step):
 
 class ZeRO3(Strategy):
     name = "zero3"
+    label = "ZeRO-3"
     summary = "shard weights, gradients and optimizer state; all-gather each layer before use"
     can = Capabilities(stage=3, library=DEEPSPEED, features=frozenset({ZEROPP}),
                        placement=PlacementRule(params="with_optimizer", nvme=True))

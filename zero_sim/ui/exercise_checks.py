@@ -25,10 +25,11 @@ from functools import cache
 
 from zero_sim.published.ranking import MIN_DIFFERENCE
 from zero_sim.scenario import simulate
+from zero_sim.strategies import STRATEGIES
 from zero_sim.system.workload import RECOMPUTE_MODES
 
 FIT_SCENARIO = {"model": "gpt-7.5b", "gpus": 8, "topology": "dgx-a100", "gpu": "A100-40GB"}
-FIT_STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "fsdp")
+FIT_STRATEGIES = tuple(STRATEGIES)
 FIT_MICRO_BATCHES = (1, 2, 4, 8)
 BUCKET_SCENARIO = {"model": "gpt2-124m", "strategy": "ddp", "gpus": 8, "topology": "pcie", "micro_batch": 8}
 BUCKET_SIZES_MB = (1, 2, 5, 10, 25, 50, 100, 200, 500)
