@@ -19,11 +19,12 @@ the same moments as the real runs' hooks:
   hooks fire here): launch their reduction;
 * ``forward_frees`` / ``backward_allocs`` / ``backward_frees``: memory the layer's compute
   op releases or allocates besides activations;
-* ``resident()``: model states kept across steps; ``optimizer()``: the update.
+* ``model_states()``: the states kept across steps, from the layer of states
+  (zero_sim.strategies.states); ``optimizer()``: the update.
 
 Also shared: :class:`Precision` (bytes per parameter of weights, gradients and optimizer
-state; mixed-precision Adam is 2 + 2 + 12, the ZeRO paper's K = 12) and :func:`shard` (a
-rank's share of ``n`` elements, padded as collectives require).
+state; mixed-precision Adam is 2 + 2 + 12, the ZeRO paper's K = 12).  A rank's padded share of a
+buffer (``shard``) is the layer of states'.
 """
 
 from __future__ import annotations
@@ -171,7 +172,7 @@ class Step:
     # --- to override ------------------------------------------------------------------
 
     def setup(self) -> None:
-        """Per-build state, before ``resident()`` is asked for."""
+        """Per-build state, before ``model_states()`` is asked for."""
 
     def shard_units(self) -> tuple[int, ...]:
         """Elements of each buffer the sharded states are cut from (one for the whole model by
