@@ -152,13 +152,18 @@ def _offloaded(m: dict) -> list[str]:
         verdict = "" if mem["host_fits"] else " (DOES NOT FIT)"
         lines.append(f"  host memory     {per_rank:.2f} GB per rank, {per_node:.1f} GB per node of "
                      f"{mem['host_capacity_bytes'] / 1e9:,.0f} GB RAM{verdict}")
+    if "nvme_bytes_per_node" in mem:  # ZeRO-Infinity's drives (zero_sim.strategies.nvme)
+        lines.append(f"  NVMe            {mem['nvme_bytes_per_rank'] / 1e9:.2f} GB per rank, "
+                     f"{mem['nvme_bytes_per_node'] / 1e9:.1f} GB per node; swaps take "
+                     f"{m['nvme_swap_s'] * 1e3:.2f} ms of the step on the host")
     return lines
 
 
 def _host_bound(m: dict) -> list[str]:
-    """What to change when the GPU waits for its host to launch work (the CPU's offloaded update is
-    waiting of another kind, said on its own line)."""
-    waiting = (m.get("gpu_waiting_for_host_s") or 0.0) - m.get("cpu_update_s", 0.0)
+    """What to change when the GPU waits for its host to launch work (the CPU's offloaded update and
+    NVMe swaps are waiting of another kind, said on their own lines)."""
+    offloaded = m.get("cpu_update_s", 0.0) + m.get("nvme_swap_s", 0.0)
+    waiting = (m.get("gpu_waiting_for_host_s") or 0.0) - offloaded
     step = m["step_time_s"]
     if step <= 0 or waiting < HOST_BOUND_SHARE * step:
         return []

@@ -31,6 +31,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from zero_sim.configs import ConfigError, ConfigReading, check_spelling, load_mapping, validated
+from zero_sim.vocabulary import GRADS, PARAMS
+from zero_sim.vocabulary.model_states import sharded
 
 STAGES = {1: "zero1", 2: "zero2", 3: "zero3"}
 
@@ -249,7 +251,7 @@ def _zeropp(zero: _Zero, written: dict, stage: int, reading: ConfigReading) -> N
     for key in ZEROPP_KEYS:
         value = getattr(zero, key)
         # A key written as null is a key left out: DeepSpeed's default (off) holds.
-        if value is not None and key in written and (stage == 3 or _turned_on(key, value)):
+        if value is not None and key in written and (sharded(stage, PARAMS) or _turned_on(key, value)):
             # DeepSpeed reads a partition size of -1 or 0 as off, as 1 is.
             reading.set(key, max(value, 1) if key.endswith("_size") else value, f"zero_optimization.{key}")
 
@@ -268,10 +270,11 @@ def _zero(zero: _Zero, written: dict, source: str, precision: str, reading: Conf
             raise ConfigError(f"zero_optimization.{key} in {source} turns on {what}, which the simulator "
                               f"does not model; remove it to simulate")
     _zeropp(zero, written, stage, reading)
-    overlap = zero.overlap_comm if zero.overlap_comm is not None else stage == 3  # DeepSpeed's default
+    # DeepSpeed's default: on for stage 3 (the one that shards the weights), off for stages 1 and 2.
+    overlap = zero.overlap_comm if zero.overlap_comm is not None else sharded(stage, PARAMS)
     reading.set("overlap_comm", overlap, "zero_optimization.overlap_comm")
     grad_bytes = 2 if precision == "mixed" else 4
-    if stage == 3:
+    if sharded(stage, PARAMS):
         for key, name in STAGE3_SIZES.items():
             if key in written:
                 reading.set(name, getattr(zero, key), f"zero_optimization.{key}")
@@ -279,7 +282,7 @@ def _zero(zero: _Zero, written: dict, source: str, precision: str, reading: Conf
         elements = zero.reduce_bucket_size
         reading.set("bucket_mb", elements * grad_bytes / 2**20, "zero_optimization.reduce_bucket_size",
                     elements)
-        if stage == 1:
+        if not sharded(stage, GRADS):  # stage 1
             reading.set("zero1_reduce", "reduce_scatter" if zero.reduce_scatter else "all_reduce",
                         "zero_optimization.reduce_scatter")
         elif not zero.reduce_scatter:

@@ -33,7 +33,8 @@ from zero_sim.plan.search import MICRO_BATCHES, SIMULATED, PlanError, search, se
 from zero_sim.scenario import resolve
 from zero_sim.scenario.settings import COMMON, SHAPE_SETTINGS
 from zero_sim.settings import add_flag
-from zero_sim.strategies import STRATEGIES, all_knobs
+from zero_sim.strategies import STRATEGIES, accepting, all_knobs
+from zero_sim.strategies.capabilities import ZEROPP as ZEROPP_FEATURE
 from zero_sim.system.workload import RECOMPUTE_MODES
 
 # The size budget of one search: at about 3 ms a candidate to bound, a larger one takes minutes.
@@ -113,9 +114,10 @@ def plan_args(parser) -> None:
 def _zeropp(args, strategies: list[str] | None) -> dict:
     """ZeRO++'s settings given, for the zero3 candidates (the planner never turns them on itself)."""
     given = {k: getattr(args, k) for k in ZEROPP if getattr(args, k, None) is not None}
-    if given and strategies is not None and "zero3" not in strategies:
-        raise PlanError("the ZeRO++ flags apply to zero3, which --strategies leaves out; "
-                        "add zero3 or drop them")
+    takers = " or ".join(accepting(ZEROPP_FEATURE))
+    if given and strategies is not None and not set(accepting(ZEROPP_FEATURE)) & set(strategies):
+        raise PlanError(f"the ZeRO++ flags apply to {takers}, which --strategies leaves out; "
+                        f"add {takers} or drop them")
     return given
 
 
@@ -138,7 +140,7 @@ def _space(args) -> tuple[dict, list[dict], str]:
     space = search_space(base, _counts(args.gpus, "--gpus"), _counts(args.micro_batch, "--micro-batch"),
                          args.global_batch, strategies,
                          _names(args.recompute, list(RECOMPUTE_MODES), "--recompute") or RECOMPUTE_MODES)
-    space = [s | zeropp if s["strategy"] == "zero3" else s for s in space]
+    space = [s | zeropp if s["strategy"] in accepting(ZEROPP_FEATURE) else s for s in space]
     base = base | {"zeropp": zeropp}
     if len(space) > MAX_CANDIDATES:
         raise PlanError(f"this search has {len(space):,} candidates, beyond the budget of "

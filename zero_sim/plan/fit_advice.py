@@ -16,12 +16,20 @@ from collections.abc import Iterator
 
 from zero_sim.plan.bounds import bounds
 from zero_sim.scenario import ScenarioError, simulate
-from zero_sim.scenario.settings import MAX_GPUS
-from zero_sim.strategies import all_knobs, get_strategy
+from zero_sim.scenario.settings import COMMON, MAX_GPUS
+from zero_sim.strategies import STRATEGIES, all_knobs, get_strategy
+from zero_sim.strategies.capabilities import PYTORCH
 from zero_sim.system.gpus import GPUS
+from zero_sim.vocabulary import PARAMS
 
-SHARDED = ("fsdp", "zero3")
+# The strategies that shard the weights, PyTorch's first (it needs nothing beyond torch).
+SHARDED = tuple(sorted((name for name, st in STRATEGIES.items() if st.can.shards(PARAMS)),
+                       key=lambda name: STRATEGIES[name].can.library != PYTORCH))
+# The one that offloads the optimizer state alone, then the weights with it (DeepSpeed's ZeRO-3).
+OFFLOADS = next(name for name, st in STRATEGIES.items()
+                if st.can.shards(PARAMS) and st.can.placement and st.can.placement.params == "with_optimizer")
 MORE_GPUS = (2, 4, 8, 16)
+DEFAULT_STRATEGY = next(setting.default for setting in COMMON if setting.name == "strategy")
 
 
 def _tries(s: dict, capacity: float) -> Iterator[tuple[str, dict]]:
@@ -35,15 +43,16 @@ def _tries(s: dict, capacity: float) -> Iterator[tuple[str, dict]]:
         smaller = {"micro_batch": micro, "grad_accum": accum, "recompute": "full"}
         yield f"--micro-batch {micro} --grad-accum {accum} --recompute full", s | smaller
     for strategy in SHARDED:
-        if s.get("strategy", "ddp") not in SHARDED:
+        if s.get("strategy", DEFAULT_STRATEGY) not in SHARDED:
             yield f"--strategy {strategy} --recompute full", _switch(s, strategy) | {"recompute": "full"}
     gpus = s.get("gpus", 8)
-    sharded = s.get("strategy", "ddp") if s.get("strategy", "ddp") in SHARDED else "fsdp"
+    current = s.get("strategy", DEFAULT_STRATEGY)
+    sharded = current if current in SHARDED else SHARDED[0]
     base = _switch(s, sharded) | {"recompute": "full"}
     if s.get("offload_params", "none") == "none":
-        offloaded = _switch(s, "zero3") | {"recompute": "full", "offload_optimizer": "cpu"}
-        yield "--strategy zero3 --offload-optimizer cpu --recompute full", offloaded
-        yield ("--strategy zero3 --offload-optimizer cpu --offload-params cpu --recompute full",
+        offloaded = _switch(s, OFFLOADS) | {"recompute": "full", "offload_optimizer": "cpu"}
+        yield f"--strategy {OFFLOADS} --offload-optimizer cpu --recompute full", offloaded
+        yield (f"--strategy {OFFLOADS} --offload-optimizer cpu --offload-params cpu --recompute full",
                offloaded | {"offload_params": "cpu"})
     for factor in MORE_GPUS:
         if gpus * factor <= MAX_GPUS:

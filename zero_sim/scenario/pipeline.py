@@ -42,8 +42,7 @@ from zero_sim.scenario.machine import (
     step_host_s,
     topology_for,
 )
-from zero_sim.scenario.offload import describe as describe_offload
-from zero_sim.scenario.offload import host_memory, offload_plan
+from zero_sim.scenario.offload import offload_plan
 from zero_sim.scenario.settings import (
     COMMON,
     COMMON_NAMES,
@@ -67,7 +66,7 @@ from zero_sim.system.topology import PRESETS as TOPOLOGIES
 from zero_sim.system.workload import Workload, WorkloadError
 from zero_sim.system.zeropp import ZeroPP
 from zero_sim.uncertainty import Setting
-from zero_sim.vocabulary import CPU_ADAM
+from zero_sim.vocabulary import PARAMS
 
 
 def _resolve_workload(s: CommonSettings) -> Workload:
@@ -224,7 +223,7 @@ def prepare(workload: Workload | None = None, **kwargs) -> Prepared:
     if (s.lora_targets is not None or s.lora_base is not None) and s.lora_rank is None:
         raise ScenarioError("--lora-targets and --lora-base describe LoRA adapters, but no --lora-rank says "
                             "their size; give --lora-rank (16 is common) or leave them out")
-    if s.lora_base == "nf4" and strategy.name in ("zero3", "fsdp"):
+    if s.lora_base == "nf4" and strategy.can.shards(PARAMS):
         raise ScenarioError(f"a 4-bit QLoRA base sharded by {strategy.name} (FSDP-QLoRA) is not modelled; "
                             "use --strategy ddp, zero1 or zero2, or --lora-base bf16")
     if s.lora_rank is not None:
@@ -242,7 +241,7 @@ def prepare(workload: Workload | None = None, **kwargs) -> Prepared:
     compute = compute_model(s, gpu, calibration)
     compute.fp8 = fp8_for(s, gpu, workload, calibration, strategy)
     modelled_gpu = is_modelled_gpu(gpu, calibration)
-    offload, topo = offload_plan(s, strategy.name, knobs, topo, gpu.name)
+    offload, topo = offload_plan(s, strategy, knobs, topo, gpu.name, precision_of(s))
     ctx = Context(workload, s.gpus, topo.ranks_per_node, compute, precision_of(s), s.grad_accum,
                   s.host_overhead_us * 1e-6, knobs,
                   host=host_pricing(workload, s, calibration, modelled_gpu),
@@ -350,13 +349,7 @@ def _result(p: Prepared, program: Program, run: RunOutput, scenario: Scenario,
                               allocator_reserve=scenario.hardware.allocator_reserve)
     # Offloaded states: where they live, what updates them, and whether the nodes' RAM holds them.
     if p.ctx.offload is not None:
-        metrics["offload"] = describe_offload(p.ctx.offload, p.topology)
-        host = host_memory(program.host_resident, p.topology.host, p.topology.ranks_per_node)
-        metrics["memory"] |= host
-        metrics["memory"]["fits"] = metrics["memory"]["fits"] and host.get("host_fits", True)
-        metrics["cpu_update_s"] = sum(r.end_s - r.start_s for r in run.records
-                                      if r.name == CPU_ADAM and r.rank == run.simulated_ranks[0]
-                                      and r.step == len(run.step_ends[r.rank]) - 1)
+        p.ctx.offload.results(metrics, program, p.topology, run)
     metrics |= confidence_fields(metrics, scenario, p.gpu.peak_flops, is_modelled_gpu(p.gpu, p.calibration),
                                  *(interval or (None, None)))
     # What a configuration file set, ignored (and why) or had overridden, beside the figures it produced.

@@ -28,9 +28,10 @@ from functools import cache
 
 from zero_sim.published.ranking import MIN_DIFFERENCE
 from zero_sim.scenario import simulate
+from zero_sim.strategies import STRATEGIES
 
 FIT_SCENARIO = {"model": "gpt-7.5b", "gpus": 8, "topology": "dgx-a100", "gpu": "A100-40GB"}
-FIT_STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "fsdp")
+FIT_STRATEGIES = tuple(STRATEGIES)
 # The recompute modes notebook 09 explains before the exercise; "op" (per-op checkpointing) is left
 # out because the notebook never introduces it, and an unexplained choice teaches nothing.
 FIT_RECOMPUTE = ("none", "selective", "full")

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import zlib
 
+from zero_sim.strategies import STRATEGIES
 from zero_sim.vocabulary import parse_op_name
 
 # Inches: about 950 px at ipympl's 100 dpi, inside JupyterLab's ~1100 px content area at 1280 px.
@@ -42,8 +43,7 @@ HOST_LABEL = "host (the CPU)"  # short: the legend sits beside the chart, inside
 MEMORY_COLORS = {"params": "#4C72B0", "grads": "#DD8452", "optimizer": "#55A868",
                  "activations": "#C44E52", "buffers": "#8172B3"}
 # Okabe-Ito colours (distinguishable with the common colour-vision deficiencies), one per strategy.
-STRATEGY_COLORS = {"ddp": "#0072B2", "zero1": "#E69F00", "zero2": "#009E73", "zero3": "#D55E00",
-                   "fsdp": "#CC79A7"}
+STRATEGY_COLORS = dict(zip(STRATEGIES, ("#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7"), strict=True))
 _MORE_STRATEGY_COLORS = ("#56B4E9", "#000000", "#999933", "#882255", "#44AA99", "#F0E442")
 
 

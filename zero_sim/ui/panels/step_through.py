@@ -26,6 +26,7 @@ import ipywidgets as W
 from matplotlib.patches import Rectangle
 
 from zero_sim.scenario import ScenarioError, simulate
+from zero_sim.strategies import STRATEGIES
 from zero_sim.system.gpus import GB
 from zero_sim.system.model_presets import PRESETS as MODELS
 from zero_sim.system.topology import PRESETS as TOPOLOGIES
@@ -39,7 +40,10 @@ from zero_sim.vocabulary import ACTIVATIONS, BUFFERS, GRADS, OPTIMIZER_STATE, PA
 
 RANKS = 4  # ranks drawn, and simulated: the side-by-side view is about who holds which quarter
 FRAMES = 120  # slider positions over the longest step
-LABELS = {"ddp": "DDP", "zero1": "ZeRO-1", "zero2": "ZeRO-2", "zero3": "ZeRO-3", "fsdp": "FSDP"}
+LABELS = {name: strategy.label for name, strategy in STRATEGIES.items()}
+# The columns: every strategy that keeps whole weights, then one that shards them (the toggle).
+WHOLE = [name for name, strategy in STRATEGIES.items() if not strategy.can.shards(PARAMS)]
+SHARDING = [name for name, strategy in STRATEGIES.items() if strategy.can.shards(PARAMS)]
 ROW_NAMES = {PARAMS: "P", GRADS: "G", OPTIMIZER_STATE: "O"}
 TEXT_PT = 9  # every caption: smaller is hard to read beside the boxes
 
@@ -56,7 +60,7 @@ class StepThrough(Panel):
                                    style=STYLE),
             "micro_batch": W.Dropdown(options=[1, 2, 4, 8], value=micro_batch, description="micro-batch",
                                       style=STYLE),
-            "last": W.ToggleButtons(options=[("ZeRO-3", "zero3"), ("FSDP", "fsdp")], value=last,
+            "last": W.ToggleButtons(options=[(LABELS[name], name) for name in SHARDING], value=last,
                                     description="fully sharded", style=STYLE),
         }
         self.time = W.IntSlider(value=0, min=0, max=FRAMES - 1, description="time", style=STYLE,
@@ -80,7 +84,7 @@ class StepThrough(Panel):
 
     @property
     def strategies(self) -> list[str]:
-        return ["ddp", "zero1", "zero2", self.controls["last"].value]
+        return [*WHOLE, self.controls["last"].value]
 
     def update(self, *_):
         c = self.controls
