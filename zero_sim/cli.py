@@ -55,6 +55,9 @@ class _Parser(argparse.ArgumentParser):
 
 def _add_setting(parser, name: str, default, help_text: str, kind: type, choices=None) -> None:
     flag = "--" + name.replace("_", "-")
+    # An integer reaches the schema as the text typed, which reads e-notation ("1e9") and refuses
+    # what is not whole in the same sentence as simulate() does.
+    kind = str if kind is int else kind
     if kind is bool:
         parser.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None,
                             help=f"{help_text} (default: {default})")

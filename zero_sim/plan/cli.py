@@ -26,6 +26,7 @@ from zero_sim.plan.planner import FITS
 from zero_sim.plan.search import MICRO_BATCHES, SIMULATED, PlanError, search, search_space
 from zero_sim.scenario import resolve
 from zero_sim.scenario.settings import SHAPE_SETTINGS
+from zero_sim.settings import integer_flag, whole_number
 from zero_sim.strategies import STRATEGIES
 from zero_sim.system.workload import RECOMPUTE_MODES
 
@@ -38,11 +39,10 @@ SHARED = ("model", "params", "seq_len", "topology", "gpu", "stack", "precision",
 
 
 def _counts(text: str, flag: str) -> list[int]:
-    try:
-        values = [int(v) for v in str(text).split(",") if v.strip()]
-    except ValueError:
+    values = [whole_number(v) for v in str(text).split(",") if v.strip()]
+    if not all(isinstance(v, int) for v in values):
         raise PlanError(f"{flag} takes whole numbers separated by commas, such as 8,16,32; "
-                        f"got {text!r}") from None
+                        f"got {text!r}")
     if not values or min(values) <= 0:
         raise PlanError(f"{flag} takes positive whole numbers separated by commas; got {text!r}")
     return values
@@ -61,16 +61,16 @@ def _names(text: str | None, known, flag: str) -> list[str] | None:
 def plan_args(parser) -> None:
     parser.add_argument("--model", default="gpt2-1.5b", help="model preset (see `zero-sim presets`)")
     parser.add_argument("--params", default=None, help="a GPT of about this many parameters instead (7.5B)")
-    parser.add_argument("--seq-len", dest="seq_len", type=int, default=None, help="sequence length")
+    parser.add_argument("--seq-len", dest="seq_len", type=integer_flag, default=None, help="sequence length")
     for name in SHAPE_SETTINGS:  # a custom shape, its missing values from --model's preset
-        parser.add_argument("--" + name.replace("_", "-"), dest=name, type=int, default=None,
+        parser.add_argument("--" + name.replace("_", "-"), dest=name, type=integer_flag, default=None,
                             help=f"custom shape: {name.replace('_', ' ')} (default: the preset's)")
     parser.add_argument("--gpus", default="8", help="GPU counts to try, e.g. 8 or 16,32,64 (default 8)")
     parser.add_argument("--topology", default="dgx-a100", help="topology preset (default dgx-a100)")
     parser.add_argument("--gpu", default=None, help="GPU model (default: the topology's)")
     parser.add_argument("--micro-batch", dest="micro_batch", default=",".join(map(str, MICRO_BATCHES)),
                         help="micro-batches to try (default 1,2,4,8)")
-    parser.add_argument("--global-batch", dest="global_batch", type=int, default=None,
+    parser.add_argument("--global-batch", dest="global_batch", type=integer_flag, default=None,
                         help="sequences per optimizer step, fixed: each micro-batch accumulates to it")
     parser.add_argument("--strategies", default=None,
                         help=f"strategies to try (default {','.join(STRATEGIES)})")
@@ -84,7 +84,7 @@ def plan_args(parser) -> None:
     parser.add_argument("--node-bandwidth-gbps", dest="node_bandwidth_gbps", type=float, default=None,
                         help="a node's network bandwidth, Gbit/s, split over its NICs")
     parser.add_argument("--calibration", default=None, help="a calibration file (`zero-sim calibrate`)")
-    parser.add_argument("--lora-rank", dest="lora_rank", type=int, default=None,
+    parser.add_argument("--lora-rank", dest="lora_rank", type=integer_flag, default=None,
                         help="fine-tune with LoRA adapters of this rank (docs/fine-tuning.md)")
     parser.add_argument("--lora-targets", dest="lora_targets", default=None,
                         help="with --lora-rank: the projections given adapters (default q,v)")
@@ -102,14 +102,16 @@ def plan_args(parser) -> None:
                         help="RAM per node for offloaded states (default: the topology's)")
     parser.add_argument("--zero-quantized-weights", dest="zero_quantized_weights", action="store_true",
                         default=None, help="ZeRO++ qwZ on every zero3 candidate (docs/zeropp.md)")
-    parser.add_argument("--zero-hpz-partition-size", dest="zero_hpz_partition_size", type=int, default=None,
+    parser.add_argument("--zero-hpz-partition-size", dest="zero_hpz_partition_size", default=None,
+                        type=integer_flag,
                         help="ZeRO++ hpZ on every zero3 candidate: the secondary partition's ranks")
     parser.add_argument("--zero-quantized-gradients", dest="zero_quantized_gradients", action="store_true",
                         default=None, help="ZeRO++ qgZ on every zero3 candidate")
-    parser.add_argument("--top", type=int, default=10, help="rows to rank and show (default 10)")
+    parser.add_argument("--top", type=integer_flag, default=10, help="rows to rank and show (default 10)")
     parser.add_argument("--json", action="store_true", help="print every candidate as JSON")
     parser.add_argument("--csv", action="store_true", help="print every candidate as CSV")
-    parser.add_argument("--workers", type=int, default=None, help="processes to simulate on (default: cores)")
+    parser.add_argument("--workers", type=integer_flag, default=None,
+                        help="processes to simulate on (default: cores)")
     parser.add_argument("--dask-scheduler", dest="dask_scheduler", default=None, metavar="ADDRESS",
                         help="run the simulations on a Dask cluster (tcp://host:8786; needs zero-sim[dask])")
 
