@@ -1,7 +1,9 @@
 """How sure a prediction is, and how it compares with the GPU's peak: the figures beside the headline.
 
-* ``mfu``: model FLOPs utilisation, the model's FLOPs per step (forward and backward, recompute
-  not counted) over the step time and the GPU's dense bf16 peak (``zero_sim.system.gpus``).
+* ``mfu``: model FLOPs utilisation, the FLOPs the model needs per step (forward and backward,
+  recompute not counted, a causal mask's masked half of attention not counted) over the step
+  time and the GPU's dense bf16 peak (``zero_sim.system.gpus``).  It stays below the highest of
+  ``kernel_ceilings``, what the compute model lets each kernel family reach (docs/compute.md).
 * ``prediction_interval``: the range published runs like this one came in, from how far the
   simulator was from the published table's runs when each was predicted without its own source
   (:mod:`zero_sim.system.run_overheads`, refitted by ``zero-sim validate --published --refit``).
@@ -41,12 +43,16 @@ def interval_group(scenario, modelled_gpu: bool) -> str | None:
     return KNOWN_STACK if scenario.training.stack_given else DEFAULT_STACK_GROUP
 
 
-def confidence_fields(metrics: dict, scenario, peak_flops: float, modelled_gpu: bool) -> dict:
+def confidence_fields(metrics: dict, scenario, peak_flops: float, modelled_gpu: bool,
+                      needed_flops: float | None = None) -> dict:
     """``stack``, ``tokens_per_s_per_gpu``, ``mfu`` and, where published runs apply, each headline
-    figure's interval and how it was obtained."""
+    figure's interval and how it was obtained.  ``needed_flops``: a rank's FLOPs per step that MFU
+    counts (:meth:`~zero_sim.system.workload.Workload.needed_flops`; default: TFLOP/s's)."""
+    step = metrics["step_time_s"]
+    needed = metrics["tflops_per_gpu"] * 1e12 * step if needed_flops is None else needed_flops
     out = {"stack": scenario.training.stack,
            "tokens_per_s_per_gpu": metrics["tokens_per_s"] / max(metrics["gpus"], 1),
-           "mfu": metrics["tflops_per_gpu"] * 1e12 / peak_flops if modelled_gpu and peak_flops > 0 else None}
+           "mfu": needed / step / peak_flops if modelled_gpu and peak_flops > 0 and step > 0 else None}
     group = interval_group(scenario, modelled_gpu)
     band = prediction_interval(group) if group else None
     out["prediction_interval"] = None if band is None else {

@@ -343,7 +343,12 @@ def _result(p: Prepared, program: Program, run: RunOutput, scenario: Scenario) -
         metrics["cpu_update_s"] = sum(r.end_s - r.start_s for r in run.records
                                       if r.name == CPU_ADAM and r.rank == run.simulated_ranks[0]
                                       and r.step == len(run.step_ends[r.rank]) - 1)
-    metrics |= confidence_fields(metrics, scenario, p.gpu.peak_flops, is_modelled_gpu(p.gpu, p.calibration))
+    modelled = is_modelled_gpu(p.gpu, p.calibration)
+    metrics |= confidence_fields(metrics, scenario, p.gpu.peak_flops, modelled,
+                                 p.workload.needed_flops() * s.grad_accum)
+    # The most each kernel family reaches, which MFU stays below (zero_sim.system.hardware).
+    metrics["kernel_ceilings"] = (p.compute.kernel_ceilings(p.workload.attention or "flash")
+                                  if modelled else None)
     # What a configuration file set, ignored (and why) or had overridden, beside the figures it produced.
     metrics["config_notes"] = reading.notes if reading is not None else []
     # The stack assumed in one line, then each setting given that overrides it.

@@ -191,8 +191,10 @@ SECTIONS: tuple[tuple[str, str, tuple[Entry, ...]], ...] = (
            forward pass recomputed under [activation checkpointing](#activation-checkpointing), so it
            is higher for the same step. Published figures often quote hardware TFLOP/s.""",
            "TFLOP", "TFLOPS", "FLOP", "model FLOP", "hardware FLOP", anchor="tflops"),
-        _e("MFU", """model FLOPs utilisation: useful [TFLOP/s](#tflops) over the GPU's peak (dense bf16).
-           Well-tuned large-model training reaches 40-60%.""", "model FLOPs utilisation",
+        _e("MFU", """model FLOPs utilisation: the FLOPs the model needs per second (a causal mask's
+           masked half of attention left out, which [TFLOP/s](#tflops) counts as papers do) over
+           the GPU's peak (dense bf16). Well-tuned large-model training reaches 40-60%; no kernel
+           family reaches 100%, so neither does MFU.""", "model FLOPs utilisation",
            case_sensitive=True),
     )),
     ("Strategies", "Ways of training one model on many GPUs, and the words they share.", (
