@@ -87,7 +87,8 @@ def test_a_flag_given_beside_the_file_wins_and_the_note_says_so():
     ({"zero_optimization": {"stage": 2, "reduce_scatter": False}}, "all-reduces stage 2's gradients"),
     ({"zero_optimization": {"stage": 1}, "optimizer": {"type": "SGD"}}, "not an Adam-family optimizer"),
     ({"zero_optimization": {"stage": 1}, "train_micro_batch_size_per_gpu": 0},
-     "--micro-batch must be a positive integer, got 0 (read from train_micro_batch_size_per_gpu"),
+     "--micro-batch must be a positive integer, got 0 (--micro-batch was read from "
+     "train_micro_batch_size_per_gpu"),
     ({"zero_optimization": {"stage": 1}, "train_batch_size": 100},
      "is not micro-batch 8 x gradient accumulation"),
     ({"zero_optimization": {"stage": 1}, "bf16": {"enabled": True}, "communication_data_type": "fp32"},
@@ -409,3 +410,41 @@ def test_torchtitans_compile_switch_in_training_compiles_and_its_other_keys_are_
                 "[float8] filter_fqns"):
         assert re.search(rf"^(read|ignored): {re.escape(key)}\b", lines, re.M), key
     assert "overridden: elementwise=fused (stack torchtitan has eager)" in r.metrics["stack_notes"]
+
+
+FLOAT8_TITAN = """
+[model]
+name = "llama3"
+flavor = "8B"
+converters = ["float8"]
+[training]
+local_batch_size = 1
+seq_len = 1024
+[float8]
+enable_fsdp_float8_all_gather = true
+precompute_float8_dynamic_scale_for_fsdp = true
+filter_fqns = ["output"]
+"""
+
+
+@pytest.mark.parametrize("given, flag, key", [
+    ({"offload_params": "cpu"}, "--fp8-all-gather", "[float8] enable_fsdp_float8_all_gather"),
+    ({"topology": "dgx-a100"}, "--precision", "[model] converters"),
+])
+def test_a_refusal_of_a_setting_the_file_set_names_the_file_and_key(tmp_path, given, flag, key):
+    path = tmp_path / "float8.toml"
+    path.write_text(FLOAT8_TITAN)
+    with pytest.raises(ScenarioError) as refused:
+        simulate(torchtitan_config=path, **({"gpus": 8, "topology": "dgx-h100"} | given))
+    message = str(refused.value)
+    assert flag in message and f"{flag} was read from {key}" in message and str(path) in message
+    assert "\n" not in message
+
+
+def test_a_flag_the_user_typed_is_not_blamed_on_the_file(tmp_path):
+    path = tmp_path / "float8.toml"
+    path.write_text(FLOAT8_TITAN)
+    with pytest.raises(ScenarioError) as refused:
+        simulate(torchtitan_config=path, gpus=8, topology="dgx-h100", precision="mixed")
+    assert "--precision was read from" not in str(refused.value)
+    assert "--fp8-all-gather was read from [float8] enable_fsdp_float8_all_gather" in str(refused.value)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import difflib
 import json
 import os
+import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,11 +45,11 @@ class ConfigReading:
     accounted: set[str] = field(default_factory=set)  # the file's keys (and tables) a note named
 
     def blame(self, message: str) -> str:
-        """A refusal of a value read from the file, saying which key of which file held it."""
-        for name, key in self.origins.items():
-            if message.startswith(f"--{name.replace('_', '-')} "):
-                return f"{message} (read from {key} in {self.source})"
-        return message
+        """A refusal that names a setting this file set (and the user did not type), saying which
+        key of which file set it: an error about a flag nobody typed must say where it came from."""
+        named = [f"{flag} was read from {key}" for name, key in self.origins.items()
+                 if re.search(rf"{(flag := '--' + name.replace('_', '-'))}(?![\w-])", message)]
+        return f"{message} ({'; '.join(named)} in {self.source})" if named else message
 
     def set(self, name: str, value: Any, key: str, written: Any = None, keys: Iterable[str] = ()) -> None:
         """``key`` (as ``written`` in the file, when that differs from ``value``) sets ``--name value``;
@@ -153,6 +154,8 @@ def check_spelling(keys, known, source: str, where: str = "", what: str = "key",
 def merge(reading: ConfigReading, given: dict[str, Any]) -> dict[str, Any]:
     """The reading's settings overlaid with those given explicitly (None means not given)."""
     explicit = {k: v for k, v in given.items() if v is not None}
+    for name in explicit:  # what the user typed is theirs, not the file's, when a refusal names it
+        reading.origins.pop(name, None)
     for name, value in explicit.items():
         if name in reading.settings and reading.settings[name] != value:
             if name == "strategy":
