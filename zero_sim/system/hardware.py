@@ -321,12 +321,10 @@ class ComputeModel:
         return fwd if direction == "fwd" else fwd * FLASH_BWD_OVER_FWD
 
     def kernel_ceilings(self, attention: str = "flash") -> dict[str, float]:
-        """The highest fraction of the dense bf16 peak each kernel family that does model FLOPs
-        reaches here, at any size: ``gemm`` (the GEMM curve's saturation, FP8's under
-        ``--precision fp8``) and ``attention`` (the implementation's forward at long sequences,
-        its best head dim and no mask; eager attention's batched GEMMs are GEMMs).  Every op's
-        time is at least its FLOPs at its family's ceiling, so MFU, which counts no FLOP a kernel
-        does not do, stays below the larger of the two (docs/compute.md)."""
+        """The most of the dense bf16 peak each kernel family doing model FLOPs reaches, at any
+        size: ``gemm`` (the curve's saturation; FP8's under fp8) and ``attention`` (the forward at
+        long sequences, best head dim, no mask; eager's batched GEMMs are GEMMs).  MFU, which counts
+        no FLOP a kernel skips, stays below the larger (docs/compute.md)."""
         profile = self.gpu.profile
         if self.efficiency is not None or profile is None:
             return {"gemm": self.default_efficiency, "attention": self.default_efficiency}
