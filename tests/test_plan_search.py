@@ -148,6 +148,6 @@ def test_bandwidth_flags_say_per_nic_or_per_node_and_the_output_shows_each_link(
     per_node = simulate(gpus=16, topology="dgx-a100", node_bandwidth_gbps=800, steps=1).metrics["cluster"]
     per_nic = simulate(gpus=16, topology="dgx-a100", bandwidth_gbps=100, steps=1).metrics["cluster"]
     assert per_node == per_nic  # 800 Gbit/s over a DGX A100's 8 NICs is 100 each
-    assert "nic 12.5 GB/s x 8 per node (800 Gbit/s per node)" in per_node
+    assert "nic 12.5 GB/s x 8 = 100 GB/s per node (as given: 800 Gbit/s per node)" in per_node
     with pytest.raises(ScenarioError, match="give one of them"):
         simulate(bandwidth_gbps=100, node_bandwidth_gbps=800)

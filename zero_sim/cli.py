@@ -13,8 +13,8 @@ offers the simulator's own commands without torch.
 Every flag of ``simulate`` is a keyword of ``zero_sim.simulate()``.  Bad input gets one
 sentence on stderr and exit status 2; a model that does not fit is a result
 (``fits: false`` and the shortfall), not an error.  An output path that cannot be written
-(a directory, a link, a device, a full disk) or an input file that cannot be read gets the
-same one sentence and exit status 2; files are written whole or not at all
+(a directory, a link, a device, a full disk, a directory that is not there) or an input file
+that cannot be read gets the same one sentence and exit status 2; files are written whole or not at all
 (:mod:`zero_sim.vocabulary.files`), and each command says where it wrote them.
 """
 
@@ -42,7 +42,13 @@ from zero_sim.system.model_presets import PRESETS as MODELS
 from zero_sim.system.nccl_tests import fit_nccl_tests, parse_nccl_tests
 from zero_sim.system.stacks import DEFAULT_STACK, STACKS
 from zero_sim.system.topology import PRESETS as TOPOLOGIES
-from zero_sim.vocabulary.files import InputPathError, OutputPathError, check_output_path, read_text_input
+from zero_sim.vocabulary.files import (
+    InputPathError,
+    OutputPathError,
+    check_named_output,
+    check_output_path,
+    read_text_input,
+)
 
 
 class UsageError(Exception):
@@ -206,10 +212,11 @@ def _simulate(args) -> int:
     kwargs = {k: v for k, v in vars(args).items() if k not in outputs}
     # Output paths are checked before simulating: a bad one is refused at once, not after the run.
     if args.trace:
-        check_output_path(args.trace)
+        check_named_output(args.trace)
     if args.plot:
         _check_picture_path(args.plot)
     if args.trace_dir:
+        check_named_output(args.trace_dir, directory=True)
         check_output_path(args.trace_dir / "rank-0.pt.trace.json")
     result = simulate(**kwargs)
     if not result.metrics["memory"]["fits"]:
@@ -238,9 +245,14 @@ def _simulate(args) -> int:
 
 
 def _check_picture_path(path: Path) -> None:
-    from zero_sim.ui.plots import picture_format
-
+    check_named_output(path)
     picture_format(path)
+
+
+def picture_format(path: Path) -> str:
+    from zero_sim.ui.plots import picture_format as fmt
+
+    return fmt(path)
 
 
 def _save_plot(result, path: Path) -> None:
@@ -302,8 +314,9 @@ def _fit(args) -> int:
 def _demo(args) -> int:
     out: Path = args.out
     trace, plot = out / "demo_trace.json", out / "demo_timeline.png"
+    check_named_output(out, directory=True)
     check_output_path(trace)
-    _check_picture_path(plot)
+    picture_format(plot)
     result = simulate(model="gpt2-124m", strategy="ddp", gpus=8, topology="pcie", micro_batch=8)
     result.to_chrome_trace(trace)
     _save_plot(result, plot)

@@ -11,8 +11,8 @@ the window from the end of the step before to the end of its own last op:
   (``None`` when there is no communication);
 * ``comm_volume_bytes``: bytes this rank sends per step under ring algorithms
   (nccl-tests' bus factors; gloo's reduce-scatter counts as an all-reduce);
-* ``phases``: ``forward_s`` from step start to the first backward op, ``backward_s`` to
-  the end of the last backward op, ``optimizer_s`` from there to the end of the step, split
+* ``phases``: ``forward_s`` and ``backward_s`` up to the end of the last backward op, each
+  micro-step's forward counted as forward, ``optimizer_s`` from there to the end of the step, split
   into ``optimizer_wait_s`` (compute idle, waiting for communication) and
   ``optimizer_update_s`` (the update's own compute), see :mod:`zero_sim.breakdown`;
 * ``memory``: resident model states, peaks of activations and buffers, the tensors' peak
@@ -64,6 +64,7 @@ from zero_sim.vocabulary import (
     BACKWARD,
     BUFFERS,
     COMPUTE,
+    FORWARD,
     GRADS,
     MEMORY_CATEGORIES,
     OPTIMIZER_STATE,
@@ -197,7 +198,8 @@ def compute_metrics(run, program, scenario: Scenario, world_size: int, tokens_pe
     parts = step_breakdown([(r.start_s, r.end_s) for r in ops if r.stream == COMPUTE],
                            [(r.start_s, r.end_s) for r in ops if r.kind == "collective"],
                            [(r.start_s, r.end_s) for r in ops if r.phase == BACKWARD and r.stream == COMPUTE],
-                           lo, hi)
+                           lo, hi,
+                           [(r.start_s, r.end_s) for r in ops if r.phase == FORWARD and r.stream == COMPUTE])
     compute_s, comm_s, exposed = parts["compute_time_s"], parts["comm_time_s"], parts["exposed_comm_s"]
     volume = sum(run.plans[op.index].sent_bytes for op in program.ops if op.kind == "collective")
     hw_flops = sum(op.flops for op in program.ops)

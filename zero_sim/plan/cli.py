@@ -32,7 +32,7 @@ from zero_sim.plan.planner import FITS, REFUSED
 from zero_sim.plan.search import MICRO_BATCHES, SIMULATED, PlanError, search, search_space
 from zero_sim.scenario import resolve
 from zero_sim.scenario.settings import COMMON, SHAPE_SETTINGS
-from zero_sim.settings import add_flag
+from zero_sim.settings import add_flag, integer_flag, whole_number
 from zero_sim.strategies import STRATEGIES, accepting, all_knobs
 from zero_sim.strategies.capabilities import ZEROPP as ZEROPP_FEATURE
 from zero_sim.system.workload import RECOMPUTE_MODES
@@ -47,11 +47,10 @@ SHARED = ("model", "params", "seq_len", "topology", "gpu", "stack", "precision",
 
 def _counts(text: str, flag: str) -> list[int]:
     """The whole numbers of a list flag (``8,16,32``), each once, in the order given."""
-    try:
-        values = [int(v) for v in str(text).split(",") if v.strip()]
-    except ValueError:
+    values = [whole_number(v) for v in str(text).split(",") if v.strip()]
+    if not all(isinstance(v, int) for v in values):
         raise PlanError(f"{flag} takes whole numbers separated by commas, such as 8,16,32; "
-                        f"got {text!r}") from None
+                        f"got {text!r}")
     if not values or min(values) <= 0:
         raise PlanError(f"{flag} takes positive whole numbers separated by commas; got {text!r}")
     return _once(values)
@@ -97,16 +96,17 @@ def plan_args(parser) -> None:
         elif setting.name in SHARED:
             add_flag(parser, setting, default=DEFAULTS.get(setting.name))
         if setting.name == "micro_batch":
-            parser.add_argument("--global-batch", dest="global_batch", type=int, default=None,
+            parser.add_argument("--global-batch", dest="global_batch", type=integer_flag, default=None,
                                 help="sequences per optimizer step, fixed: each micro-batch accumulates "
                                      "to it")
     knobs = all_knobs()
     for name in ZEROPP:
         add_flag(parser, knobs[name][0][1], f"on every zero3 candidate: {knobs[name][0][1].help}")
-    parser.add_argument("--top", type=int, default=10, help="rows to rank and show (default 10)")
+    parser.add_argument("--top", type=integer_flag, default=10, help="rows to rank and show (default 10)")
     parser.add_argument("--json", action="store_true", help="print every candidate as JSON")
     parser.add_argument("--csv", action="store_true", help="print every candidate as CSV")
-    parser.add_argument("--workers", type=int, default=None, help="processes to simulate on (default: cores)")
+    parser.add_argument("--workers", type=integer_flag, default=None,
+                        help="processes to simulate on (default: cores)")
     parser.add_argument("--dask-scheduler", dest="dask_scheduler", default=None, metavar="ADDRESS",
                         help="run the simulations on a Dask cluster (tcp://host:8786; needs zero-sim[dask])")
 

@@ -102,8 +102,10 @@ SECTIONS: tuple[tuple[str, str, tuple[Entry, ...]], ...] = (
            it many thousands of times; the simulator and the real runs report the time of one
            (steady-state) step.""", "training step"),
         _e("phase", """one of the three parts of a [step](#step), cut where the simulator and the
-           overlay cut them: *forward* runs until the first backward op starts, *backward* until the
-           last backward op ends, *optimizer* from there to the end of the step. The optimizer phase
+           overlay cut them: *forward* runs from a forward op's start until the next backward op
+           starts (once per [micro-batch](#micro-batch) under gradient accumulation), *backward*
+           from there until the next forward op or the last backward op's end, *optimizer* from
+           there to the end of the step. The optimizer phase
            has two parts: `optimizer_wait` (compute idle, waiting for the last gradient
            communication: DDP's final [all-reduces](#all-reduce), ZeRO's
            [reduce-scatters](#reduce-scatter), or [all-gathers](#all-gather) of updated shards) and
@@ -189,8 +191,10 @@ SECTIONS: tuple[tuple[str, str, tuple[Entry, ...]], ...] = (
            forward pass recomputed under [activation checkpointing](#activation-checkpointing), so it
            is higher for the same step. Published figures often quote hardware TFLOP/s.""",
            "TFLOP", "TFLOPS", "FLOP", "model FLOP", "hardware FLOP", anchor="tflops"),
-        _e("MFU", """model FLOPs utilisation: useful [TFLOP/s](#tflops) over the GPU's peak (dense bf16).
-           Well-tuned large-model training reaches 40-60%.""", "model FLOPs utilisation",
+        _e("MFU", """model FLOPs utilisation: the FLOPs the model needs per second (a causal mask's
+           masked half of attention left out, which [TFLOP/s](#tflops) counts as papers do) over
+           the GPU's peak (dense bf16). Well-tuned large-model training reaches 40-60%; no kernel
+           family reaches 100%, so neither does MFU.""", "model FLOPs utilisation",
            case_sensitive=True),
     )),
     ("Strategies", "Ways of training one model on many GPUs, and the words they share.", (
