@@ -64,6 +64,9 @@ class Network:
     latency_us: float  # each NIC link's part of one inter-node step (NCCL Simple protocol)
     nics: int = 1
     ll_protocols: bool = True  # False: only NCCL's Simple protocol crosses it (EFA v1, aws-ofi-nccl #76)
+    # What a collective spanning more than two nodes reaches of ``nic_gbps`` (fitted at two nodes):
+    # 1 where no multi-node curve says otherwise; EFA v1's is in topology_presets.py.
+    beyond_two_nodes: float = 1.0
 
 
 @dataclass(frozen=True)
