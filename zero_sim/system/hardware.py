@@ -29,8 +29,9 @@ The per-op model sums three kinds of kernels, run one after another on the compu
   sequence length as ``s / (s + s0)``; backward does 2.5x the forward FLOPs
   (FlashAttention-2's count) at 0.86 of the forward's efficiency.  ``flash`` is FlashAttention-2
   and later (torch SDPA's flash backend from torch 2.2); ``flash1`` is FlashAttention v1 or its
-  Triton port, which reach about 0.41 of FA2's rate on the same figures.  Eager attention runs the
-  full ``attention_flops`` as two batched GEMMs (four in backward) that write and read the
+  Triton port, which reach about 0.41 of FA2's rate on the same figures; ``cudnn`` is cuDNN's
+  fused attention (Transformer Engine), 1.6x FA2's rate on Hopper and FA2's elsewhere.  Eager
+  attention runs the full ``attention_flops`` as two batched GEMMs (four in backward) that write and read the
   ``s x s`` scores through HBM; the softmax between them is in ``memory_bytes``.
 * Memory-bound kernels (norms, activations, residuals, rotary, softmax over eager scores,
   loss): ``memory_bytes / (HBM bandwidth * elementwise fraction)``, the fraction eager PyTorch's
@@ -62,7 +63,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from zero_sim.system.gpus import GPU
+from zero_sim.system.gpus import GENERATIONS, GPU
 
 # --- the per-op model's shared constants --------------------------------------------------
 
@@ -109,7 +110,18 @@ FLASH_CURVES = {
     # figure's Triton bars lie within 15% of FA1's; the H100 figure has none, so the port takes
     # FA1's rate there.
     "flash1": FlashCurve(0.41, 60.0, 270.0, 0.946, 1.197),
+    # cuDNN's fused attention (Transformer Engine's FusedAttention, what Megatron-LM and NeMo run):
+    # FlashAttention-2's curve, times :func:`cudnn_over_fa2` for the GPU's generation.
+    "cudnn": FlashCurve(1.0, 190.0, 520.0, 0.95, 0.87),
 }
+# cuDNN's fused attention over FlashAttention-2 on Hopper, forward and backward alike: FlashAttention-3
+# paper (Shah et al. 2024, arXiv 2407.08608), Figs. 5-6, H100 80GB SXM5, BF16, head dim 128, sequence
+# 4k-16k: forward FA2 319-370 vs cuDNN 518-609 TFLOP/s (1.61-1.65x), backward FA2 310-322 vs cuDNN
+# 499-518 (1.60-1.63x).  Its kernels use Hopper's TMA and warpgroup MMA, which FA2 does not; on
+# other generations no comparison was found and cuDNN is taken at FA2's rate (Blackwell's
+# ``flash_max`` is already FlashAttention-4's, a Blackwell-native kernel).  At head dim 64 cuDNN's
+# lead is smaller (forward 1.27x in the same paper); FA2's head-dim curve is kept.
+CUDNN_OVER_FA2 = {"hopper": 1.6}
 # Backward of a memory-bound op takes this many times its forward: the median backward/forward
 # time ratio of Liger-Kernel's PyTorch baselines at 16M-67M elements (benchmark/data/
 # all_benchmark_data.csv; A100 Llama RMSNorm chain 2.60-2.61; H100 ReLU^2 2.37-2.44, add + RMSNorm
@@ -316,6 +328,8 @@ class ComputeModel:
         curve, s = FLASH_CURVES[impl], max(seq_len, 1)
         s0 = curve.s0_causal if causal else curve.s0_noncausal
         both = profile.flash_max * curve.over_fa2 * (curve.causal_factor if causal else 1.0)
+        if impl == "cudnn":
+            both *= cudnn_over_fa2(self.gpu.name)
         both *= _head_dim_factor(head_dim, curve.head_dim_64) * s / (s + s0)
         # fwd + 2.5 x bwd FLOPs at efficiencies e and 0.86 e take as long as 3.5 at ``both``.
         fwd = both * (1.0 + FLASH_BWD_FLOPS / FLASH_BWD_OVER_FWD) / (1.0 + FLASH_BWD_FLOPS)
@@ -370,6 +384,11 @@ class ComputeModel:
     @property
     def calibrated(self) -> bool:
         return bool(self.layer_seconds)
+
+
+def cudnn_over_fa2(gpu_name: str) -> float:
+    """How many times FlashAttention-2's rate cuDNN's fused attention reaches on this GPU's generation."""
+    return CUDNN_OVER_FA2.get(GENERATIONS.get(gpu_name, ""), 1.0)
 
 
 def _head_dim_factor(head_dim: int, at_64: float) -> float:
