@@ -218,7 +218,25 @@ SECTIONS: tuple[tuple[str, str, tuple[Entry, ...]], ...] = (
         _e("reshard", """free the gathered full parameters again, keeping only the shard. FSDP's
            *reshard after forward* frees them after the forward pass and gathers them again for
            backward: less memory, one more [all-gather](#all-gather).""", "resharding", "resharded",
-           "reshard-after-forward", "reshard after forward"),
+           "reshard-after-forward", "reshard after forward", "reshard_after_forward"),
+        _e("hybrid sharding", """FSDP's *hybrid* mode (HSDP, the `hybrid` knob): [shard](#shard) within each
+           [node](#node) and keep one copy per node, [all-reducing](#all-reduce) gradients across nodes. The
+           slow network carries only the all-reduce; it needs at least two nodes.""", "HSDP",
+           anchor="hybrid"),
+        _e("limit_all_gathers", """FSDP1's rate limiter: at most two layers' gathered parameters in memory at
+           once, so a [prefetch](#prefetch) waits instead of running ahead. Less memory, sometimes a
+           slower step.""", anchor="limit-all-gathers"),
+        _e("copy-in and copy-out", """FSDP's extra copies on the compute stream (the `copies` knob): FSDP1
+           copies each gradient into one flat buffer; FSDP2 copies each gathered layer out into its
+           parameters and each gradient into the reduce-scatter's input; `none` models neither.""",
+           anchor="copies"),
+        _e("per-unit update", """the `update` knob: FSDP updates its shards once every gradient has been
+           reduced (`after_backward`, torch's FSDP), or each wrapped unit's shard as soon as its own
+           [reduce-scatter](#reduce-scatter) lands (`per_unit`), overlapping the update with
+           communication.""", anchor="update"),
+        _e("root unit", """the layers no FSDP wrapped unit holds (embeddings, the final norm and head): the
+           `root` knob keeps them as one flat parameter (`one`, torch's root unit) or one per layer
+           (`per_layer`), each gathered and reduced on its own.""", anchor="root"),
         _e("prefetch", """start the [all-gather](#all-gather) of the next layer's parameters while this
            layer computes, so they are there when needed. Deeper prefetch hides more latency and holds
            more gathered parameters in memory.""", "prefetching", "prefetched"),
