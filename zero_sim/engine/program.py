@@ -47,7 +47,7 @@ OP_KINDS = ("compute", "collective", "sync", "host", "copy")
 GROUPS = ("world", "intra", "inter")
 
 
-@dataclass
+@dataclass(slots=True)
 class Op:
     index: int
     name: str
@@ -90,11 +90,13 @@ class ProgramBuilder:
         self.program = Program(resident={c: 0 for c in MEMORY_CATEGORIES} | (resident or {}))
 
     def _add(self, **kw) -> int:
-        op = Op(index=len(self.program.ops), **kw)
-        for cat, _ in (*op.alloc, *op.free):
-            if cat not in MEMORY_CATEGORIES:
-                raise ValueError(f"unknown memory category {cat!r}")
-        self.program.ops.append(op)
+        ops = self.program.ops
+        op = Op(index=len(ops), **kw)
+        if op.alloc or op.free:
+            for cat, _ in (*op.alloc, *op.free):
+                if cat not in MEMORY_CATEGORIES:
+                    raise ValueError(f"unknown memory category {cat!r}")
+        ops.append(op)
         return op.index
 
     def compute(self, name: str, phase: str, seconds: float, *, layer: int | None = None,

@@ -11,9 +11,12 @@ without changing its answer:
   added (the same rule :mod:`zero_sim.results` applies).  A candidate whose bound exceeds the
   GPU's memory cannot fit, and is not simulated.
 * **time, from below.** A stream runs one op at a time, so a steady step takes at least the sum
-  of its compute ops, and at least the sum of each comm stream's collectives, each taking no
-  less than it would alone on the links (every sibling group running with it, as they do);
-  throughput per GPU is at most the step's tokens over the longer of the two.
+  of its compute ops, at least the sum of each comm stream's collectives, each taking no
+  less than it would alone on the links (every sibling group running with it, as they do),
+  at least the sum of each copy stream's copies at the host link's whole rate (offloading),
+  and at least the host thread's own time: every op's issue cost and the host ops' work (an
+  optimizer on the CPU) one after another; throughput per GPU is at most the step's tokens
+  over the longest of these.
   A candidate whose best possible throughput (all its GPUs together), with :data:`MARGIN` to
   spare (a step's window may clip compute that ran ahead into the step before), is below the
   K-th fastest found so far cannot enter the top K, and is not simulated.
@@ -25,8 +28,9 @@ from dataclasses import dataclass
 
 from zero_sim.engine.groups import process_groups
 from zero_sim.results import allocator_reserve, context_gb
-from zero_sim.scenario.pipeline import _program, prepare
+from zero_sim.scenario.pipeline import _program, explicit_ranks, prepare
 from zero_sim.system.collectives import CollectiveModel
+from zero_sim.system.host_side import copy_loads
 
 # Slack on the time bound: a candidate is pruned only when even this much faster than its bound
 # it would not reach the top K.  Simulated throughput stays below its bound (docs/planning.md
@@ -59,11 +63,38 @@ def _comm_seconds(p, program) -> dict[str, float]:
     """Each comm stream's collectives, each at its time alone on the links (every group of it at once)."""
     model = CollectiveModel(p.topology, p.settings.backend, p.settings.algorithm, p.calibration)
     busy: dict[str, float] = {}
+    alone: dict[tuple, float] = {}  # a program repeats each collective per layer and micro-step
     for op in program.ops:
         if op.kind == "collective":
-            plan = model.plan(op.collective, op.nbytes, process_groups(p.topology, op.group))
-            busy[op.stream] = busy.get(op.stream, 0.0) + plan.isolated_time(p.topology)
+            key = (op.collective, op.nbytes, op.group)
+            seconds = alone.get(key)
+            if seconds is None:
+                plan = model.plan(op.collective, op.nbytes, process_groups(p.topology, op.group))
+                seconds = alone[key] = plan.isolated_time(p.topology)
+            busy[op.stream] = busy.get(op.stream, 0.0) + seconds
     return busy
+
+
+def _copy_seconds(p, program) -> dict[str, float]:
+    """Each copy stream's copies, each at the host link's whole rate (shared with the GPUs behind the
+    same uplink when one rank stands for them, as the engine shares it)."""
+    collapsed = not explicit_ranks(p.settings)
+    capacity = {name: link.capacity for name, link in p.topology.links.items()}
+    busy: dict[str, float] = {}
+    for op in program.ops:
+        if op.kind == "copy" and op.nbytes > 0:
+            loads = copy_loads(p.topology, 0, op.stream, collapsed)
+            rate = min(capacity[name] / load for name, load in loads)
+            busy[op.stream] = busy.get(op.stream, 0.0) + op.nbytes / rate
+    return busy
+
+
+def _host_seconds(p, program) -> float:
+    """The host thread's own time: every op's issue cost, and the work of host ops (an optimizer on
+    the CPU), one after another."""
+    default = p.settings.host_overhead_us * 1e-6
+    return sum(max(0.0, default if op.host_s is None else op.host_s) + (op.seconds if op.kind == "host" else 0.0)
+               for op in program.ops)
 
 
 def bounds(**scenario) -> Bounds:
@@ -76,7 +107,9 @@ def bounds(**scenario) -> Bounds:
     reserve = allocator_reserve(workload.recompute, s.allocator_reserve)
     reserved_low = peak_low * (1.0 + reserve) + context_gb(p.gpu.name, s.cuda_context_gb) * 1e9
     compute = sum(op.seconds for op in program.ops if op.kind == "compute")
-    busiest = max(_comm_seconds(p, program).values(), default=0.0)
+    queues = [*_comm_seconds(p, program).values(), *_copy_seconds(p, program).values(),
+              _host_seconds(p, program)]
+    busiest = max(queues, default=0.0)
     step_low = max(compute, busiest)
     tokens = workload.tokens_per_micro_batch * s.grad_accum  # per GPU per step
     high = tokens / step_low if step_low > 0 else float("inf")

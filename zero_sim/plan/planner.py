@@ -4,8 +4,9 @@
 each of its knobs varied one at a time, each under every activation-recompute mode.  The
 variations come from the strategies' own knob declarations (booleans flipped, every other
 choice of a multiple-choice knob), so a newly registered strategy is explored without
-changes here.  :func:`plan` simulates them all with :func:`zero_sim.plan.sweep.sweep` and ranks
-the table: candidates that fit in memory first, fastest (tokens per second) first.
+changes here.  :func:`plan` ranks them with the bounded search of :mod:`zero_sim.plan.search`
+(only candidates that could make the top are simulated): candidates that fit in memory first,
+fastest (tokens per second) first.
 
 A candidate can miss in two ways that call for different fixes, so they are told apart
 (the ``outcome`` column, and :func:`tally` in words): it runs but does not fit in memory
@@ -21,7 +22,7 @@ from typing import Any
 
 import pandas as pd
 
-from zero_sim.plan.sweep import Progress, sweep
+from zero_sim.plan.sweep import Progress
 from zero_sim.published.ranking import MIN_DIFFERENCE
 from zero_sim.strategies import STRATEGIES, all_knobs, get_strategy
 from zero_sim.system.workload import RECOMPUTE_MODES
@@ -77,27 +78,42 @@ def _isnan(v) -> bool:
 
 def plan(model: str = "gpt2-1.5b", gpus: int = 8, topology: str = "dgx-a100", gpu: str | None = None,
          micro_batch: int = 4, strategies: Iterable[str] | None = None,
-         recompute: Iterable[str] = RECOMPUTE_MODES, progress: Progress = None, **extra) -> pd.DataFrame:
-    """Simulate every candidate for one model on one cluster; fastest that fits first.
+         recompute: Iterable[str] = RECOMPUTE_MODES, progress: Progress = None, top: int = 10,
+         **extra) -> pd.DataFrame:
+    """Rank every candidate for one model on one cluster; fastest that fits first.
 
-    ``outcome`` says of each row :data:`FITS`, :data:`NO_FIT` (it runs, in more memory than the
-    GPU has) or :data:`REFUSED` (the simulator refuses it here; the sentence is in ``error``).
-    ``progress`` is passed to :func:`zero_sim.plan.sweep.sweep`; ``extra`` are further
-    ``simulate()`` settings shared by every candidate.
+    The bounded search (:func:`zero_sim.plan.search.search`) ranks them: every candidate's
+    bounds first, then only those that could make the ``top`` fastest simulated, so the first
+    ``top`` rows are those simulating every candidate would give.  ``outcome`` says of each row
+    :data:`FITS`, :data:`NO_FIT` (it runs, in more memory than the GPU has: simulated, or known
+    from its memory bound), ``cannot reach the top <top>`` (its throughput bound is below the
+    ``top``-th fastest: not simulated) or :data:`REFUSED` (the simulator refuses it here; the
+    sentence is in ``error``).  ``progress`` is as for :func:`zero_sim.plan.sweep.sweep`;
+    ``extra`` are further ``simulate()`` settings shared by every candidate.
     """
+    from zero_sim.plan.search import search  # the search ranks with this module's helpers
+
     base = {"model": model, "gpus": gpus, "topology": topology, "micro_batch": micro_batch, **extra}
     if gpu:
         base["gpu"] = gpu
     scenarios = [base | c for c in candidates(strategies, recompute)]
-    df = sweep(scenarios, progress=progress)
-    df.insert(1, "knobs", [knobs_label(r) for r in df.to_dict("records")])
-    if "fits" not in df:
-        df["fits"] = False
-    df["fits"] = df["fits"].fillna(False).astype(bool)
-    refused = df["error"].notna() if "error" in df else pd.Series(False, index=df.index)
-    df["outcome"] = [REFUSED if r else FITS if fits else NO_FIT
-                     for r, fits in zip(refused, df["fits"], strict=True)]
-    return ranked(df)
+    own_bar = progress is True
+    if own_bar:
+        from tqdm.auto import tqdm
+
+        progress = tqdm(total=len(scenarios), desc="planning", unit="candidate")
+    try:
+        return search(scenarios, top, progress=_as_callback(progress))
+    finally:
+        if own_bar:
+            progress.close()
+
+
+def _as_callback(progress: Progress):
+    """``progress`` as a ``(done, total)`` callback: a bar (anything with ``update``) advanced to ``done``."""
+    if progress is None or progress is False or callable(progress):
+        return progress or None
+    return lambda done, _total: progress.update(done - progress.n)
 
 
 def ranked(df: pd.DataFrame) -> pd.DataFrame:
@@ -131,6 +147,8 @@ def tally(df: pd.DataFrame) -> str:
     counts = df["outcome"].value_counts()
     fit, miss, refused = (int(counts.get(k, 0)) for k in (FITS, NO_FIT, REFUSED))
     parts = [f"{fit} fit", f"{miss} {'does' if miss == 1 else 'do'} not fit in memory"]
+    # Candidates a bounded search left unsimulated: their best possible speed is below the top's.
+    parts += [f"{int(n)} {outcome}" for outcome, n in counts.items() if outcome not in (FITS, NO_FIT, REFUSED)]
     if refused:
         reasons = df.loc[df["outcome"] == REFUSED, "error"].value_counts()
         others = f" (and {len(reasons) - 1} other reasons)" if len(reasons) > 1 else ""

@@ -127,6 +127,8 @@ def search(space: list[dict], top: int = 10, executor: Any = None, progress: Pro
         rows += done
         if progress is not None:
             progress(len(rows) + len(settled), len(space))
+    if progress is not None:
+        progress(len(space), len(space))  # the rest settled by their bounds
     return rank(pd.DataFrame(rows + settled), top)
 
 
