@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from zero_sim.engine.groups import process_groups
 from zero_sim.results import allocator_reserve, context_gb
-from zero_sim.scenario.pipeline import _program, explicit_ranks, prepare
+from zero_sim.scenario.pipeline import _program, explicit_ranks, prepare, rank_figures
 from zero_sim.system.collectives import CollectiveModel
 from zero_sim.system.host_side import copy_loads
 
@@ -71,7 +71,8 @@ def _comm_seconds(p, program) -> dict[str, float]:
             if seconds is None:
                 plan = model.plan(op.collective, op.nbytes, process_groups(p.topology, op.group))
                 seconds = alone[key] = plan.isolated_time(p.topology)
-            busy[op.stream] = busy.get(op.stream, 0.0) + seconds
+            # The collective's own kernels (ZeRO++'s quantization) hold its stream after the transfer.
+            busy[op.stream] = busy.get(op.stream, 0.0) + seconds + op.seconds
     return busy
 
 
@@ -97,6 +98,29 @@ def _host_seconds(p, program) -> float:
                for op in program.ops)
 
 
+def _slowdown(p) -> float:
+    """How much a GPU's compute slows while communication is in flight on its rank (the engine's
+    plain GPU device); 0 where a CPU calibration's shared cores time the rank instead."""
+    figures = rank_figures(p)
+    shared = (figures.collective_cpu_s, figures.comm_rate_while_computing,
+              figures.comm_bytes_rate_while_computing)
+    plain_gpu = p.gpu.name != "CPU" and shared == (0.0, 1.0, 1.0)
+    return figures.overlap_slowdown if plain_gpu else 0.0
+
+
+def step_low_seconds(p, program) -> float:
+    """A steady step's time from below: the longest of the rank's queues.  Compute that runs while a
+    collective is in flight goes at ``1 / (1 + slowdown)`` of its pace, and some collective is in
+    flight for at least the busiest comm stream's time, so the compute stream needs its work plus
+    ``slowdown / (1 + slowdown)`` of that time."""
+    compute = sum(op.seconds for op in program.ops if op.kind == "compute")
+    comm = max(_comm_seconds(p, program).values(), default=0.0)
+    slowdown = _slowdown(p)
+    queues = [compute + comm * slowdown / (1.0 + slowdown), comm, *_copy_seconds(p, program).values(),
+              _host_seconds(p, program)]
+    return max(queues)
+
+
 def bounds(**scenario) -> Bounds:
     """The bounds of one ``simulate()`` scenario; refusals raise as :func:`zero_sim.simulate` does."""
     p = prepare(**scenario)
@@ -106,11 +130,7 @@ def bounds(**scenario) -> Bounds:
     peak_low = sum(program.resident.values()) + saved
     reserve = allocator_reserve(workload.recompute, s.allocator_reserve)
     reserved_low = peak_low * (1.0 + reserve) + context_gb(p.gpu.name, s.cuda_context_gb) * 1e9
-    compute = sum(op.seconds for op in program.ops if op.kind == "compute")
-    queues = [*_comm_seconds(p, program).values(), *_copy_seconds(p, program).values(),
-              _host_seconds(p, program)]
-    busiest = max(queues, default=0.0)
-    step_low = max(compute, busiest)
+    step_low = step_low_seconds(p, program)
     tokens = workload.tokens_per_micro_batch * s.grad_accum  # per GPU per step
     high = tokens / step_low if step_low > 0 else float("inf")
     return Bounds(reserved_low, float(p.gpu.hbm_bytes), high, s.gpus)
