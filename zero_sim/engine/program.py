@@ -74,6 +74,7 @@ class Program:
     host_resident: dict[str, int] = field(default_factory=dict)  # model states in host memory (offload)
     model_flops: float = 0.0  # per rank per step, forward+backward, recompute excluded
     notes: list[str] = field(default_factory=list)  # assumptions the strategy made, for reports
+    micro_starts: list[int] = field(default_factory=list)  # the index of each micro-step's first op
 
     def streams(self) -> list[str]:
         seen: list[str] = []
