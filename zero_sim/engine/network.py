@@ -94,7 +94,8 @@ class FluidNetwork:
                         rate = share
                 rates.append(rate)
         if self.throttle is not None:
-            rates = [rate * self.throttle(f.ranks, bool(f.loads)) for f, rate in zip(active, rates, strict=True)]
+            throttle = self.throttle
+            rates = [rate * throttle(f.ranks, bool(f.loads)) for f, rate in zip(active, rates, strict=True)]
         return rates
 
     def reshare(self) -> None:

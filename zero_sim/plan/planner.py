@@ -148,7 +148,8 @@ def tally(df: pd.DataFrame) -> str:
     fit, miss, refused = (int(counts.get(k, 0)) for k in (FITS, NO_FIT, REFUSED))
     parts = [f"{fit} fit", f"{miss} {'does' if miss == 1 else 'do'} not fit in memory"]
     # Candidates a bounded search left unsimulated: their best possible speed is below the top's.
-    parts += [f"{int(n)} {outcome}" for outcome, n in counts.items() if outcome not in (FITS, NO_FIT, REFUSED)]
+    parts += [f"{int(n)} {outcome}" for outcome, n in counts.items()
+              if outcome not in (FITS, NO_FIT, REFUSED)]
     if refused:
         reasons = df.loc[df["outcome"] == REFUSED, "error"].value_counts()
         others = f" (and {len(reasons) - 1} other reasons)" if len(reasons) > 1 else ""
