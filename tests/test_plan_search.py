@@ -187,3 +187,16 @@ def test_a_long_accumulation_is_bounded_from_three_micro_steps_as_from_all_of_th
         assert _queues(p, short) == pytest.approx(_queues(p, _Counted(full, [1] * len(full.ops))), rel=1e-12)
         checked += 1
     assert checked >= 20
+
+
+def test_with_the_optimizer_on_the_cpu_the_host_thread_bounds_the_step():
+    from zero_sim.plan.bounds import _counted, _host_seconds, step_low_seconds
+    from zero_sim.scenario.pipeline import prepare
+
+    scenario = dict(model="gpt2-350m", topology="dgx-a100", gpus=16, seq_len=1024, strategy="fsdp",
+                    recompute="full", micro_batch=2, grad_accum=2, offload_optimizer="cpu", offload_params="cpu")
+    p = prepare(**scenario)
+    counted = _counted(p)
+    assert step_low_seconds(p, counted) == _host_seconds(p, counted)  # CPU Adam outlasts the GPU's work
+    simulated = simulate(**scenario).metrics["tokens_per_s"]
+    assert simulated <= bounds(**scenario).tokens_per_s_high * (1 + MARGIN) < 1.3 * simulated
