@@ -96,6 +96,7 @@ class Judged:
     error: float | None
     fits: bool | None = None
     refusal: str | None = None
+    interval: tuple[float, float] | None = None  # the prediction's 80% interval of the point's metric
 
     @property
     def id(self) -> str:
@@ -165,8 +166,14 @@ def _collective(point: dict) -> float:
     return nbytes * bus_factor(kind, gpus) / seconds / 1e9
 
 
-def _training(point: dict, mode: str, extra: dict | None) -> tuple[float, bool]:
+def _training(point: dict, mode: str, extra: dict | None) -> tuple[float, bool, tuple[float, float] | None]:
     m = simulate(**scenario_for(point, mode), **(extra or {})).metrics
+    value = metric_value(point, m)
+    return value, bool(m["memory"]["fits"]), _interval(m, point["metric"], value)
+
+
+def metric_value(point: dict, m: dict) -> float:
+    """The simulated figure a training point's metric is compared with (see the module docstring)."""
     mem, metric = m["memory"], point["metric"]
     if metric == "step_time_s":
         value = m["step_time_s"]
@@ -178,7 +185,17 @@ def _training(point: dict, mode: str, extra: dict | None) -> tuple[float, bool]:
         held = mem.get("reserved_peak_bytes", mem["peak_bytes"]) if point.get("memory") == "reserved" \
             else mem["peak_bytes"]
         value = held / UNITS[point.get("unit", "GB")]
-    return value, bool(mem["fits"])
+    return value
+
+
+def _interval(m: dict, metric: str, value: float) -> tuple[float, float] | None:
+    """A time metric's 80% interval, from the step's (a throughput scales as one over the step)."""
+    band = m.get("step_time_s_interval")
+    if band is None or metric not in TIME_METRICS:
+        return None
+    if metric == "step_time_s":
+        return band[0], band[1]
+    return value * m["step_time_s"] / band[1], value * m["step_time_s"] / band[0]
 
 
 def predict(point: dict, mode: str = "configured", extra: dict | None = None) -> Judged:
@@ -186,12 +203,12 @@ def predict(point: dict, mode: str = "configured", extra: dict | None = None) ->
     a scenario the simulator refuses is a result with its sentence, not a crash."""
     try:
         if "collective" in point:
-            predicted, fits = _collective(point), None
+            predicted, fits, band = _collective(point), None, None
         else:
-            predicted, fits = _training(point, mode, extra)
+            predicted, fits, band = _training(point, mode, extra)
     except (ScenarioError, ValueError, KeyError, TypeError) as exc:
         return Judged(point, None, None, None, f"{type(exc).__name__}: {exc}")
-    return Judged(point, predicted, (predicted - point["value"]) / point["value"], fits)
+    return Judged(point, predicted, (predicted - point["value"]) / point["value"], fits, interval=band)
 
 
 def _summary(judged: list[Judged]) -> dict[str, Any]:

@@ -1,16 +1,18 @@
 """``zero-sim validate --published``: accuracy as users meet it, in one report.
 
-Three ways of predicting each published run (:data:`zero_sim.published.judge.MODES`): as a user
-who knows nothing of its software would (default stack), as one who knows its stack, and with
-every setting the source states.  For each, the median and 90th percentile of |error| and how
-many runs were predicted too fast or too slow; then the headline, the same three with the
-whole-run overhead fitted **leave one source out** (:mod:`zero_sim.published.fit`); the 80%
-intervals and their coverage; whether pairs of runs are ordered as published
-(:mod:`zero_sim.published.ranking`); memory; and the per-point table.
+First the pre-registered sources (:mod:`zero_sim.published.first_seen`): runs the model was frozen
+on before it saw them, as first seen and now.  Then three ways of predicting each published run
+of the table (:data:`zero_sim.published.judge.MODES`): as a user who knows nothing of its software
+would (default stack), as one who knows its stack, and with every setting the source states.  For
+each, the median and 90th percentile of |error| and how many runs were predicted too fast or too
+slow; then the headline, the same three with the whole-run overhead fitted **leave one source
+out** (:mod:`zero_sim.published.fit`); the 80% intervals and their coverage; whether pairs of runs
+are ordered as published (:mod:`zero_sim.published.ranking`); memory; and the per-point table.
 """
 
 from __future__ import annotations
 
+from zero_sim.published.first_seen import format_block, preregistered_block
 from zero_sim.published.fit import refit, speed_error, summary
 from zero_sim.published.judge import MODES, OUTLIER, POINTS_FILE, format_table, judge, load_points
 from zero_sim.published.ranking import format_ranking, load_pairs, rank_pairs
@@ -33,8 +35,10 @@ def published_report(path=None) -> dict:
     report["leave_one_source_out"] = fit["leave_one_source_out"]
     report["overheads"] = {"by_generation": fit["overheads"], "pooled": fit["pooled"]}
     report["intervals"], report["coverage"] = fit["intervals"], fit["coverage"]
+    report["propagated_coverage"] = fit["propagated_coverage"]
     report["ranking"] = {mode: rank_pairs(pairs, verdicts[mode].judged) for mode in ("stack", "configured")}
     report["by_mode"] = {mode: {j.id: j.error for j in v.judged} for mode, v in verdicts.items()}
+    report["preregistered"] = preregistered_block()
     report["_verdict"] = verdicts["configured"]
     return report
 
@@ -47,11 +51,13 @@ def _line(name: str, s: dict) -> str:
 
 
 def format_report(report: dict) -> str:
-    """The report for a terminal: headline first, the per-point table last."""
+    """The report for a terminal: pre-registered sources first, then the table's headline, the
+    per-point table last."""
     words = {"default": "default stack (nothing of its software)", "stack": "its stack named",
              "configured": "as configured (every stated setting)"}
     loso = report["leave_one_source_out"]
-    lines = ["training runs' speed, overhead fitted leave-one-source-out (the headline):"]
+    lines = format_block(report["preregistered"])
+    lines.append("training runs' speed, overhead fitted leave-one-source-out (over the table's runs):")
     lines += [_line(words[m], loso[m]) for m in MODES]
     lines.append("training runs' speed, with the shipped fit (in-sample):")
     lines += [_line(words[m], report["modes"][m]["runs"]) for m in MODES]
@@ -61,8 +67,14 @@ def format_report(report: dict) -> str:
     for group, band in report["intervals"].items():
         if band["low"] is None:
             continue
-        lines.append(f"80% interval, {group}: predicted speed {band['low']:+.0%} to {band['high']:+.0%} of "
-                     f"published; coverage without each point's source {report['coverage'][group]:.0%}")
+        lines.append(f"published errors, 80% range, {group}: predicted speed {band['low']:+.0%} to "
+                     f"{band['high']:+.0%} of published; coverage without each point's source "
+                     f"{report['coverage'][group]:.0%}")
+    held = report["propagated_coverage"]
+    lines.append("80% intervals the predictions carry (propagated through the simulator), overhead fitted "
+                 "without each point's source: " + ", ".join(
+                     f"{words[m].split(' (')[0]} {held[m]:.0%}" for m in MODES if held.get(m) is not None)
+                 + " of runs inside")
     for mode in ("stack", "configured"):
         lines.append(f"ranking, {words[mode]}:")
         lines += ["  " + line for line in format_ranking(report["ranking"][mode])]
