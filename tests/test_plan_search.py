@@ -169,7 +169,7 @@ def _queues(p, counted) -> list[float]:
 ])
 def test_a_long_accumulation_is_bounded_from_three_micro_steps_as_from_all_of_them(base):
     from zero_sim.plan.bounds import BUILT_MICRO_STEPS, _Counted, _counted
-    from zero_sim.plan.planner import candidates
+    from zero_sim.plan.candidates import candidates
     from zero_sim.scenario.pipeline import _program, prepare
 
     checked = 0
@@ -194,7 +194,8 @@ def test_with_the_optimizer_on_the_cpu_the_host_thread_bounds_the_step():
     from zero_sim.scenario.pipeline import prepare
 
     scenario = dict(model="gpt2-350m", topology="dgx-a100", gpus=16, seq_len=1024, strategy="fsdp",
-                    recompute="full", micro_batch=2, grad_accum=2, offload_optimizer="cpu", offload_params="cpu")
+                    recompute="full", micro_batch=2, grad_accum=2, offload_optimizer="cpu",
+                    offload_params="cpu")
     p = prepare(**scenario)
     counted = _counted(p)
     assert step_low_seconds(p, counted) == _host_seconds(p, counted)  # CPU Adam outlasts the GPU's work

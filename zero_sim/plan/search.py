@@ -1,7 +1,7 @@
 """A planning search at scale: every candidate bounded, only those that could rank simulated.
 
 The space (:func:`search_space`): the planner's strategy and knob candidates
-(:func:`zero_sim.plan.planner.candidates`: each strategy at its defaults and with each main knob
+(:func:`zero_sim.plan.candidates.candidates`: each strategy at its defaults and with each main knob
 varied, under each recompute mode) x GPU counts x micro-batches, with the gradient
 accumulation that makes up the global batch when one is fixed.
 
@@ -27,8 +27,8 @@ from typing import Any
 import pandas as pd
 
 from zero_sim.plan.bounds import bounds
+from zero_sim.plan.candidates import FITS, NO_FIT, REFUSED, candidates, knobs_label, ranked
 from zero_sim.plan.executors import map_on
-from zero_sim.plan.planner import FITS, NO_FIT, REFUSED, candidates, knobs_label, ranked
 from zero_sim.plan.sweep import INTERVAL_COLUMNS, Progress, run_rows
 from zero_sim.scenario import ScenarioError
 from zero_sim.system.gpus import GB
