@@ -135,3 +135,30 @@ print(round(zero_sim.simulate(model='gpt2-124m', strategy='zero3', gpus=8).metri
                           timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert float(done.stdout.split()[-1]) > 0
+
+
+def test_results_import_nothing_from_the_ui_above_them():
+    """What a simulation returns sits below the ui that draws it: results.py imports no ui
+    module, at any depth of the file, and the ui's plots import results, not the other way."""
+    results = imports_of(ROOT / "zero_sim" / "results.py")
+    assert not {m for m in results if in_package(m, "zero_sim.ui")}, sorted(results)
+    assert "zero_sim.results" in imports_of(ROOT / "zero_sim" / "__init__.py")
+
+
+def test_a_result_still_draws_its_timeline_and_memory_with_the_uis_plots():
+    """The notebooks call result.plot_timeline() and result.plot_memory(): the package's root
+    hands results the ui's drawing functions, so both draw as before."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from zero_sim import simulate
+
+    result = simulate(model="gpt2-124m", strategy="ddp", gpus=2, topology="pcie", micro_batch=1)
+    fig, (timeline, memory) = plt.subplots(2)
+    result.plot_timeline(ax=timeline, max_ranks=2)
+    result.plot_memory(ax=memory)
+    assert timeline.collections and memory.collections  # bars of ops, areas of memory
+    assert "ms" in timeline.get_xlabel() and "GB" in memory.get_ylabel()
+    plt.close(fig)

@@ -33,6 +33,7 @@ from zero_sim.plan.cli import plan_args, run_plan
 from zero_sim.plan.fit_advice import first_change_that_fits
 from zero_sim.scenario import ScenarioError, simulate
 from zero_sim.scenario.settings import COMMON
+from zero_sim.settings import add_flag
 from zero_sim.strategies import STRATEGIES, all_knobs
 from zero_sim.system.collectives import CollectiveError
 from zero_sim.system.gpus import GPUS
@@ -53,31 +54,13 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(message[0].upper() + message[1:] + f"; see `{self.prog} --help`.")
 
 
-def _add_setting(parser, name: str, default, help_text: str, kind: type, choices=None) -> None:
-    flag = "--" + name.replace("_", "-")
-    if kind is bool:
-        parser.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None,
-                            help=f"{help_text} (default: {default})")
-    else:
-        parser.add_argument(flag, dest=name, type=kind, default=None, choices=choices,
-                            help=f"{help_text} (default: {default})")
-
-
 def _add_simulate_flags(parser) -> None:
     for s in COMMON:
-        # A setting with its own parser (--params 7.5B) reaches the schema as the text typed; a
-        # preset name (--gpu) too, so that simulate() matches it without regard to case.
-        choices = None if s.name in CASE_FREE else s.choices
-        help_text = f"{s.help}: one of {', '.join(s.choices)}" if s.name in CASE_FREE else s.help
-        _add_setting(parser, s.name, s.default, help_text, str if s.parse else s.kind, choices)
-    for name, owners in sorted(all_knobs().items()):
+        add_flag(parser, s)
+    for _name, owners in sorted(all_knobs().items()):
         knob = owners[0][1]
         which = ", ".join(sorted({o for o, _ in owners}))
-        _add_setting(parser, name, knob.default, f"[{which}] {knob.help}", knob.kind, knob.choices)
-
-
-# Settings whose values are preset names, matched case-insensitively by simulate() (zero_sim.names).
-CASE_FREE = ("gpu",)
+        add_flag(parser, knob, f"[{which}] {knob.help}")
 
 
 def _simulate_args(sim) -> None:

@@ -52,6 +52,7 @@ reaches (what ``nvidia-smi`` shows), and it is what must fit.  Defaults and thei
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
@@ -68,10 +69,10 @@ from zero_sim.vocabulary import (
     OPTIMIZER_STATE,
     PARAMS,
 )
-from zero_sim.vocabulary.records import OpRecord
 
 if TYPE_CHECKING:  # the result carries a scenario; the scenario package builds results
     from zero_sim.scenario.types import Scenario
+    from zero_sim.vocabulary.records import OpRecord
 
 # GB per GPU outside the tensors (CUDA context with its kernels and cuBLAS workspaces, plus one
 # NCCL communicator's buffers); sources in the module docstring.  Unknown GPUs: the newest figure.
@@ -154,16 +155,32 @@ class SimResult:
     def to_chrome_trace(self, path=None):
         return to_chrome_trace(self, path)
 
-    # Drawing loads matplotlib, which a simulation never needs: it is imported when a plot is asked for.
     def plot_timeline(self, **kw):
-        from zero_sim.ui.plots import plot_timeline
-
-        return plot_timeline(self, **kw)
+        """The reported step's Gantt chart, one lane per rank x stream (the ui's ``plot_timeline``)."""
+        return _drawing("timeline")(self, **kw)
 
     def plot_memory(self, **kw):
-        from zero_sim.ui.plots import plot_memory
+        """Memory by category over the reported step (the ui's ``plot_memory``)."""
+        return _drawing("memory")(self, **kw)
 
-        return plot_memory(self, **kw)
+
+# Drawing belongs to the ui (zero_sim.ui.plots), which sits above this module and reads results:
+# for results to import it would point an arrow back up.  The package's root, above both and
+# imported before any result exists, hands the ui's functions over with draw_with().
+_DRAWINGS: dict[str, Callable[..., Any]] = {}
+
+
+def draw_with(**drawings: Callable[..., Any]) -> None:
+    """Register what draws a result: ``timeline=`` and ``memory=``, each called as
+    ``drawing(result, **options)`` by :meth:`SimResult.plot_timeline` and :meth:`SimResult.plot_memory`."""
+    _DRAWINGS.update(drawings)
+
+
+def _drawing(kind: str) -> Callable[..., Any]:
+    if kind not in _DRAWINGS:
+        raise RuntimeError(f"nothing draws a result's {kind}: zero_sim registers the ui's plots with "
+                           f"zero_sim.results.draw_with() when it is imported")
+    return _DRAWINGS[kind]
 
 
 def compute_metrics(run, program, scenario: Scenario, world_size: int, tokens_per_step: int,

@@ -22,6 +22,7 @@ The rules, each because the alternative gives a silently wrong answer:
 
 from __future__ import annotations
 
+import argparse
 import functools
 import math
 from collections.abc import Callable, Iterable
@@ -61,6 +62,32 @@ class Setting:
     @property
     def flag(self) -> str:
         return "--" + self.name.replace("_", "-")
+
+
+# Settings whose values are preset names, matched without regard to case by simulate()
+# (zero_sim.system.names): their flags take any text and name the choices in their help.
+CASE_FREE = ("gpu",)
+
+
+def add_flag(parser: argparse.ArgumentParser, setting: Setting, help_text: str | None = None,
+             default: Any = None) -> None:
+    """``setting``'s flag on a command's ``parser``, typed and limited to its choices as declared.
+
+    Not given, the flag is ``default``: None leaves the value to :func:`zero_sim.simulate`, and
+    the help names the default that then applies.  A yes/no setting takes ``--name`` and
+    ``--no-name``.  A setting with its own parser (``--params 7.5B``) reaches the schema as the
+    text typed, and so does a preset name (:data:`CASE_FREE`)."""
+    text = setting.help if help_text is None else help_text
+    kind, choices = (str if setting.parse else setting.kind), setting.choices
+    if setting.name in CASE_FREE:
+        text, choices = f"{text}: one of {', '.join(setting.choices)}", None
+    shown = f"{text} (default: {setting.default if default is None else default})"
+    if kind is bool:
+        parser.add_argument(setting.flag, dest=setting.name, action=argparse.BooleanOptionalAction,
+                            default=default, help=shown)
+    else:
+        parser.add_argument(setting.flag, dest=setting.name, type=kind, default=default, choices=choices,
+                            help=shown)
 
 
 def _plain_number(value):

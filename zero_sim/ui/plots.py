@@ -6,7 +6,8 @@ inches wide with its legend outside the data, and a unit on every axis.  When a 
 draws only some ranks, its title or caption says which ("ranks 0-3 of 8 shown").
 
 matplotlib is imported inside the drawing functions: :class:`~zero_sim.results.SimResult`
-and the CLI reach this module, and a simulation that draws nothing should not load it.
+(whose ``plot_timeline``/``plot_memory`` the package's root points here) and the CLI reach this
+module, and a simulation that draws nothing should not load it.
 """
 
 from __future__ import annotations
