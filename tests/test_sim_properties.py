@@ -1,12 +1,16 @@
 """Invariants that hold for every valid scenario, checked on random ones (hypothesis)."""
 
+import math
 from collections import defaultdict
+from types import SimpleNamespace
 
 import pytest
+import simpy
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from zero_sim import simulate
+from zero_sim.engine.network import FluidNetwork
 from zero_sim.system.collectives import bus_factor
 
 STRATEGY_KNOBS = {
@@ -129,3 +133,48 @@ def test_collapsing_symmetric_ranks_changes_nothing(kw):
     collapsed = simulate(**(kw | {"explicit_ranks": False})).metrics
     assert collapsed["step_time_s"] == pytest.approx(explicit["step_time_s"], rel=1e-9)
     assert collapsed["memory"] == explicit["memory"]
+
+
+class _RerateAll(FluidNetwork):
+    """The fluid network as it was: every transfer re-rated whenever one starts or ends."""
+
+    def _touched(self, flow):
+        return None
+
+
+LINKS = ["a", "b", "c", "d"]
+TRANSFERS = st.lists(st.tuples(
+    st.floats(0.0, 2.0),  # when it starts
+    st.lists(st.tuples(st.sampled_from(LINKS), st.integers(1, 3)), max_size=3,
+             unique_by=lambda load: load[0]),  # its links and loads (none: a latency)
+    st.floats(0.1, 50.0),  # its bytes per edge
+    st.sampled_from([math.inf, 5.0, 20.0]),  # its cap
+    st.sampled_from([None, "x", "y"]),  # its caller
+), min_size=1, max_size=12)
+
+
+def _finish_times(network_class, transfers) -> list[float]:
+    env = simpy.Environment()
+    links = {name: SimpleNamespace(capacity=float(10 + 7 * i)) for i, name in enumerate(LINKS)}
+    net = network_class(env, SimpleNamespace(links=links))
+    ends = [0.0] * len(transfers)
+
+    def run(i, start, loads, nbytes, cap, caller):
+        yield env.timeout(start)
+        yield net.transfer(tuple(loads), nbytes, cap, caller)
+        ends[i] = env.now
+
+    for i, transfer in enumerate(transfers):
+        env.process(run(i, *transfer))
+    env.run()
+    return ends
+
+
+@FAST
+@given(TRANSFERS)
+def test_re_rating_only_the_transfers_sharing_a_link_or_caller_changes_no_finish_time(transfers):
+    # The network re-rates only the transfers a start or an end can slow or speed up; every
+    # finish time must be the very float that re-rating all of them gives.
+    ends = _finish_times(FluidNetwork, transfers)
+    assert ends == _finish_times(_RerateAll, transfers)
+    assert all(end >= start for end, (start, *_) in zip(ends, transfers, strict=True))

@@ -7,6 +7,12 @@ port), and the split is recomputed whenever a transfer starts or ends.  Two proc
 collectives in flight together therefore slow each other exactly where their paths
 overlap, and nowhere else.  Flows are "fluid": bytes move continuously at the current
 rate, with no packets and no congestion control.
+
+Only the transfers whose rates can change are re-rated when one starts or ends: those sharing a
+link with it, and those of its caller (their cap is split with it).  Every other transfer's share
+is computed from the same link loads and caller counts as before, so it is unchanged; each
+transfer's remaining bytes are still brought up to date at every change, so the arithmetic, and
+every figure, is the same as re-rating all of them.
 """
 
 from __future__ import annotations
@@ -48,6 +54,9 @@ class FluidNetwork:
         self._alone: dict[tuple, float] = {}
         self._capacity = {name: link.capacity for name, link in topo.links.items()}  # links are frozen
         self.throttle = None
+        self._on_link: dict[str, list[tuple[_Flow, int]]] = {}  # link -> (flow, load), in `active` order
+        self._share: dict[str, float] = {}  # link -> its capacity per unit of load in flight on it
+        self._by_caller: dict[object, list[_Flow]] = {}  # caller -> its flows over links
 
     def _alone_rate(self, loads) -> float:
         if not loads:
@@ -67,8 +76,54 @@ class FluidNetwork:
         done = self.env.event()
         flow = _Flow(loads, edge_bytes, done, min(self._alone_rate(loads), cap), cap, caller, ranks)
         self.active.append(flow)
-        self._reshare()
+        self._enter(flow)
+        self._reshare(self._touched(flow))
         return done
+
+    def _enter(self, flow: _Flow) -> None:
+        for name, load in flow.loads:
+            self._on_link.setdefault(name, []).append((flow, load))
+        if flow.caller is not None and flow.loads:
+            self._by_caller.setdefault(flow.caller, []).append(flow)
+        self._relink(flow)
+
+    def _leave(self, flow: _Flow) -> None:
+        for name, _ in flow.loads:
+            self._on_link[name] = [entry for entry in self._on_link[name] if entry[0] is not flow]
+        if flow.caller is not None and flow.loads:
+            self._by_caller[flow.caller].remove(flow)
+        self._relink(flow)
+
+    def _relink(self, flow: _Flow) -> None:
+        """The shares of ``flow``'s links, their loads summed in `active` order as :meth:`_rates` does."""
+        for name, _ in flow.loads:
+            total = 0
+            for _, load in self._on_link[name]:
+                total = total + load
+            if total:
+                self._share[name] = self._capacity[name] / total
+
+    def _touched(self, flow: _Flow) -> dict[_Flow, float] | None:
+        """The new rates of the transfers ``flow`` starting or ending can change, or None when all
+        must be re-rated (a throttle, or a transfer alone or about to be: it runs at its isolated rate)."""
+        if self.throttle is not None or len(self.active) <= 2:
+            return None
+        touched = {flow: 0.0} if flow in self.active else {}
+        for name, _ in flow.loads:
+            for other, _ in self._on_link[name]:
+                touched[other] = 0.0
+        if flow.caller is not None and flow.loads:
+            for other in self._by_caller[flow.caller]:
+                touched[other] = 0.0
+        share, by_caller = self._share, self._by_caller
+        for f in touched:
+            # The least of the caller's cap share and every link's share, as in _rates.
+            rate = f.cap / (len(by_caller[f.caller]) if f.caller is not None and f.loads else 1)
+            for name, _ in f.loads:
+                if share[name] < rate:
+                    rate = share[name]
+            touched[f] = rate
+        return touched
 
     def _rates(self) -> list[float]:
         """Each active transfer's rate, in the order of ``active``."""
@@ -101,15 +156,20 @@ class FluidNetwork:
     def reshare(self) -> None:
         """Rates again, after what throttles them changed."""
         if self.active:
-            self._reshare()
+            self._reshare(None)
 
-    def _reshare(self) -> None:
+    def _reshare(self, touched: dict[_Flow, float] | None) -> None:
+        """Every transfer's remaining bytes brought up to now, and new rates (and finish timers) for
+        those in ``touched`` (all when None) whose rate changed."""
         now = self.env.now
-        for flow, rate in zip(self.active, self._rates(), strict=True):
+        active = self.active
+        rates = self._rates() if touched is None else [touched.get(flow) for flow in active]
+        for flow, rate in zip(active, rates, strict=True):
             if flow.rate:
-                flow.remaining = max(0.0, flow.remaining - flow.rate * (now - flow.last))
+                left = flow.remaining - flow.rate * (now - flow.last)
+                flow.remaining = left if left > 0.0 else 0.0  # max(0.0, left), without the call
             flow.last = now
-            if rate != flow.rate:
+            if rate is not None and rate != flow.rate:
                 flow.rate = rate
                 flow.version += 1
                 timer = self.env.timeout(flow.remaining / rate)
@@ -119,7 +179,8 @@ class FluidNetwork:
         if version != flow.version or flow not in self.active:
             return  # a stale timer: the flow's rate changed since it was set
         self.active.remove(flow)
+        self._leave(flow)
         flow.done.succeed()
         flow.rate = 0.0
         if self.active:
-            self._reshare()
+            self._reshare(self._touched(flow))
