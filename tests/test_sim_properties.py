@@ -136,10 +136,22 @@ def test_collapsing_symmetric_ranks_changes_nothing(kw):
 
 
 class _RerateAll(FluidNetwork):
-    """The fluid network as it was: every transfer re-rated whenever one starts or ends."""
+    """The fluid network as it was: whenever a transfer starts or ends, every transfer's remaining
+    bytes brought up to date and every transfer re-rated."""
 
     def _touched(self, flow):
         return None
+
+    def _reshare(self, touched):
+        now = self.env.now
+        for flow, rate in zip(self.active, self._rates(), strict=True):
+            if flow.rate:
+                flow.remaining = max(0.0, flow.remaining - flow.rate * (now - flow.last))
+            flow.last = now
+            if rate != flow.rate:
+                flow.rate, flow.version = rate, flow.version + 1
+                timer = self.env.timeout(flow.remaining / rate)
+                timer.callbacks.append(lambda _ev, f=flow, v=flow.version: self._finish(f, v))
 
 
 LINKS = ["a", "b", "c", "d"]
@@ -173,8 +185,9 @@ def _finish_times(network_class, transfers) -> list[float]:
 @FAST
 @given(TRANSFERS)
 def test_re_rating_only_the_transfers_sharing_a_link_or_caller_changes_no_finish_time(transfers):
-    # The network re-rates only the transfers a start or an end can slow or speed up; every
-    # finish time must be the very float that re-rating all of them gives.
+    # The network re-rates only the transfers a start or an end can slow or speed up, and brings a
+    # transfer's remaining bytes up to date only when its rate changes; every finish time must be
+    # the very float that updating and re-rating all of them at every change gives.
     ends = _finish_times(FluidNetwork, transfers)
     assert ends == _finish_times(_RerateAll, transfers)
     assert all(end >= start for end, (start, *_) in zip(ends, transfers, strict=True))

@@ -11,8 +11,9 @@ rate, with no packets and no congestion control.
 Only the transfers whose rates can change are re-rated when one starts or ends: those sharing a
 link with it, and those of its caller (their cap is split with it).  Every other transfer's share
 is computed from the same link loads and caller counts as before, so it is unchanged; each
-transfer's remaining bytes are still brought up to date at every change, so the arithmetic, and
-every figure, is the same as re-rating all of them.
+transfer's remaining bytes are brought up to date through every change, in the same steps, only
+when they are needed (when its rate changes), so the arithmetic, and every figure, is the same
+as re-rating all of them at every change.
 """
 
 from __future__ import annotations
@@ -26,12 +27,12 @@ from zero_sim.system.topology import Topology
 
 class _Flow:
     __slots__ = ("loads", "remaining", "rate", "last", "version", "done", "alone_rate", "cap", "caller",
-                 "ranks")
+                 "ranks", "seen")
 
-    def __init__(self, loads, remaining, done, alone_rate, cap, caller, ranks):
+    def __init__(self, loads, remaining, done, alone_rate, cap, caller, ranks, seen):
         self.loads, self.remaining, self.done, self.alone_rate, self.cap = (
             loads, remaining, done, alone_rate, cap)
-        self.caller, self.ranks = caller, ranks
+        self.caller, self.ranks, self.seen = caller, ranks, seen
         self.rate, self.last, self.version = 0.0, 0.0, 0
 
 
@@ -57,6 +58,7 @@ class FluidNetwork:
         self._on_link: dict[str, list[tuple[_Flow, int]]] = {}  # link -> (flow, load), in `active` order
         self._share: dict[str, float] = {}  # link -> its capacity per unit of load in flight on it
         self._by_caller: dict[object, list[_Flow]] = {}  # caller -> its flows over links
+        self._times: list[float] = []  # when the rates were re-shared; a flow has applied `seen` of them
 
     def _alone_rate(self, loads) -> float:
         if not loads:
@@ -74,7 +76,8 @@ class FluidNetwork:
         Transfers of one ``caller`` (a process group's stream) split their caps among them:
         a second worker thread adds no software throughput, only overlap."""
         done = self.env.event()
-        flow = _Flow(loads, edge_bytes, done, min(self._alone_rate(loads), cap), cap, caller, ranks)
+        flow = _Flow(loads, edge_bytes, done, min(self._alone_rate(loads), cap), cap, caller, ranks,
+                     len(self._times))
         self.active.append(flow)
         self._enter(flow)
         self._reshare(self._touched(flow))
@@ -159,21 +162,31 @@ class FluidNetwork:
             self._reshare(None)
 
     def _reshare(self, touched: dict[_Flow, float] | None) -> None:
-        """Every transfer's remaining bytes brought up to now, and new rates (and finish timers) for
-        those in ``touched`` (all when None) whose rate changed."""
+        """New rates (and finish timers) for the transfers in ``touched`` (all when None) whose
+        rate changed, each first brought up to now."""
         now = self.env.now
+        self._times.append(now)
         active = self.active
         rates = self._rates() if touched is None else [touched.get(flow) for flow in active]
         for flow, rate in zip(active, rates, strict=True):
-            if flow.rate:
-                left = flow.remaining - flow.rate * (now - flow.last)
-                flow.remaining = left if left > 0.0 else 0.0  # max(0.0, left), without the call
-            flow.last = now
             if rate is not None and rate != flow.rate:
+                self._catch_up(flow)
                 flow.rate = rate
                 flow.version += 1
                 timer = self.env.timeout(flow.remaining / rate)
                 timer.callbacks.append(lambda _ev, f=flow, v=flow.version: self._finish(f, v))
+
+    def _catch_up(self, flow: _Flow) -> None:
+        """``flow``'s remaining bytes at each re-share since it last caught up, one step per re-share
+        at the rate it had, as if brought up to date at every one (the same floats)."""
+        times, rate, left, last = self._times, flow.rate, flow.remaining, flow.last
+        for i in range(flow.seen, len(times)):
+            now = times[i]
+            if rate:
+                left = left - rate * (now - last)
+                left = left if left > 0.0 else 0.0  # max(0.0, left), without the call
+            last = now
+        flow.remaining, flow.last, flow.seen = left, last, len(times)
 
     def _finish(self, flow: _Flow, version: int) -> None:
         if version != flow.version or flow not in self.active:
