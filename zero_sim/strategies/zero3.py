@@ -34,7 +34,17 @@ the defaults are ``config.py``'s, ``DeepSpeedZeroConfig``):
   forward to backward and gathers nothing in backward.
 * **host throttle** (``fetch_sub_module``, its wait on outstanding events): after waiting on a gathered
   tensor the host records an
-  event; with more than two outstanding it blocks on the oldest.
+  event on the allgather stream; with more than two outstanding it blocks on the oldest.  That
+  event follows the gather, not the compute, so it does not bound what is gathered ahead.
+* **the gather window** (what bounds memory): DeepSpeed counts gathered elements on the host
+  (``__n_available_params``: raised in ``__all_gather_params_``, lowered in ``__release_param``),
+  and the prefetch budget above is ``max_live_params`` minus that count.  The host runs ahead of
+  the GPU, so that count is kept in host order; the GPU keeps to it because a released tensor's
+  memory is reused only after the compute that used it (``free_param`` in
+  ``partition_parameters.py`` calls ``record_stream`` on the compute stream, and the caching
+  allocator hands the block out again once that stream has passed).  Here a gather starts no
+  earlier than the compute whose release last freed gathered memory (``freed_room``): what is
+  gathered at once is the current layer plus the prefetch window, not the whole model.
 * **persistence** (``parameter_offload.py``, ``persistence_threshold`` in ``DeepSpeedZeRoOffload``):
   tensors of at most
   ``param_persistence_threshold`` elements stay whole on every rank and are never gathered.
@@ -159,6 +169,7 @@ class ZeRO3Step(Step):
         self.reduces: list[int] = []  # every micro-step's reduce-scatters: what the optimizer waits for
         self.pp = ZeroPlusPlus(self)
         self.released: list[Key] = []  # what the last release freed (hpZ copies it first)
+        self.room: tuple[int, ...] = ()  # the compute whose release last freed gathered memory
 
     def gathered_keys(self, layer: Layer) -> list[Key]:
         """The partitioned tensors ``layer`` uses: its own, plus any it reads (tied weights)."""
@@ -257,10 +268,20 @@ class ZeRO3Step(Step):
         return ((BUFFERS, oversize * self.p.grad_bytes),) if oversize else ()
 
     def after_forward(self, layer: Layer, op: int) -> None:
+        self.freed_room(op)
         self.pp.released(self.released, layer.index, FORWARD)
+
+    def freed_room(self, op: int) -> None:
+        """The memory a release frees is handed to a later gather only once the compute that used it
+        has run: ``free_param`` records the gathered tensor on the compute stream (``record_stream``),
+        so the caching allocator reuses the block after that compute.  Gathers issued from here on
+        start after ``op``: what is gathered at once stays the window DeepSpeed counts."""
+        if self.released:
+            self.room = (op,)
 
     def after_backward(self, layer: Layer, op: int) -> None:
         """Each gradient goes into the bucket; one that would overflow it first reduces the bucket."""
+        self.freed_room(op)
         self.pp.released(self.released, layer.index, BACKWARD)
         for t in reversed(layer.tensors):
             if t.numel == 0 or not t.trainable:  # a frozen weight has no gradient to reduce
@@ -406,11 +427,11 @@ class ZeRO3Step(Step):
         if self.pp.parts.on:
             return self.pp.gather(group, self.phase, after_compute)
         nbytes = sum(self.size[key] for key in group) * self.p.param_bytes
-        deps: tuple[int, ...] = ()
+        deps = self.room  # its buffer is memory an earlier release freed (freed_room)
         if self.offload is not None and self.offload.params:
             elements = sum(shard(self.size[key], self.n) for key in group)
             deps = (self.offload.params_up(group[0][0], elements, self.p.param_bytes, self.phase,
-                                           layer=group[0][0]),)
+                                           layer=group[0][0], deps=deps),)
         op = self.b.collective(ALL_GATHER, layer_collective(ALL_GATHER, group[0][0]), nbytes, self.phase,
                                layer=group[0][0], deps=deps, alloc=((BUFFERS, nbytes),),
                                after_compute=after_compute)
