@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,7 +31,7 @@ from pathlib import Path
 
 from zero_sim.confidence import interval_line
 from zero_sim.plan.cli import plan_args, run_plan
-from zero_sim.plan.fit_advice import first_change_that_fits
+from zero_sim.plan.fit_advice import as_flags, fit_advice
 from zero_sim.scenario import ScenarioError, simulate
 from zero_sim.scenario.settings import COMMON
 from zero_sim.strategies import STRATEGIES, all_knobs
@@ -105,7 +106,8 @@ def _demo_args(demo) -> None:
     demo.add_argument("--out", type=Path, default=Path("out"))
 
 
-def _human(m: dict) -> str:
+def _human(m: dict, given: dict | None = None) -> str:
+    """The metrics as text; ``given`` (the settings given) makes each fit suggestion's command."""
     mem = m["memory"]
     ov = m["comm_overlap_fraction"]
     ph = m["phases"]
@@ -114,7 +116,7 @@ def _human(m: dict) -> str:
         f"{m['strategy']} · {m['model']} ({m['params']:,} params{_trained(m)}) · "
         f"{m['gpus']} x {m['gpu']} on {m['topology']} · stack {m['stack']}",
         f"  {_verdict(mem)}",
-        *_advice(m),
+        *_advice(m, given or {}),
         f"  step            {m['step_time_s'] * 1e3:10.2f} ms   ({m['tokens_per_s']:,.0f} tokens/s, "
         f"{m['tokens_per_s_per_gpu']:,.0f} per GPU, {m['tflops_per_gpu']:.1f} TFLOP/s per GPU{mfu})",
         *([f"  likely range    {interval}"] if (interval := interval_line(m)) else []),
@@ -203,14 +205,21 @@ def _trained(m: dict) -> str:
     return "" if trained == m["params"] else f", {trained:,} trainable: LoRA {m['lora']}"
 
 
-def _advice(m: dict) -> list[str]:
+def _advice(m: dict, given: dict) -> list[str]:
+    """The suggestions that fit, fastest first, each as the command to paste: the settings ``given``
+    with the suggestion's applied."""
     if m["memory"]["fits"] or "fit_advice" not in m:
         return []
-    advice = m["fit_advice"]
-    if advice is None:
-        return ["  to fit          no change tried (recompute, smaller micro-batch, sharding, up to 16x the "
-                "GPUs, a larger GPU) fits"]
-    return [f"  to fit          {advice['change']} ({advice['spare_gb']:.1f} GB to spare)"]
+    if not m["fit_advice"]:
+        return ["  to fit          no change tried (recompute, smaller micro-batch, another sharded "
+                "strategy, offload, up to 16x the GPUs) fits"]
+    lines = []
+    for k, advice in enumerate(m["fit_advice"]):
+        lead = "  to fit          " if k == 0 else " " * 18
+        lines += [f"{lead}{advice['tokens_per_s_per_gpu']:,.0f} tokens/s per GPU, "
+                  f"{advice['spare_gb']:.1f} GB to spare:",
+                  " " * 20 + shlex.join(["zero-sim", "simulate", *as_flags(given | advice["settings"])])]
+    return lines
 
 
 def _simulate(args) -> int:
@@ -225,10 +234,8 @@ def _simulate(args) -> int:
         check_output_path(args.trace_dir / "rank-0.pt.trace.json")
     result = simulate(**kwargs)
     if not result.metrics["memory"]["fits"]:
-        # The answer a user needs next: the first change (in zero_sim.plan.fit_advice's order) that fits.
-        change = first_change_that_fits({k: v for k, v in kwargs.items() if v is not None})
-        result.metrics["fit_advice"] = (None if change is None
-                                        else {"change": change[0], "spare_gb": change[1]})
+        # The answer a user needs next: settings that fit, simulated, fastest first (plan/fit_advice.py).
+        result.metrics["fit_advice"] = fit_advice({k: v for k, v in kwargs.items() if v is not None})
     wrote = []
     if args.trace:
         result.to_chrome_trace(args.trace)
@@ -242,7 +249,8 @@ def _simulate(args) -> int:
         files = write_rank_traces(result, args.trace_dir)
         wrote.append(f"wrote {len(files)} per-rank traces to {args.trace_dir} (read them with HTA's "
                      f"TraceAnalysis or open one at ui.perfetto.dev)")
-    print(json.dumps(result.metrics) if args.json else _human(result.metrics))
+    given = {k: v for k, v in kwargs.items() if v is not None}
+    print(json.dumps(result.metrics) if args.json else _human(result.metrics, given))
     # With --json, stdout stays one JSON object; where the files went is said on stderr.
     for line in wrote:
         print(line, file=sys.stderr if args.json else sys.stdout)

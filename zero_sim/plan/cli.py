@@ -21,7 +21,7 @@ import sys
 import pandas as pd
 
 from zero_sim.plan.executors import dask_executor, default_executor
-from zero_sim.plan.fit_advice import first_change_that_fits
+from zero_sim.plan.fit_advice import as_flags, fit_advice
 from zero_sim.plan.planner import FITS
 from zero_sim.plan.search import MICRO_BATCHES, SIMULATED, PlanError, search, search_space
 from zero_sim.scenario import resolve
@@ -256,12 +256,13 @@ def _nothing_fits(table: pd.DataFrame) -> list[str]:
              f"{leanest['recompute']}, micro-batch {leanest['micro_batch']}, {leanest['gpus']} GPUs) needs "
              f"at least {leanest['reserved_GB']:.1f} GB of {leanest['capacity_GB']:.1f} GB"]
     scenario = {k: _plain(v) for k, v in leanest.items() if k in _SCENARIO_KEYS and _present(v)}
-    change = first_change_that_fits(scenario)
-    if change is not None:
-        lines.append(f"it would fit with {change[0]} ({change[1]:.1f} GB to spare)")
+    advice = fit_advice(scenario)
+    if advice:
+        lines.append(f"it would fit with {' '.join(as_flags(advice[0]['settings']))} "
+                     f"({advice[0]['spare_gb']:.1f} GB to spare)")
     else:
-        lines.append("no change tried (recompute, smaller micro-batch, sharding, up to 16x the GPUs, a "
-                     "larger GPU) makes it fit")
+        lines.append("no change tried (recompute, smaller micro-batch, another sharded strategy, offload, up "
+                     "to 16x the GPUs) makes it fit")
     return lines
 
 
