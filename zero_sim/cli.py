@@ -127,7 +127,8 @@ def _human(m: dict, given: dict | None = None) -> str:
         f"  phases          forward {ph['forward_s'] * 1e3:.2f} ms + backward {ph['backward_s'] * 1e3:.2f} ms"
         f" + optimizer {ph['optimizer_s'] * 1e3:.2f} ms",
         _optimizer_phase(m),
-        f"  memory          model states {mem['model_states_bytes'] / 1e9:.2f} GB, activations "
+        f"  memory          {mem['fit_verdict'].replace('_', ' ')}; model states "
+        f"{mem['model_states_bytes'] / 1e9:.2f} GB, activations "
         f"{mem['activations_bytes'] / 1e9:.2f} GB, buffers {mem['buffers_bytes'] / 1e9:.2f} GB, "
         f"peak {mem['peak_bytes'] / 1e9:.2f} GB of tensors, "
         f"{mem['reserved_peak_bytes'] / 1e9:.2f} reserved of {mem['capacity_bytes'] / 1e9:.1f} GB",
@@ -187,16 +188,22 @@ def _host_bound(m: dict) -> list[str]:
 
 
 def _verdict(mem: dict) -> str:
-    """Whether it fits, first: the reserved peak (what must fit) against capacity, the tensors'
-    peak beside it."""
-    held = (f"{mem['reserved_peak_bytes'] / 1e9:.2f} GB reserved of {mem['capacity_bytes'] / 1e9:.1f} GB "
-            f"(tensors' peak {mem['peak_bytes'] / 1e9:.2f} GB)")
-    if mem["fits"]:
-        spare = (mem["capacity_bytes"] - mem["reserved_peak_bytes"]) / 1e9
-        return f"FITS with {spare:.2f} GB to spare: {held}"
+    """The three-way verdict first (``fit_verdict``: fits, tight, does not fit; memory_interval.py),
+    then the estimate it rests on: the reserved peak against capacity with its 80% interval, and the
+    tensors' peak beside it."""
+    low, high = (b / 1e9 for b in mem["reserved_interval_bytes"])
+    held = (f"{mem['reserved_peak_bytes'] / 1e9:.2f} GB reserved (80%: {low:.1f}-{high:.1f}) of "
+            f"{mem['capacity_bytes'] / 1e9:.1f} GB (tensors' peak {mem['peak_bytes'] / 1e9:.2f} GB)")
+    spare = (mem["capacity_bytes"] - mem["reserved_peak_bytes"]) / 1e9
     if not mem.get("host_fits", True) and mem["shortfall_bytes"] == 0:
         return (f"DOES NOT FIT in host memory by {mem['host_shortfall_bytes'] / 1e9:.1f} GB per node "
                 f"(offloaded states); on the GPU: {held}")
+    if mem["fit_verdict"] == "fits":
+        return f"FITS with {spare:.2f} GB to spare: {held}"
+    if mem["fit_verdict"] == "tight":
+        estimate = (f"fits with {spare:.2f} GB to spare" if mem["fits"]
+                    else f"{mem['shortfall_bytes'] / 1e9:.2f} GB over")
+        return f"TIGHT (the 80% interval crosses the GPU's memory; the estimate {estimate}): {held}"
     return f"DOES NOT FIT by {mem['shortfall_bytes'] / 1e9:.2f} GB: {held}"
 
 

@@ -204,7 +204,15 @@ def _row_text(rank: int, r: dict) -> str:
     accum = int(r.get("grad_accum") or 1)
     return (f"{rank:>4}{close} {r['strategy']:6} {r['gpus']:>5} {r['micro_batch']:>3} {accum:>5} "
             f"{r['tokens_per_s'] / r['gpus']:>10,.0f} {likely:>15} {mfu:>4} {r['step_ms']:>10,.1f} "
-            f"{r['reserved_GB']:>6.1f}/{r['capacity_GB']:<5.1f} {r['exposed_comm_ms']:>9,.1f}  {settings}")
+            f"{r['reserved_GB']:>6.1f}/{r['capacity_GB']:<5.1f} {_margin(r):>11} "
+            f"{r['exposed_comm_ms']:>9,.1f}  {settings}")
+
+
+def _margin(r: dict) -> str:
+    """GB to spare, and ``tight`` where the reserved memory's 80% interval crosses the capacity."""
+    if not _number(r.get("spare_GB")):
+        return "-"
+    return f"{r['spare_GB']:.1f}" + (" tight" if r.get("fit_verdict") == "tight" else "")
 
 
 def _number(value) -> bool:
@@ -237,12 +245,14 @@ def format_plan(table: pd.DataFrame, base: dict, top: int, stack: str) -> str:
                  f"{best['tokens_per_s'] / best['gpus']:,.0f} tokens/s per GPU, "
                  f"{best['reserved_GB']:.1f} of {best['capacity_GB']:.1f} GB reserved")
     lines.append(f"{'rank':>5} {'strat':6} {'gpus':>5} {'mb':>3} {'accum':>5} {'tok/s/GPU':>10} "
-                 f"{'likely (80%)':>15} {'MFU':>4} {'step ms':>10} {'reserved GB':>12} {'exposed ms':>9}  "
+                 f"{'likely (80%)':>15} {'MFU':>4} {'step ms':>10} {'reserved GB':>12} {'spare GB':>11} "
+                 f"{'exposed ms':>9}  "
                  f"settings")
     for rank, r in zip(fitting.index[:top], fitting.head(top).to_dict("records"), strict=True):
         lines.append(_row_text(rank, r))
-    lines.append("≈ within 5% of the fastest: too close to call. Reserved GB (tensors' peak + allocator "
-                 "reserve + context) is what must fit.")
+    lines.append("≈ within 5% of the fastest: too close to call, so those with more memory to spare come "
+                 "first. Reserved GB (tensors' peak + allocator reserve + context) is what must fit; "
+                 "tight: its 80% interval crosses the GPU's memory (docs/memory.md).")
     return "\n".join(lines)
 
 

@@ -61,6 +61,9 @@ def summary_row(result) -> dict:
         "peak_GB": mem["peak_bytes"] / GB,  # the tensors' peak (torch.cuda.max_memory_allocated)
         "reserved_GB": mem["reserved_peak_bytes"] / GB,  # what must fit: the one definition of "fits"
         "capacity_GB": mem["capacity_bytes"] / GB,
+        "spare_GB": (mem["capacity_bytes"] - mem["reserved_peak_bytes"]) / GB,  # the margin
+        "reserved_high_GB": mem["reserved_interval_bytes"][1] / GB,  # the 80% interval's top
+        "fit_verdict": mem["fit_verdict"],  # fits, tight or does_not_fit (zero_sim.memory_interval)
         "fits": mem["fits"],
     }
 

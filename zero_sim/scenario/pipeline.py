@@ -28,6 +28,7 @@ from zero_sim.engine.gpu_device import GpuDevice
 from zero_sim.engine.program import Program
 from zero_sim.engine.run_types import EngineConfig, RunOutput, Straggler
 from zero_sim.engine.shared_cores import SharedCores
+from zero_sim.memory_interval import with_interval
 from zero_sim.results import SimResult, allocator_reserve, compute_metrics, context_gb
 from zero_sim.scenario.inputs import canonical_names, with_stack
 from zero_sim.scenario.machine import (
@@ -343,6 +344,8 @@ def _result(p: Prepared, program: Program, run: RunOutput, scenario: Scenario) -
         metrics["cpu_update_s"] = sum(r.end_s - r.start_s for r in run.records
                                       if r.name == CPU_ADAM and r.rank == run.simulated_ranks[0]
                                       and r.step == len(run.step_ends[r.rank]) - 1)
+    # How sure "it fits" is: reserved memory's 80% interval and the three-way verdict (memory_interval.py).
+    metrics["memory"] = with_interval(metrics["memory"])
     metrics |= confidence_fields(metrics, scenario, p.gpu.peak_flops, is_modelled_gpu(p.gpu, p.calibration))
     # What a configuration file set, ignored (and why) or had overridden, beside the figures it produced.
     metrics["config_notes"] = reading.notes if reading is not None else []
