@@ -319,7 +319,7 @@ class FSDPStep(Step):
             return
         if self.ctx.knobs.limit_all_gathers:
             self.rate_limit(u, phase)
-        deps += self.copied_out()
+        deps += self.copied_out(phase)
         first_of_forward = phase == FORWARD and not any(p == FORWARD for p, _ in self.gathers)
         if self.offload is not None:  # CPUOffloadPolicy: the shard is copied up before it is gathered
             deps += (self.offload.params_up(u.label, shard(u.numel, self.n), self.gather_bytes, phase,
@@ -340,15 +340,19 @@ class FSDPStep(Step):
             self.b.sync(wait("free " + layer_collective(ALL_GATHER, order[k - 2].label)), phase,
                         (self.freed_by[older],))
 
-    def copied_out(self) -> tuple[int, ...]:
-        """FSDP2's prefetch depth: the all-gather streams wait on the event recorded after the last
-        unit's copy-out (``_fully_shard/_fsdp_param_group.py``: ``FSDPParamGroup.wait_for_unshard``
-        keeps it in the ``AllGatherState`` and the next unit's ``wait_for_unshard`` calls
-        ``_wait_all_gather_streams_on_event`` on it), so one gather at most runs ahead of the unit
-        computing.  FSDP1 has no such wait: ``limit_all_gathers`` is its bound."""
-        if self.copies != "fsdp2" or not self.copied:
+    def copied_out(self, phase: str) -> tuple[int, ...]:
+        """FSDP2's prefetch depth (``_fully_shard/_fsdp_param_group.py``, ``wait_for_unshard``): the
+        all-gather streams wait on the event recorded after a unit's copy-out
+        (``_wait_all_gather_streams_on_event``).  In forward that event is kept in the
+        ``AllGatherState`` and waited on by the next unit's ``wait_for_unshard``, after that unit's
+        own gather was issued: a gather follows the copy-out of the unit before the previous one.  In
+        backward the wait comes at once, before the prefetch: a gather follows the last copy-out.
+        FSDP1 has no such wait; ``limit_all_gathers`` is its bound."""
+        if self.copies != "fsdp2":
             return ()
-        return (next(reversed(self.copied.values())),)
+        done = [op for (p, _), op in self.copied.items() if p == phase]
+        back = 2 if phase == FORWARD else 1
+        return (done[-back],) if len(done) >= back else ()
 
     def copy_out(self, u: Unit, phase: str) -> None:
         """Under ``fsdp2``, split the unit's gather of this pass into its parameters on the compute
