@@ -138,6 +138,12 @@ def test_the_command_prints_the_verdict_as_json():
     verdict = json.loads(done.stdout)
     assert set(verdict["summary"]) == {"time", "memory"}
     assert len(verdict["points"]) == len(load_points(POINTS_FILE))
+    # the pre-registered sources, as first seen and now, each with the same four figures
+    prereg = verdict["preregistered"]
+    assert prereg["points"] == sum(s["first_seen"]["points"] for s in prereg["by_source"].values())
+    assert prereg["sources"] == len(prereg["by_source"])
+    for when in ("first_seen", "now"):
+        assert {"median_abs_error", "coverage", "too_fast", "too_slow"} <= set(prereg[when])
 
 
 def test_the_command_judges_a_points_file_of_ones_own(tmp_path):

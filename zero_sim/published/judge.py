@@ -167,6 +167,11 @@ def _collective(point: dict) -> float:
 
 def _training(point: dict, mode: str, extra: dict | None) -> tuple[float, bool]:
     m = simulate(**scenario_for(point, mode), **(extra or {})).metrics
+    return metric_value(point, m), bool(m["memory"]["fits"])
+
+
+def metric_value(point: dict, m: dict) -> float:
+    """The simulated figure a training point's metric is compared with (see the module docstring)."""
     mem, metric = m["memory"], point["metric"]
     if metric == "step_time_s":
         value = m["step_time_s"]
@@ -178,7 +183,7 @@ def _training(point: dict, mode: str, extra: dict | None) -> tuple[float, bool]:
         held = mem.get("reserved_peak_bytes", mem["peak_bytes"]) if point.get("memory") == "reserved" \
             else mem["peak_bytes"]
         value = held / UNITS[point.get("unit", "GB")]
-    return value, bool(mem["fits"])
+    return value
 
 
 def predict(point: dict, mode: str = "configured", extra: dict | None = None) -> Judged:

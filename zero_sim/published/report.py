@@ -1,16 +1,18 @@
 """``zero-sim validate --published``: accuracy as users meet it, in one report.
 
-Three ways of predicting each published run (:data:`zero_sim.published.judge.MODES`): as a user
-who knows nothing of its software would (default stack), as one who knows its stack, and with
-every setting the source states.  For each, the median and 90th percentile of |error| and how
-many runs were predicted too fast or too slow; then the headline, the same three with the
-whole-run overhead fitted **leave one source out** (:mod:`zero_sim.published.fit`); the 80%
-intervals and their coverage; whether pairs of runs are ordered as published
-(:mod:`zero_sim.published.ranking`); memory; and the per-point table.
+First the pre-registered sources (:mod:`zero_sim.published.first_seen`): runs the model was frozen
+on before it saw them, as first seen and now.  Then three ways of predicting each published run
+of the table (:data:`zero_sim.published.judge.MODES`): as a user who knows nothing of its software
+would (default stack), as one who knows its stack, and with every setting the source states.  For
+each, the median and 90th percentile of |error| and how many runs were predicted too fast or too
+slow; then the headline, the same three with the whole-run overhead fitted **leave one source
+out** (:mod:`zero_sim.published.fit`); the 80% intervals and their coverage; whether pairs of runs
+are ordered as published (:mod:`zero_sim.published.ranking`); memory; and the per-point table.
 """
 
 from __future__ import annotations
 
+from zero_sim.published.first_seen import format_block, preregistered_block
 from zero_sim.published.fit import refit, speed_error, summary
 from zero_sim.published.judge import MODES, OUTLIER, POINTS_FILE, format_table, judge, load_points
 from zero_sim.published.ranking import format_ranking, load_pairs, rank_pairs
@@ -35,6 +37,7 @@ def published_report(path=None) -> dict:
     report["intervals"], report["coverage"] = fit["intervals"], fit["coverage"]
     report["ranking"] = {mode: rank_pairs(pairs, verdicts[mode].judged) for mode in ("stack", "configured")}
     report["by_mode"] = {mode: {j.id: j.error for j in v.judged} for mode, v in verdicts.items()}
+    report["preregistered"] = preregistered_block()
     report["_verdict"] = verdicts["configured"]
     return report
 
@@ -47,11 +50,13 @@ def _line(name: str, s: dict) -> str:
 
 
 def format_report(report: dict) -> str:
-    """The report for a terminal: headline first, the per-point table last."""
+    """The report for a terminal: pre-registered sources first, then the table's headline, the
+    per-point table last."""
     words = {"default": "default stack (nothing of its software)", "stack": "its stack named",
              "configured": "as configured (every stated setting)"}
     loso = report["leave_one_source_out"]
-    lines = ["training runs' speed, overhead fitted leave-one-source-out (the headline):"]
+    lines = format_block(report["preregistered"])
+    lines.append("training runs' speed, overhead fitted leave-one-source-out (over the table's runs):")
     lines += [_line(words[m], loso[m]) for m in MODES]
     lines.append("training runs' speed, with the shipped fit (in-sample):")
     lines += [_line(words[m], report["modes"][m]["runs"]) for m in MODES]
