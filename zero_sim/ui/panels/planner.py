@@ -122,7 +122,8 @@ class Planner(Panel):
         return self.result
 
     def best(self):
-        """The fastest candidate that fits, as a row (None when nothing fits)."""
+        """The first candidate that fits in the plan's order, as a row (None when nothing fits): the
+        fastest, or among those within 5% of it the one with the most room to spare."""
         df = self.result
         fitting = df[df["fits"]]
         return None if fitting.empty else fitting.iloc[0]
@@ -155,7 +156,7 @@ class Planner(Panel):
         low, high = best.get("tokens_per_s_low"), best.get("tokens_per_s_high")
         known = low is not None and high is not None and low == low  # NaN where no interval applies
         likely = f" (likely {low:,.0f}-{high:,.0f})" if known else ""
-        return (f"{html.escape(counts)}. Fastest that fits: "
+        return (f"{html.escape(counts)}. First that fits (within 5% of the fastest, the most room): "
                 f"<b>{best['strategy']}</b> ({best['knobs']}, recompute {best['recompute']}): "
                 f"step {best['step_ms']:.1f} ms, {best['tokens_per_s']:,.0f} tokens/s{likely}, "
                 f"{best['reserved_GB']:.1f} GB reserved of {best['capacity_GB']:.1f} GB{rivals}. "
@@ -190,7 +191,7 @@ class Planner(Panel):
             ax.axvline(ok["capacity_GB"].iloc[0], color="black", linestyle="--", linewidth=1)
             handles.append(Line2D([], [], color="black", linestyle="--", linewidth=1, label="GPU memory"))
         if best is not None:
-            ax.annotate("fastest that fits", (best["reserved_GB"], best["step_ms"]), xytext=(10, 10),
+            ax.annotate("first that fits", (best["reserved_GB"], best["step_ms"]), xytext=(10, 10),
                         textcoords="offset points", fontsize=8, arrowprops={"arrowstyle": "->"})
         # The chart plots what "fits" compares: the reserved figure against the GPU's memory.
         ax.set_xlabel("reserved memory per GPU (GB): tensors' peak + allocator reserve + context")
