@@ -2,84 +2,91 @@
 
 * ``mfu``: model FLOPs utilisation, the model's FLOPs per step (forward and backward, recompute
   not counted) over the step time and the GPU's dense bf16 peak (``zero_sim.system.gpus``).
-* ``prediction_interval``: the range published runs like this one came in, from how far the
-  simulator was from the published table's runs when each was predicted without its own source
-  (:mod:`zero_sim.system.run_overheads`, refitted by ``zero-sim validate --published --refit``).
-  Two groups: runs predicted knowing their stack, and runs left at the default stack (wider:
-  the software a run used is the largest unknown).  An 80% interval: with a prediction of
-  5,700 tokens/s and errors between -9% and +26%, such runs came in at 4,520-6,280.
+* ``prediction_interval``: how the 80% interval was obtained.  It is propagated through the
+  simulator (:mod:`zero_sim.uncertainty`): the inputs' spreads, from microbenchmarks and the
+  models' fits (:mod:`zero_sim.system.input_spreads`), re-time the simulated step many times,
+  and the interval is the 10th to 90th percentile, the simulated step its median.  So a step
+  whose collectives are exposed gets a wider interval than one hidden behind compute, and a
+  feature no fit has seen (FP8, ZeRO++, offloading, QLoRA) a wider one, saying why.
+  ``low_error`` and ``high_error`` keep their meaning: the relative speed errors (predicted /
+  actual - 1) at the interval's ends.
 * the intervals of ``step_time_s``, ``tokens_per_s``, ``tokens_per_s_per_gpu``,
   ``tflops_per_gpu`` and ``mfu``, each ``[low, high]``.
 
-An offloaded update on the CPU is outside every published run: its time is one published rate
-(:mod:`zero_sim.system.host_side`), taken as right within a factor of :data:`CPU_RATE_SPREAD` either
-way on other CPUs (assumed), and added to the GPU part's interval.
-
-There is no interval where the published runs say nothing: CPU ranks (the emulated cluster is
-judged against its own runs), a measured layer table, or a flat ``--efficiency``.
+There is no interval (None) where nothing supports one: CPU ranks (the emulated cluster is
+judged against its own runs), a measured layer table or a flat ``--efficiency``; a run that
+does not fit in memory or makes no progress (it has no speed to be unsure of); and where the
+caller asked for none (``simulate(..., interval=False)``: a planning search, which computes
+intervals only for the rows it shows).
 """
 
 from __future__ import annotations
 
-from zero_sim.system.run_overheads import (
-    DEFAULT_STACK_GROUP,
-    KNOWN_STACK,
-    prediction_interval,
-    throughput_interval,
-    time_interval,
-)
+from zero_sim.engine.retime import Timeline
+from zero_sim.system.run_overheads import DEFAULT_STACK_GROUP, KNOWN_STACK
+from zero_sim.uncertainty import Setting, step_interval
 
 LEVEL = 0.8
-CPU_RATE_SPREAD = 2.0  # the CPU optimizer's rate on another CPU: within 2x of the published one (assumed)
 THROUGHPUTS = ("tokens_per_s", "tokens_per_s_per_gpu", "tflops_per_gpu", "mfu")
+BASIS = "the inputs' spreads propagated through the simulated step (docs/uncertainty.md)"
 
 
 def interval_group(scenario, modelled_gpu: bool) -> str | None:
-    """Which published residuals apply: None where none do (see the module docstring)."""
+    """Whether an interval applies (None where nothing supports one), and the stack's group."""
     if not modelled_gpu or scenario.hardware.efficiency is not None:
         return None
     return KNOWN_STACK if scenario.training.stack_given else DEFAULT_STACK_GROUP
 
 
-def confidence_fields(metrics: dict, scenario, peak_flops: float, modelled_gpu: bool) -> dict:
-    """``stack``, ``tokens_per_s_per_gpu``, ``mfu`` and, where published runs apply, each headline
-    figure's interval and how it was obtained."""
+def makes_progress(metrics: dict) -> bool:
+    """Whether the run fits in memory and trains: only then has its speed an interval."""
+    return bool(metrics["memory"]["fits"]) and metrics["tokens_per_s"] > 0 and metrics["step_time_s"] > 0
+
+
+def confidence_fields(metrics: dict, scenario, peak_flops: float, modelled_gpu: bool,
+                      timeline: Timeline | None = None, setting: Setting | None = None) -> dict:
+    """``stack``, ``tokens_per_s_per_gpu``, ``mfu`` and, where one applies and ``timeline`` is given,
+    each headline figure's interval and how it was obtained."""
     out = {"stack": scenario.training.stack,
            "tokens_per_s_per_gpu": metrics["tokens_per_s"] / max(metrics["gpus"], 1),
            "mfu": metrics["tflops_per_gpu"] * 1e12 / peak_flops if modelled_gpu and peak_flops > 0 else None}
     group = interval_group(scenario, modelled_gpu)
-    band = prediction_interval(group) if group else None
-    out["prediction_interval"] = None if band is None else {
-        "level": LEVEL, "group": group, "low_error": band[0], "high_error": band[1],
-        "basis": "published runs predicted without their own source (docs/validation.md)"}
-    values = metrics | out
-    step, cpu = metrics["step_time_s"], metrics.get("cpu_update_s", 0.0)
-    if band and cpu > 0:  # the GPU part's interval, plus the CPU update's assumed spread
-        gpu_low, gpu_high = time_interval(step - cpu, group)
-        low, high = gpu_low + cpu / CPU_RATE_SPREAD, gpu_high + cpu * CPU_RATE_SPREAD
-        out["step_time_s_interval"] = [low, high]
-        out["prediction_interval"]["cpu_update"] = f"CPU update within {CPU_RATE_SPREAD:g}x (assumed)"
-        for name in THROUGHPUTS:
-            value = values[name]
-            out[f"{name}_interval"] = [value * step / high, value * step / low] if value else None
+    if group is None or timeline is None or setting is None or not makes_progress(metrics):
+        out["prediction_interval"] = None
+        out["step_time_s_interval"] = None
+        out |= {f"{name}_interval": None for name in THROUGHPUTS}
         return out
+    step = metrics["step_time_s"]
+    band = step_interval(timeline, setting, step)
+    out["prediction_interval"] = {
+        "level": LEVEL, "group": group, "low_error": band.low_s / step - 1.0,
+        "high_error": band.high_s / step - 1.0, "basis": BASIS, "method": "propagated",
+        "samples": band.samples, "median_shift": band.median_shift, "inputs": band.inputs,
+        "shares": band.shares,
+        "unfitted": [{"feature": f.name, "why": f.why} for f in setting.features]}
+    out["step_time_s_interval"] = [band.low_s, band.high_s]
+    values = metrics | out
     for name in THROUGHPUTS:
         value = values[name]
-        out[f"{name}_interval"] = list(throughput_interval(value, group)) if band and value else None
-    out["step_time_s_interval"] = list(time_interval(step, group)) if band else None
+        out[f"{name}_interval"] = [value * step / band.high_s, value * step / band.low_s] if value else None
     return out
 
 
+def widest_inputs(band: dict, n: int = 2) -> str:
+    """The inputs that widen this step's interval most, with how far each alone moves it."""
+    widest = sorted(((h, name) for name, h in band.get("shares", {}).items() if h >= 0.005), reverse=True)[:n]
+    return ", ".join(f"{name} ±{h:.0%}" for h, name in widest)
+
+
 def interval_line(metrics: dict) -> str | None:
-    """One line for people: the per-GPU throughput range and what it rests on."""
+    """One line for people: the per-GPU throughput range and what widens it."""
     band = metrics.get("prediction_interval")
     low_high = metrics.get("tokens_per_s_per_gpu_interval")
     if not band or not low_high:
         return None
     low, high = low_high
-    # published = predicted / (1 + error): the extremes as shares of the prediction.
-    slower, faster = 1.0 - 1.0 / (1.0 + band["high_error"]), 1.0 / (1.0 + band["low_error"]) - 1.0
-    told = "with their stack named" if band["group"] == KNOWN_STACK else "at the default stack"
-    cpu = f"; the offloaded CPU update taken as within {CPU_RATE_SPREAD:g}x" if band.get("cpu_update") else ""
-    return (f"{low:,.0f}-{high:,.0f} tokens/s per GPU ({band['level']:.0%} interval): published runs "
-            f"predicted {told} came in from {slower:.0%} slower to {faster:.0%} faster than the model{cpu}")
+    told = "its stack named" if band["group"] == KNOWN_STACK else "the default stack"
+    why = "; ".join(f"{u['feature']} is judged, never fitted ({u['why']})" for u in band.get("unfitted", []))
+    line = (f"{low:,.0f}-{high:,.0f} tokens/s per GPU ({band['level']:.0%} interval): the inputs' spreads "
+            f"through this step at {told}, most from {widest_inputs(band)}")
+    return line + (f"; wider: {why}" if why else "")

@@ -98,6 +98,7 @@ class Engine:
         self.device.attach(self)
         self.backend.attach(self)
         self._remaining: dict[int, list[int]] = {}  # ops of each step not yet ended, per rank
+        self.op_seconds: dict[int, float] = {}  # the last step's op durations on the first rank
         self._plan_groups()
 
     # ------------------------------------------------------------------ setup
@@ -151,7 +152,7 @@ class Engine:
         # simpy numbers every scheduled event; reading the counter tells how much work the run was.
         events = next(env._eid) if hasattr(env, "_eid") else 0
         return RunOutput(self.records, self.memory, dict(prog.resident), self.step_ends, self.ranks,
-                         events, self.plans)
+                         events, self.plans, self.op_seconds)
 
     def _completion(self, rank: int, step: int, index: int) -> simpy.Event | None:
         """An event that fires when op ``index`` of ``step`` ends on ``rank``; None if it has ended."""
@@ -318,6 +319,8 @@ class Engine:
             self.records.append(OpRecord(
                 rank, op.stream, op.name, start, end, op.nbytes, op.layer, op.phase, step, op.kind,
                 plan.algorithm if plan else ""))
+        if step == self.config.steps - 1 and rank == self.ranks[0]:
+            self.op_seconds[op.index] = end - start
         done = self.done[rank][step]
         waiter, done[op.index] = done[op.index], True
         if waiter is not None:

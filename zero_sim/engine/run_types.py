@@ -45,3 +45,6 @@ class RunOutput:
     simulated_ranks: list[int]
     events: int
     plans: dict[int, CollectivePlan] = field(default_factory=dict)  # op index -> plan
+    # op index -> seconds it took in the last step on the first simulated rank (what
+    # zero_sim.engine.retime re-times with sampled inputs); a sync op's is its wait.
+    op_seconds: dict[int, float] = field(default_factory=dict)

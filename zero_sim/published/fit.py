@@ -107,16 +107,20 @@ def _factor(fit: tuple[dict[str, float], float], generation: str) -> float:
     return by_generation.get(generation, pooled)
 
 
-def loso_errors(rows: list[Row]) -> dict[str, list[float]]:
-    """Each row's speed error per mode, predicted with the factors fitted without its source."""
+def loso_errors(rows: list[Row]) -> tuple[dict[str, list[float]], dict[str, list[bool]]]:
+    """Each row's speed error per mode, predicted with the factors fitted without its source, and
+    whether the published figure lies inside that prediction's own (propagated) 80% interval."""
     errors: dict[str, list[float]] = {"default": [], "stack": [], "configured": []}
+    inside: dict[str, list[bool]] = {mode: [] for mode in errors}
     fits = {s: overheads([r for r in rows if r.source != s]) for s in {r.source for r in rows}}
     for r in rows:
         factor = _factor(fits[r.source], r.generation)
         for mode in errors:
             judged = predict(r.point, mode, {"run_overhead": factor})
             errors[mode].append(speed_error(r.point, judged.predicted))
-    return errors
+            band = judged.interval
+            inside[mode].append(band is not None and band[0] <= r.point["value"] <= band[1])
+    return errors, inside
 
 
 def interval(errors: list[float]) -> dict[str, float]:
@@ -154,7 +158,7 @@ def refit(points: list[dict] | None = None) -> dict:
     """Fit the overheads and intervals; report leave-one-source-out accuracy and coverage."""
     rows = _rows(points if points is not None else load_points())
     by_generation, pooled = overheads(rows)
-    errors = loso_errors(rows)
+    errors, inside = loso_errors(rows)
     return {
         "overheads": by_generation, "pooled": pooled,
         "intervals": {KNOWN_STACK: interval(errors["stack"]),
@@ -162,10 +166,14 @@ def refit(points: list[dict] | None = None) -> dict:
         "leave_one_source_out": {mode: summary(e) for mode, e in errors.items()},
         "coverage": {KNOWN_STACK: coverage(rows, errors["stack"]),
                      DEFAULT_STACK_GROUP: coverage(rows, errors["default"])},
+        # The intervals predictions carry (propagated, zero_sim.uncertainty), overhead fitted without
+        # the point's source: the share of points whose published figure lies inside, per mode.
+        "propagated_coverage": {mode: sum(v) / len(v) if v else None for mode, v in inside.items()},
         "without_overhead": {mode: summary([r.raw[mode] for r in rows]) for mode in errors},
         "sources": sorted({r.source for r in rows}),
         "points": [{"id": r.point["id"], "source": r.source, "generation": r.generation,
-                    **{f"loso_{m}": errors[m][i] for m in errors}} for i, r in enumerate(rows)],
+                    **{f"loso_{m}": errors[m][i] for m in errors},
+                    **{f"inside_{m}": inside[m][i] for m in inside}} for i, r in enumerate(rows)],
         "command": "zero-sim validate --published --refit",
     }
 

@@ -96,6 +96,7 @@ class Judged:
     error: float | None
     fits: bool | None = None
     refusal: str | None = None
+    interval: tuple[float, float] | None = None  # the prediction's 80% interval of the point's metric
 
     @property
     def id(self) -> str:
@@ -165,9 +166,10 @@ def _collective(point: dict) -> float:
     return nbytes * bus_factor(kind, gpus) / seconds / 1e9
 
 
-def _training(point: dict, mode: str, extra: dict | None) -> tuple[float, bool]:
+def _training(point: dict, mode: str, extra: dict | None) -> tuple[float, bool, tuple[float, float] | None]:
     m = simulate(**scenario_for(point, mode), **(extra or {})).metrics
-    return metric_value(point, m), bool(m["memory"]["fits"])
+    value = metric_value(point, m)
+    return value, bool(m["memory"]["fits"]), _interval(m, point["metric"], value)
 
 
 def metric_value(point: dict, m: dict) -> float:
@@ -186,17 +188,27 @@ def metric_value(point: dict, m: dict) -> float:
     return value
 
 
+def _interval(m: dict, metric: str, value: float) -> tuple[float, float] | None:
+    """A time metric's 80% interval, from the step's (a throughput scales as one over the step)."""
+    band = m.get("step_time_s_interval")
+    if band is None or metric not in TIME_METRICS:
+        return None
+    if metric == "step_time_s":
+        return band[0], band[1]
+    return value * m["step_time_s"] / band[1], value * m["step_time_s"] / band[0]
+
+
 def predict(point: dict, mode: str = "configured", extra: dict | None = None) -> Judged:
     """Predict one point under ``mode`` (with ``extra`` keywords, e.g. a fitted term left out);
     a scenario the simulator refuses is a result with its sentence, not a crash."""
     try:
         if "collective" in point:
-            predicted, fits = _collective(point), None
+            predicted, fits, band = _collective(point), None, None
         else:
-            predicted, fits = _training(point, mode, extra)
+            predicted, fits, band = _training(point, mode, extra)
     except (ScenarioError, ValueError, KeyError, TypeError) as exc:
         return Judged(point, None, None, None, f"{type(exc).__name__}: {exc}")
-    return Judged(point, predicted, (predicted - point["value"]) / point["value"], fits)
+    return Judged(point, predicted, (predicted - point["value"]) / point["value"], fits, interval=band)
 
 
 def _summary(judged: list[Judged]) -> dict[str, Any]:

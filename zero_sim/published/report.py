@@ -35,6 +35,7 @@ def published_report(path=None) -> dict:
     report["leave_one_source_out"] = fit["leave_one_source_out"]
     report["overheads"] = {"by_generation": fit["overheads"], "pooled": fit["pooled"]}
     report["intervals"], report["coverage"] = fit["intervals"], fit["coverage"]
+    report["propagated_coverage"] = fit["propagated_coverage"]
     report["ranking"] = {mode: rank_pairs(pairs, verdicts[mode].judged) for mode in ("stack", "configured")}
     report["by_mode"] = {mode: {j.id: j.error for j in v.judged} for mode, v in verdicts.items()}
     report["preregistered"] = preregistered_block()
@@ -66,8 +67,14 @@ def format_report(report: dict) -> str:
     for group, band in report["intervals"].items():
         if band["low"] is None:
             continue
-        lines.append(f"80% interval, {group}: predicted speed {band['low']:+.0%} to {band['high']:+.0%} of "
-                     f"published; coverage without each point's source {report['coverage'][group]:.0%}")
+        lines.append(f"published errors, 80% range, {group}: predicted speed {band['low']:+.0%} to "
+                     f"{band['high']:+.0%} of published; coverage without each point's source "
+                     f"{report['coverage'][group]:.0%}")
+    held = report["propagated_coverage"]
+    lines.append("80% intervals the predictions carry (propagated through the simulator), overhead fitted "
+                 "without each point's source: " + ", ".join(
+                     f"{words[m].split(' (')[0]} {held[m]:.0%}" for m in MODES if held.get(m) is not None)
+                 + " of runs inside")
     for mode in ("stack", "configured"):
         lines.append(f"ranking, {words[mode]}:")
         lines += ["  " + line for line in format_ranking(report["ranking"][mode])]

@@ -26,6 +26,7 @@ from zero_sim.engine.cpu_device import CpuDevice
 from zero_sim.engine.engine import Engine, cyclic_gc_paused
 from zero_sim.engine.gpu_device import GpuDevice
 from zero_sim.engine.program import Program
+from zero_sim.engine.retime import Timeline, timeline_of
 from zero_sim.engine.run_types import EngineConfig, RunOutput, Straggler
 from zero_sim.engine.shared_cores import SharedCores
 from zero_sim.memory_interval import with_interval
@@ -60,11 +61,13 @@ from zero_sim.system.collectives import CollectiveModel
 from zero_sim.system.gpt_layers import gpt_workload
 from zero_sim.system.gpus import GPUS
 from zero_sim.system.hardware import ComputeModel, default_overlap_slowdown
+from zero_sim.system.input_spreads import unfitted_features
 from zero_sim.system.lora import DEFAULT_TARGETS, with_lora
 from zero_sim.system.model_presets import PRESETS, human_params, preset, synthesize_shape
 from zero_sim.system.topology import PRESETS as TOPOLOGIES
 from zero_sim.system.workload import Workload, WorkloadError
 from zero_sim.system.zeropp import ZeroPP
+from zero_sim.uncertainty import Setting
 from zero_sim.vocabulary import CPU_ADAM
 
 
@@ -329,7 +332,18 @@ def _scenario(p: Prepared, figures: RankFigures) -> Scenario:
     }, p.knobs)
 
 
-def _result(p: Prepared, program: Program, run: RunOutput, scenario: Scenario) -> SimResult:
+def _interval_inputs(p: Prepared, program: Program, run: RunOutput,
+                     engine: Engine) -> tuple[Timeline, Setting]:
+    """The recorded step to re-time and what the inputs' spreads depend on (zero_sim.uncertainty)."""
+    s = p.settings
+    timeline = timeline_of(program, run.op_seconds, s.steps, s.host_overhead_us * 1e-6,
+                           engine.backend.always_after_compute)
+    features = unfitted_features(s, p.knobs)
+    return timeline, Setting(p.gpu.name, p.stack_given, s.gpus, p.topology.ranks_per_node, features)
+
+
+def _result(p: Prepared, program: Program, run: RunOutput, scenario: Scenario,
+            interval: tuple[Timeline, Setting] | None = None) -> SimResult:
     s, reading = p.settings, p.reading
     tokens = s.gpus * p.workload.tokens_per_micro_batch * s.grad_accum
     metrics = compute_metrics(run, program, scenario, s.gpus, tokens, p.gpu.hbm_bytes,
@@ -346,7 +360,8 @@ def _result(p: Prepared, program: Program, run: RunOutput, scenario: Scenario) -
                                       and r.step == len(run.step_ends[r.rank]) - 1)
     # How sure "it fits" is: reserved memory's 80% interval and the three-way verdict (memory_interval.py).
     metrics["memory"] = with_interval(metrics["memory"])
-    metrics |= confidence_fields(metrics, scenario, p.gpu.peak_flops, is_modelled_gpu(p.gpu, p.calibration))
+    metrics |= confidence_fields(metrics, scenario, p.gpu.peak_flops, is_modelled_gpu(p.gpu, p.calibration),
+                                 *(interval or (None, None)))
     # What a configuration file set, ignored (and why) or had overridden, beside the figures it produced.
     metrics["config_notes"] = reading.notes if reading is not None else []
     # The stack assumed in one line, then each setting given that overrides it.
@@ -370,16 +385,19 @@ def _result(p: Prepared, program: Program, run: RunOutput, scenario: Scenario) -
                      run.events)
 
 
-def simulate(workload: Workload | None = None, **kwargs) -> SimResult:
+def simulate(workload: Workload | None = None, *, interval: bool = True, **kwargs) -> SimResult:
     """Simulate one training configuration; keywords are the CLI flags with underscores.
 
     ``workload`` (Python only) replaces the model preset with a workload built elsewhere,
     e.g. :func:`sim2real.module_workload.workload_from_module` on a real model.  ``calibration``
-    is a file path or a :class:`zero_sim.calibration.Calibration`."""
+    is a file path or a :class:`zero_sim.calibration.Calibration`.  ``interval=False`` leaves the
+    80% intervals out (None), for a search that computes them only for the rows it shows."""
     p = prepare(workload, **kwargs)
     program = _program(p)
     figures = rank_figures(p)
     # The run and its records allocate much and free little: no cyclic collections meanwhile.
     with cyclic_gc_paused():
-        run = _engine(p, program, figures).run()
-        return _result(p, program, run, _scenario(p, figures))
+        engine = _engine(p, program, figures)
+        run = engine.run()
+        inputs = _interval_inputs(p, program, run, engine) if interval else None
+        return _result(p, program, run, _scenario(p, figures), inputs)

@@ -14,8 +14,10 @@ leave-one-source-out: each source's runs predicted from the factor fitted withou
 
 The same refit records how the published runs scattered around their predictions, as
 leave-one-source-out relative errors, in two groups: runs predicted knowing their stack, and
-runs predicted at the default stack.  :func:`prediction_interval` turns them into the range
-in which runs like this one came in (the 10th to 90th percentile: an 80% interval).
+runs predicted at the default stack, with the distribution-free 80% range they span.  That
+range is reported by ``zero-sim validate --published`` beside the coverage of the intervals
+predictions carry, which are propagated from their inputs' spreads (:mod:`zero_sim.uncertainty`),
+not taken from these residuals.
 
 The figures live in ``run_overheads.json`` beside this module, written only by the refit; the
 test suite refits and checks that the file is current.
@@ -49,28 +51,3 @@ def run_overhead(gpu_name: str) -> float:
         return 1.0
     figures = fitted()
     return float(figures["overheads"].get(generation, figures["pooled"]))
-
-
-def prediction_interval(group: str) -> tuple[float, float] | None:
-    """(low, high) relative errors (predicted / published - 1) between which 80% of published
-    runs of this group fell; None before a refit."""
-    band = fitted()["intervals"].get(group)
-    return (band["low"], band["high"]) if band else None
-
-
-def throughput_interval(value: float, group: str) -> tuple[float, float] | None:
-    """The range a throughput ``value`` predicts: published = predicted / (1 + error)."""
-    band = prediction_interval(group)
-    if band is None:
-        return None
-    low, high = band
-    return value / (1.0 + high), value / (1.0 + low)
-
-
-def time_interval(seconds: float, group: str) -> tuple[float, float] | None:
-    """The range a step time predicts: a throughput error e is a time error 1 / (1 + e) - 1."""
-    band = prediction_interval(group)
-    if band is None:
-        return None
-    low, high = band
-    return seconds * (1.0 + low), seconds * (1.0 + high)

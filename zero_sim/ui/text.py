@@ -14,6 +14,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from zero_sim.confidence import widest_inputs
 from zero_sim.system.gpus import GB
 
 
@@ -60,7 +61,15 @@ def _memory(mem: Mapping[str, Any]) -> str:
 def _likely(m: Mapping[str, Any]) -> str:
     """The 80% interval of throughput per GPU, where one applies (zero_sim.confidence)."""
     band = m.get("tokens_per_s_per_gpu_interval")
-    return f" · likely {band[0]:,.0f}-{band[1]:,.0f} tokens/s per GPU (80%)" if band else ""
+    return f" · likely {band[0]:,.0f}-{band[1]:,.0f} tokens/s per GPU (80%{_why(m)})" if band else ""
+
+
+def _why(m: Mapping[str, Any]) -> str:
+    """What widens the interval most, and the features no fit has seen (zero_sim.confidence)."""
+    how = m.get("prediction_interval") or {}
+    unfitted = [u["feature"] for u in how.get("unfitted", [])]
+    return (f"; most from {widest_inputs(how)}" if how.get("shares") else "") + \
+        (f"; wider: {', '.join(unfitted)} never fitted" if unfitted else "")
 
 
 def metrics_html(m: Mapping[str, Any]) -> str:
@@ -80,7 +89,7 @@ def metrics_html(m: Mapping[str, Any]) -> str:
         ("stack", str(m.get("stack", "?"))),
     ]
     if band := m.get("tokens_per_s_per_gpu_interval"):
-        cells.insert(6, ("likely tokens/s per GPU", f"{band[0]:,.0f}-{band[1]:,.0f} (80% interval)"))
+        cells.insert(6, ("likely tokens/s per GPU", f"{band[0]:,.0f}-{band[1]:,.0f} (80% interval{_why(m)})"))
     items = "".join(f"<span style='margin-right:1.4em'><b class='zs-metric-name'>{k}</b> "
                     f"<span class='zs-metric-value'>{html.escape(v)}</span></span>" for k, v in cells)
     return (f"<div style='font-size:1.05em;line-height:1.6'>{items}"

@@ -338,8 +338,9 @@ SECTIONS: tuple[tuple[str, str, tuple[Entry, ...]], ...] = (
         _e("host-bound", """a step whose GPU waits for the CPU: Python launches kernels more slowly than
            the GPU runs them (small models, small [micro-batches](#micro-batch), fast GPUs).""",
            "host bound"),
-        _e("prediction interval", """the range in which runs like the predicted one came in: here, where
-           80% of published runs fell around their predictions (`tokens_per_s_interval`).""",
+        _e("prediction interval", """the range in which the run is expected with 80% probability
+           (`tokens_per_s_interval`): here propagated from the inputs' spreads through the simulated
+           step ([uncertainty.md](uncertainty.md)).""",
            "likely range"),
     )),
 )
