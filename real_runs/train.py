@@ -51,7 +51,6 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from zero_sim.vocabulary import GRADS, OPTIMIZER_STATE
 from zero_sim.vocabulary.files import write_json_atomic
 from zero_sim.vocabulary.model_states import formula, model_state_bytes
 from zero_sim.vocabulary.records import rank_file, run_file
@@ -254,9 +253,7 @@ def _model_states_formula(stage: int, n_params: int, trainable: int, world: int,
     b, k = precision.param_bytes, precision.optimizer_bytes
     states = formula(stage, n_params, world, elem_bytes=b, k=k)
     if trainable != n_params:
-        held = model_state_bytes(stage, n_params, world, b, b, k)
-        trained = model_state_bytes(stage, trainable, world, b, b, k)
-        held.update({GRADS: trained[GRADS], OPTIMIZER_STATE: trained[OPTIMIZER_STATE]})
+        held = model_state_bytes(stage, n_params, world, b, b, k, trainable=trainable)
         states.update(bytes=int(round(sum(held.values()))), psi_trainable=trainable)
     return states
 

@@ -122,7 +122,7 @@ def test_the_interval_widens_by_the_cpu_updates_assumed_spread():
     (dict(strategy="zero2", offload_optimizer="cpu", offload_params="cpu"), "cannot be offloaded"),
     (dict(strategy="zero3", offload_params="cpu"), "weights alone"),
     (dict(strategy="fsdp", offload_optimizer="cpu"), "CPUOffloadPolicy"),
-    (dict(strategy="zero3", offload_optimizer="nvme"), "NVMe"),
+    (dict(strategy="zero2", offload_optimizer="nvme"), "NVMe is DeepSpeed ZeRO-Infinity's"),
     (dict(strategy="zero3", host_cores=64), "nothing is offloaded"),
     (dict(strategy="zero3", offload_optimizer="cpu", zero_quantized_weights=True), "ZeRO++"),
     (dict(strategy="fsdp", offload_params="cpu", precision="fp8", fp8_all_gather=True, topology="dgx-h100"),

@@ -31,6 +31,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from zero_sim.configs import ConfigError, ConfigReading, check_spelling, load_mapping, validated
+from zero_sim.vocabulary import GRADS, PARAMS
+from zero_sim.vocabulary.model_states import sharded
 
 STAGES = {1: "zero1", 2: "zero2", 3: "zero3"}
 
@@ -158,7 +160,7 @@ def read_deepspeed(config) -> ConfigReading:
             reading.set(name, data[key], key)
     if ds.train_batch_size is not None:
         total = ds.train_batch_size
-        reading.notes.append(f"read: train_batch_size = {total} (checked against the ranks)")
+        reading.read("train_batch_size", f"= {total} (checked against the ranks)")
         reading.finish.append(lambda settings: check_batch(total, settings, source))
     _optimizer(ds.optimizer, source, reading)
     _zero(ds.zero_optimization, data.get("zero_optimization", {}), source, precision, reading)
@@ -169,6 +171,7 @@ def read_deepspeed(config) -> ConfigReading:
             reading.ignore(key, NO_EFFECT[key])
         elif key not in handled:
             reading.ignore(key, "not a DeepSpeed setting this reader knows")
+    reading.account(data)
     return reading
 
 
@@ -201,7 +204,11 @@ def _precision(ds: _DeepSpeed, reading: ConfigReading) -> str:
     """Mixed when bf16 or fp16 is enabled (fp16's loss scaling costs no modelled time), else fp32."""
     half = any(section is not None and section.enabled for section in (ds.bf16, ds.bfloat16, ds.fp16))
     precision = "mixed" if half else "fp32"
-    reading.set("precision", precision, "bf16/fp16.enabled")
+    switches = [f"{name}.enabled" for name in ("bf16", "bfloat16", "fp16") if getattr(ds, name) is not None]
+    reading.set("precision", precision, "bf16/fp16.enabled", keys=switches or ("bf16/fp16.enabled",))
+    for name in ("bf16", "bfloat16", "fp16"):
+        for extra in sorted(getattr(getattr(ds, name), "model_extra", None) or {}):
+            reading.ignore(f"{name}.{extra}", "loss scaling and its tuning cost no modelled time")
     comm = ds.communication_data_type
     if comm is not None:
         expected = {"mixed": ("bf16", "fp16", "bfloat16", "float16"), "fp32": ("fp32", "float32")}[precision]
@@ -218,6 +225,7 @@ def _optimizer(section: _Optimizer | None, source: str, reading: ConfigReading) 
     if section.type.lower() not in ADAM_FAMILY:
         raise ConfigError(f"optimizer.type {section.type!r} in {source} is not an Adam-family optimizer, "
                           f"whose 12 bytes per parameter the simulator counts; use --optimizer-k for another")
+    reading.read("optimizer.type", f"= {section.type!r} (Adam family: 12 bytes of state per parameter)")
     reading.ignore("optimizer.params", "learning rate and betas change no step's time or memory")
 
 
@@ -229,6 +237,8 @@ def _offload(zero: _Zero, source: str, reading: ConfigReading) -> None:
         reading.set("offload_optimizer", "cpu", "zero_optimization.cpu_offload", True)
     for key, name in (("offload_optimizer", "offload_optimizer"), ("offload_param", "offload_params")):
         offload = getattr(zero, key)
+        if offload is not None and offload.device == "none":
+            reading.ignore(f"zero_optimization.{key}", "device none: nothing is offloaded")
         if offload is None or offload.device == "none":
             continue
         if offload.ratio != 1.0:
@@ -239,6 +249,8 @@ def _offload(zero: _Zero, source: str, reading: ConfigReading) -> None:
         if not offload.pin_memory:
             reading.ignore(f"zero_optimization.{key}.pin_memory", "copies are simulated at the pinned "
                            "rate; pageable host memory copies slower")
+        else:
+            reading.read(f"zero_optimization.{key}.pin_memory", "= true (copies at the pinned rate)")
         for extra in sorted(set(offload.model_extra or {}) - {"nvme_path"}):
             reading.ignore(f"zero_optimization.{key}.{extra}", "NVMe and buffer tuning are not modelled")
 
@@ -249,7 +261,7 @@ def _zeropp(zero: _Zero, written: dict, stage: int, reading: ConfigReading) -> N
     for key in ZEROPP_KEYS:
         value = getattr(zero, key)
         # A key written as null is a key left out: DeepSpeed's default (off) holds.
-        if value is not None and key in written and (stage == 3 or _turned_on(key, value)):
+        if value is not None and key in written and (sharded(stage, PARAMS) or _turned_on(key, value)):
             # DeepSpeed reads a partition size of -1 or 0 as off, as 1 is.
             reading.set(key, max(value, 1) if key.endswith("_size") else value, f"zero_optimization.{key}")
 
@@ -262,16 +274,19 @@ def _zero(zero: _Zero, written: dict, source: str, precision: str, reading: Conf
                           f"backward; use --strategy ddp for torch DDP)")
     stage = zero.stage
     reading.set("strategy", STAGES[stage], "zero_optimization.stage", stage)
+    if stage == 3 and "reduce_scatter" in written:
+        reading.ignore("zero_optimization.reduce_scatter", "stage 3 always reduce-scatters its gradients")
     _offload(zero, source, reading)
     for key, what in NOT_MODELLED.items():
         if _turned_on(key, getattr(zero, key)):
             raise ConfigError(f"zero_optimization.{key} in {source} turns on {what}, which the simulator "
                               f"does not model; remove it to simulate")
     _zeropp(zero, written, stage, reading)
-    overlap = zero.overlap_comm if zero.overlap_comm is not None else stage == 3  # DeepSpeed's default
+    # DeepSpeed's default: on for stage 3 (the one that shards the weights), off for stages 1 and 2.
+    overlap = zero.overlap_comm if zero.overlap_comm is not None else sharded(stage, PARAMS)
     reading.set("overlap_comm", overlap, "zero_optimization.overlap_comm")
     grad_bytes = 2 if precision == "mixed" else 4
-    if stage == 3:
+    if sharded(stage, PARAMS):
         for key, name in STAGE3_SIZES.items():
             if key in written:
                 reading.set(name, getattr(zero, key), f"zero_optimization.{key}")
@@ -279,7 +294,7 @@ def _zero(zero: _Zero, written: dict, source: str, precision: str, reading: Conf
         elements = zero.reduce_bucket_size
         reading.set("bucket_mb", elements * grad_bytes / 2**20, "zero_optimization.reduce_bucket_size",
                     elements)
-        if stage == 1:
+        if not sharded(stage, GRADS):  # stage 1
             reading.set("zero1_reduce", "reduce_scatter" if zero.reduce_scatter else "all_reduce",
                         "zero_optimization.reduce_scatter")
         elif not zero.reduce_scatter:

@@ -72,6 +72,7 @@ class Program:
     ops: list[Op] = field(default_factory=list)
     resident: dict[str, int] = field(default_factory=dict)
     host_resident: dict[str, int] = field(default_factory=dict)  # model states in host memory (offload)
+    nvme_resident: dict[str, int] = field(default_factory=dict)  # model states on NVMe drives (ZeRO-Infinity)
     model_flops: float = 0.0  # per rank per step, forward+backward, recompute excluded
     notes: list[str] = field(default_factory=list)  # assumptions the strategy made, for reports
 

@@ -28,11 +28,20 @@ from collections.abc import Iterator
 
 from zero_sim.plan.bounds import MARGIN, Bounds, bounds
 from zero_sim.scenario import ScenarioError, simulate
-from zero_sim.scenario.settings import MAX_GPUS
-from zero_sim.strategies import all_knobs, get_strategy
+from zero_sim.scenario.settings import COMMON, MAX_GPUS
+from zero_sim.strategies import STRATEGIES, all_knobs, get_strategy
+from zero_sim.strategies.capabilities import PYTORCH
+from zero_sim.vocabulary import OPTIMIZER_STATE, PARAMS
 
-SHARDED = ("zero1", "zero2", "zero3", "fsdp")
-LEAN = ("zero3", "fsdp")  # the strategies that shard the weights
+# The strategies that shard some state (each is tried), and those that shard the weights (tried on
+# more GPUs), PyTorch's first (it needs nothing beyond torch).
+SHARDED = tuple(sorted((name for name, st in STRATEGIES.items() if st.can.shards(OPTIMIZER_STATE)),
+                       key=lambda name: STRATEGIES[name].can.library != PYTORCH))
+LEAN = tuple(name for name in SHARDED if STRATEGIES[name].can.shards(PARAMS))
+# The one that offloads the optimizer state alone, then the weights with it (DeepSpeed's ZeRO-3).
+OFFLOADS = next(name for name, st in STRATEGIES.items()
+                if st.can.shards(PARAMS) and st.can.placement and st.can.placement.params == "with_optimizer")
+DEFAULT_STRATEGY = next(setting.default for setting in COMMON if setting.name == "strategy")
 MORE_GPUS = (2, 4, 8, 16)
 KEEP, KEEP_MORE_GPUS = 3, 2  # suggestions returned on the same GPUs, and on more of them
 SIMULATED, SIMULATED_MORE_GPUS = 6, 3  # most simulations spent on the fastest-bound changes of each
@@ -41,7 +50,7 @@ LEANEST = 3  # then, if none of those fit, the changes leanest in memory
 
 def changes(s: dict) -> Iterator[dict]:
     """Settings to apply to ``s``, each a dict of ``simulate()`` keywords (may repeat)."""
-    strategy = s.get("strategy", "ddp")
+    strategy = s.get("strategy", DEFAULT_STRATEGY)
     micro, accum = s.get("micro_batch", 8), s.get("grad_accum", 1)
     smaller = []
     while micro > 1:
@@ -55,7 +64,7 @@ def changes(s: dict) -> Iterator[dict]:
             for r in recompute:
                 yield switch | shape | r
     if s.get("offload_params", "none") == "none":
-        offload = {"strategy": "zero3", "offload_optimizer": "cpu", "recompute": "full"}
+        offload = {"strategy": OFFLOADS, "offload_optimizer": "cpu", "recompute": "full"}
         for shape in (shapes[0], shapes[-1]):
             yield offload | shape
             yield offload | shape | {"offload_params": "cpu"}

@@ -31,6 +31,8 @@ from zero_sim.plan.executors import map_on
 from zero_sim.plan.planner import FITS, NO_FIT, REFUSED, candidates, knobs_label, ranked
 from zero_sim.plan.sweep import INTERVAL_COLUMNS, Progress, run_rows
 from zero_sim.scenario import ScenarioError
+from zero_sim.strategies import accepting
+from zero_sim.strategies.capabilities import FP8_ALL_GATHER
 from zero_sim.system.gpus import GB
 from zero_sim.system.workload import RECOMPUTE_MODES
 
@@ -76,7 +78,7 @@ def fp8_variants(base: dict[str, Any], found: list[dict]) -> list[dict]:
     gathered at 1 byte an element; zero_sim.system.fp8); the other strategies gather nothing in fp8."""
     if base.get("precision") != "fp8":
         return found
-    return found + [c | {"fp8_all_gather": True} for c in found if c["strategy"] == "fsdp"]
+    return found + [c | {"fp8_all_gather": True} for c in found if c["strategy"] in accepting(FP8_ALL_GATHER)]
 
 
 def bound_or_refusal(scenario: dict) -> Any:

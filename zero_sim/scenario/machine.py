@@ -15,6 +15,7 @@ from zero_sim.scenario.settings import CommonSettings
 from zero_sim.settings import ScenarioError
 from zero_sim.strategies import PRECISIONS
 from zero_sim.strategies.base import Precision, Strategy
+from zero_sim.strategies.capabilities import FP8_ALL_GATHER
 from zero_sim.system.fp8 import Fp8Training, fp8_training
 from zero_sim.system.gpu_spread import GPU_SPEED_SIGMA, slowest_gpu_factor
 from zero_sim.system.hardware import ComputeModel
@@ -147,7 +148,7 @@ def fp8_for(s: CommonSettings, gpu, workload: Workload, calibration: Calibration
     if s.fp8_all_gather and s.precision != "fp8":
         raise ScenarioError("--fp8-all-gather gathers the float8 weights of --precision fp8; add "
                             "--precision fp8 or drop --fp8-all-gather")
-    if s.fp8_all_gather and strategy.name != "fsdp":
+    if s.fp8_all_gather and not strategy.can.accepts(FP8_ALL_GATHER):
         raise ScenarioError(f"--fp8-all-gather is FSDP2's float8 all-gather of sharded weights, which "
                             f"{strategy.name} does not gather; use --strategy fsdp or drop --fp8-all-gather")
     if s.precision != "fp8":

@@ -21,6 +21,7 @@ from typing import Any
 
 from zero_sim.calibration import Calibration, CalibrationError
 from zero_sim.confidence import confidence_fields
+from zero_sim.configs import ConfigError
 from zero_sim.configs.read import read_config
 from zero_sim.engine.cpu_device import CpuDevice
 from zero_sim.engine.engine import Engine, cyclic_gc_paused
@@ -43,8 +44,7 @@ from zero_sim.scenario.machine import (
     step_host_s,
     topology_for,
 )
-from zero_sim.scenario.offload import describe as describe_offload
-from zero_sim.scenario.offload import host_memory, offload_plan
+from zero_sim.scenario.offload import offload_plan
 from zero_sim.scenario.settings import (
     COMMON,
     COMMON_NAMES,
@@ -68,7 +68,7 @@ from zero_sim.system.topology import PRESETS as TOPOLOGIES
 from zero_sim.system.workload import Workload, WorkloadError
 from zero_sim.system.zeropp import ZeroPP
 from zero_sim.uncertainty import Setting
-from zero_sim.vocabulary import CPU_ADAM
+from zero_sim.vocabulary import PARAMS
 
 
 def _resolve_workload(s: CommonSettings) -> Workload:
@@ -178,12 +178,9 @@ def resolve(**kwargs) -> Resolved:
 
 
 def _resolve_with_config(kwargs: dict, reading) -> Resolved:
-    """:func:`resolve`, with a config file's part in it: a refusal names the file's key that set the
-    value, and the file's own rules (DeepSpeed's batch arithmetic, ...) run on the result."""
-    try:
-        r = resolve(**kwargs)
-    except ScenarioError as exc:
-        raise ScenarioError(reading.blame(str(exc)) if reading is not None else str(exc)) from None
+    """:func:`resolve`, with a config file's own rules (DeepSpeed's batch arithmetic, ...) run on
+    the result."""
+    r = resolve(**kwargs)
     if reading is None or not reading.finish:
         return r
     values = {f.name: getattr(r.settings, f.name) for f in fields(r.settings)}
@@ -213,8 +210,22 @@ class Prepared:
 
 def prepare(workload: Workload | None = None, **kwargs) -> Prepared:
     """Every check ``simulate()`` makes before it builds the program, in its order; the first
-    failure is a :class:`ScenarioError` of one sentence.  Panels ask it which values to offer."""
+    failure is a :class:`ScenarioError` of one sentence.  Panels ask it which values to offer.
+
+    A refusal that names a setting a configuration file set says which key of which file set it
+    (:meth:`~zero_sim.configs.ConfigReading.blame`), wherever the check that refused it runs."""
     reading, kwargs = read_config(kwargs)
+    try:
+        return _prepare(reading, workload, kwargs)
+    except ConfigError:
+        raise  # a file's own refusal names the file already
+    except ScenarioError as exc:
+        if reading is not None:
+            exc.args = (reading.blame(str(exc)),)
+        raise
+
+
+def _prepare(reading, workload: Workload | None, kwargs: dict) -> Prepared:
     # A Calibration object is taken as it is; a path is a setting like any other.
     calibration = kwargs.pop("calibration") if isinstance(kwargs.get("calibration"), Calibration) else None
     r = _resolve_with_config(kwargs, reading)
@@ -225,7 +236,7 @@ def prepare(workload: Workload | None = None, **kwargs) -> Prepared:
     if (s.lora_targets is not None or s.lora_base is not None) and s.lora_rank is None:
         raise ScenarioError("--lora-targets and --lora-base describe LoRA adapters, but no --lora-rank says "
                             "their size; give --lora-rank (16 is common) or leave them out")
-    if s.lora_base == "nf4" and strategy.name in ("zero3", "fsdp"):
+    if s.lora_base == "nf4" and strategy.can.shards(PARAMS):
         raise ScenarioError(f"a 4-bit QLoRA base sharded by {strategy.name} (FSDP-QLoRA) is not modelled; "
                             "use --strategy ddp, zero1 or zero2, or --lora-base bf16")
     if s.lora_rank is not None:
@@ -243,7 +254,7 @@ def prepare(workload: Workload | None = None, **kwargs) -> Prepared:
     compute = compute_model(s, gpu, calibration)
     compute.fp8 = fp8_for(s, gpu, workload, calibration, strategy)
     modelled_gpu = is_modelled_gpu(gpu, calibration)
-    offload, topo = offload_plan(s, strategy.name, knobs, topo, gpu.name)
+    offload, topo = offload_plan(s, strategy, knobs, topo, gpu.name, precision_of(s))
     ctx = Context(workload, s.gpus, topo.ranks_per_node, compute, precision_of(s), s.grad_accum,
                   s.host_overhead_us * 1e-6, knobs,
                   host=host_pricing(workload, s, calibration, modelled_gpu),
@@ -252,8 +263,8 @@ def prepare(workload: Workload | None = None, **kwargs) -> Prepared:
                   offload=offload)
     try:
         strategy.validate(ctx)
-    except StrategyError as exc:  # a knob a config file set is refused naming the file's key
-        raise ScenarioError(reading.blame(str(exc)) if reading is not None else str(exc)) from None
+    except StrategyError as exc:
+        raise ScenarioError(str(exc)) from None
     check_size(s, len(workload.layers))
     return Prepared(reading, s, knobs, strategy, calibration, workload, topo, gpu, compute, ctx,
                     r.stack_notes, r.stack_given)
@@ -351,17 +362,15 @@ def _result(p: Prepared, program: Program, run: RunOutput, scenario: Scenario,
                               allocator_reserve=scenario.hardware.allocator_reserve)
     # Offloaded states: where they live, what updates them, and whether the nodes' RAM holds them.
     if p.ctx.offload is not None:
-        metrics["offload"] = describe_offload(p.ctx.offload, p.topology)
-        host = host_memory(program.host_resident, p.topology.host, p.topology.ranks_per_node)
-        metrics["memory"] |= host
-        metrics["memory"]["fits"] = metrics["memory"]["fits"] and host.get("host_fits", True)
-        metrics["cpu_update_s"] = sum(r.end_s - r.start_s for r in run.records
-                                      if r.name == CPU_ADAM and r.rank == run.simulated_ranks[0]
-                                      and r.step == len(run.step_ends[r.rank]) - 1)
+        p.ctx.offload.results(metrics, program, p.topology, run)
     # How sure "it fits" is: reserved memory's 80% interval and the three-way verdict (memory_interval.py).
     metrics["memory"] = with_interval(metrics["memory"])
-    metrics |= confidence_fields(metrics, scenario, p.gpu.peak_flops, is_modelled_gpu(p.gpu, p.calibration),
-                                 *(interval or (None, None)))
+    modelled = is_modelled_gpu(p.gpu, p.calibration)
+    metrics |= confidence_fields(metrics, scenario, p.gpu.peak_flops, modelled, *(interval or (None, None)),
+                                 needed_flops=p.workload.needed_flops() * s.grad_accum)
+    # The most each kernel family reaches, which MFU stays below (zero_sim.system.hardware).
+    metrics["kernel_ceilings"] = (p.compute.kernel_ceilings(p.workload.attention or "flash")
+                                  if modelled else None)
     # What a configuration file set, ignored (and why) or had overridden, beside the figures it produced.
     metrics["config_notes"] = reading.notes if reading is not None else []
     # The stack assumed in one line, then each setting given that overrides it.

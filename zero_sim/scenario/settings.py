@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 
 from zero_sim.settings import Setting, settings_record
-from zero_sim.strategies import PRECISIONS
+from zero_sim.strategies import PRECISIONS, STRATEGIES
 from zero_sim.system.collectives import ALGORITHMS, BACKENDS
 from zero_sim.system.gpus import GPUS
 from zero_sim.system.model_presets import parse_count
@@ -54,7 +54,8 @@ COMMON: tuple[Setting, ...] = (
     Setting("micro_batch", 8, "sequences per rank per micro-step", int, gt=0, le=2**20, section="training"),
     Setting("grad_accum", 1, "micro-steps per optimizer step (no gradient sync until the last)", int,
             gt=0, le=100_000, section="training"),
-    Setting("strategy", "ddp", "ddp, zero1, zero2, zero3 or fsdp", str, section="training"),
+    Setting("strategy", "ddp", " or ".join([", ".join(list(STRATEGIES)[:-1]), list(STRATEGIES)[-1]]), str,
+            section="training"),
     Setting("gpus", 8, f"number of ranks N (above {MAX_GPUS:,} only with --allow-huge)", int,
             gt=0, le=2**24, section="cluster"),
     Setting("gpus_per_node", None, "ranks per node (default: the topology's node size)", int, gt=0, le=4096,

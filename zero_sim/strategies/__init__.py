@@ -4,7 +4,9 @@ One file per strategy, readable alone: each a :class:`Strategy` with a
 :class:`~zero_sim.strategies.base.Step` subclass that overrides a few hooks of the shared step
 skeleton and composes shared pieces (gradient buckets and ZeRO-1/2's sliced update in
 ``buckets.py``) rather than inheriting from another strategy.  A strategy's knobs are read
-by attribute (``ctx.knobs.bucket_mb``).  Register new ones in ``STRATEGIES``.
+by attribute (``ctx.knobs.bucket_mb``).  What a strategy can do (its ZeRO stage, what it may
+offload, the plug-ins it accepts) is declared on its class (``capabilities.py``), so nothing
+outside this package compares strategy names.  Register new ones in ``STRATEGIES``.
 """
 
 from __future__ import annotations
@@ -25,6 +27,11 @@ def get_strategy(name: str) -> Strategy:
     return STRATEGIES[name]
 
 
+def accepting(feature: str) -> list[str]:
+    """The strategies that accept the plug-in ``feature`` (``Strategy.can``), in registry order."""
+    return [name for name, strategy in STRATEGIES.items() if strategy.can.accepts(feature)]
+
+
 def all_knobs() -> dict[str, list[tuple[str, Knob]]]:
     """Every knob name -> the strategies that accept it (CLI uses this to refuse misplaced flags)."""
     owners: dict[str, list[tuple[str, Knob]]] = {}
@@ -35,4 +42,4 @@ def all_knobs() -> dict[str, list[tuple[str, Knob]]]:
 
 
 __all__ = ["Context", "Knob", "Precision", "PRECISIONS", "STRATEGIES", "Strategy", "StrategyError",
-           "all_knobs", "get_strategy"]
+           "accepting", "all_knobs", "get_strategy"]

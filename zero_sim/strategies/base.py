@@ -19,11 +19,12 @@ the same moments as the real runs' hooks:
   hooks fire here): launch their reduction;
 * ``forward_frees`` / ``backward_allocs`` / ``backward_frees``: memory the layer's compute
   op releases or allocates besides activations;
-* ``resident()``: model states kept across steps; ``optimizer()``: the update.
+* ``model_states()``: the states kept across steps, from the layer of states
+  (zero_sim.strategies.states); ``optimizer()``: the update.
 
 Also shared: :class:`Precision` (bytes per parameter of weights, gradients and optimizer
-state; mixed-precision Adam is 2 + 2 + 12, the ZeRO paper's K = 12) and :func:`shard` (a
-rank's share of ``n`` elements, padded as collectives require).
+state; mixed-precision Adam is 2 + 2 + 12, the ZeRO paper's K = 12).  A rank's padded share of a
+buffer (``shard``) is the layer of states'.
 """
 
 from __future__ import annotations
@@ -33,24 +34,22 @@ from typing import Any
 
 from zero_sim.engine.program import Program, ProgramBuilder
 from zero_sim.settings import Setting, settings_record
-from zero_sim.strategies.offload import HostOffload, split_states
+from zero_sim.strategies.capabilities import PYTORCH, Capabilities
+from zero_sim.strategies.states import ModelStates, Placement, zero_states
 from zero_sim.system.hardware import ComputeModel
-from zero_sim.system.workload import Layer, Workload, ceil_div
+from zero_sim.system.host_costs import HostCosts, MeasuredHostCosts
+from zero_sim.system.workload import Layer, Workload
 from zero_sim.vocabulary import (
     ACTIVATIONS,
     BACKWARD,
     FORWARD,
-    GRADS,
     OPTIMIZER,
-    OPTIMIZER_STATE,
-    PARAMS,
     bwd,
     fp8_cast,
     fwd,
     opt,
     recompute,
 )
-from zero_sim.vocabulary.model_states import SHARDED_FROM
 
 Alloc = tuple[tuple[str, int], ...]  # (memory category, bytes) pairs an op allocates or frees
 
@@ -92,10 +91,10 @@ class Context:
     host_overhead_s: float = 10e-6
     knobs: Any = None  # the strategy's knobs, a frozen dataclass read by attribute (Strategy.Knobs)
     # Host time to issue each layer's kernels (zero_sim.system.host_costs); None: the flat per-op figure.
-    host: Any = None
+    host: HostCosts | MeasuredHostCosts | None = None
     step_host_s: float = 0.0  # the training loop's own host work per step, ending in a sync
     optimizer_host_s_per_param: float | None = None  # measured host time to issue the update (traces)
-    offload: Any = None  # model states kept in host memory (zero_sim.strategies.offload.Offload)
+    offload: Placement | None = None  # model states kept off the GPU (offload.py, nvme.py)
 
     def forward_host_s(self, layer: Layer) -> float | None:
         return self.host.forward_s(layer.kind) if self.host is not None else None
@@ -149,37 +148,31 @@ class Context:
                                            self.recompute_flops(layer), tokens, layer.work)
 
 
-def shard(numel: int, world_size: int) -> int:
-    """Elements per rank when ``numel`` is split evenly, padding the last shard."""
-    return ceil_div(numel, world_size)
-
-
 class Step:
     """One rank's training step, built once per ``Strategy.build(ctx)``: the skeleton and its hooks.
 
     Subclasses keep their per-build state as attributes (made in :meth:`setup`) and override
     the hooks; each default does nothing, so this class alone is one GPU training locally."""
 
-    stage = 0  # the ZeRO stage its model states follow (zero_sim.vocabulary.model_states)
-
-    def __init__(self, ctx: Context):
+    def __init__(self, ctx: Context, stage: int = 0):
         self.ctx, self.w, self.p = ctx, ctx.workload, ctx.precision
+        self.stage = stage  # the ZeRO stage its model states follow (the strategy's capabilities)
         self.n = ctx.world_size  # ranks the sharded model states are split over
         self.micro = 0  # the micro-step being built
         self.setup()
-        states, host = self.resident(), {}
-        if ctx.offload is not None:
-            states, host = split_states(states, ctx.offload, self.stage, self.p.optimizer_bytes,
-                                        self.persistent_param_bytes())
-        self.b = ProgramBuilder(states)
-        self.b.program.host_resident = host
-        # Copies to and from host memory and the CPU's update, when states are offloaded.
-        self.offload = HostOffload(self.b, ctx.offload) if ctx.offload is not None else None
+        self.states = self.model_states()
+        if ctx.offload is not None:  # a placement: some states live in host memory
+            self.states = ctx.offload.place(self.states)
+        self.b = ProgramBuilder(self.states.on_gpu())
+        self.b.program.host_resident = self.states.host
+        self.b.program.nvme_resident = self.states.nvme
+        # Copies between the GPU and where the placement keeps states, and the host's update.
+        self.host_moves = ctx.offload.moves(self.b) if ctx.offload is not None else None
 
     # --- to override ------------------------------------------------------------------
 
     def setup(self) -> None:
-        """Per-build state, before ``resident()`` is asked for."""
+        """Per-build state, before ``model_states()`` is asked for."""
 
     def shard_units(self) -> tuple[int, ...]:
         """Elements of each buffer the sharded states are cut from (one for the whole model by
@@ -198,26 +191,18 @@ class Step:
         no gradient), unless a strategy keeps gradients for frozen weights too."""
         return self.trainable_units()
 
-    def resident(self) -> dict[str, int]:
-        """Model states per rank by the ZeRO formula for ``stage``: each category whole below the
-        stage that shards it, else ``n`` padded shards of each of its buffers (weights:
-        :meth:`shard_units`; gradients and optimizer state: of what trains)."""
+    def model_states(self) -> ModelStates:
+        """Model states per rank by the ZeRO rule for ``stage`` (zero_sim.strategies.states): each
+        category whole below the stage that shards it, else ``n`` padded shards of each of its buffers
+        (weights: :meth:`shard_units`; gradients and optimizer state: of what trains)."""
         p = self.p
+        return zero_states(self.stage, self.n, self.shard_units(), self.trainable_units(),
+                           self.gradient_units(), p.param_bytes, p.grad_bytes, p.optimizer_bytes,
+                           self.w.weight_bytes(p.param_bytes))
 
-        def held(units: tuple[int, ...], category: str) -> int:
-            sharded = self.stage >= SHARDED_FROM[category]
-            return sum(shard(u, self.n) for u in units) if sharded else sum(units)
-
-        # Weights held whole are stored as they are (a QLoRA base in 4-bit); sharded, at the precision's.
-        weights = (p.param_bytes * held(self.shard_units(), PARAMS) if self.stage >= SHARDED_FROM[PARAMS]
-                   else int(self.w.weight_bytes(p.param_bytes)))
-        return {PARAMS: weights,
-                GRADS: p.grad_bytes * held(self.gradient_units(), GRADS),
-                OPTIMIZER_STATE: p.optimizer_bytes * held(self.trainable_units(), OPTIMIZER_STATE)}
-
-    def persistent_param_bytes(self) -> int:
-        """Weight bytes held whole on every rank although the stage shards weights (never offloaded)."""
-        return 0
+    def resident(self) -> dict[str, int]:
+        """Bytes per category the GPU holds across steps."""
+        return self.states.on_gpu()
 
     def before_forward(self, layer: Layer) -> tuple[int, ...]:
         """Issue what the layer's forward needs (gathers); return the ops it must wait for."""
@@ -347,7 +332,9 @@ class Strategy:
     dataclass built from them that the step reads (``ctx.knobs.bucket_mb``)."""
 
     name: str = ""
+    label: str = ""  # the strategy's name in figures (ZeRO-3)
     summary: str = ""
+    can: Capabilities = Capabilities(stage=0, library=PYTORCH)  # what it can do (capabilities.py)
     knobs: tuple[Knob, ...] = ()
     Step: type[Step] = Step
     Knobs: type = settings_record("Knobs", ())
@@ -356,12 +343,12 @@ class Strategy:
         super().__init_subclass__(**kwargs)
         cls.Knobs = settings_record(f"{cls.__name__}Knobs", cls.knobs, module=cls.__module__)
 
-    def knob_values(self, values: dict[str, Any]) -> Any:
+    def knob_values(self, values: dict[str, object]) -> object:
         """The strategy's typed knobs from checked values (defaults for those missing)."""
         return self.Knobs(**({k.name: k.default for k in self.knobs} | values))
 
     def build(self, ctx: Context) -> Program:
-        return self.Step(ctx).build()
+        return self.Step(ctx, self.can.stage).build()
 
     def validate(self, ctx: Context) -> None:
         """Refuse impossible knob values with one sentence (override to add checks)."""

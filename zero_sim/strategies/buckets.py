@@ -19,12 +19,13 @@ the next layer's backward or the next micro-step's forward, waits for it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from zero_sim.engine.program import ProgramBuilder
-from zero_sim.strategies.base import Alloc, Context, Step, shard
+from zero_sim.strategies.base import Alloc, Context, Step
+from zero_sim.strategies.states import ModelStates, shard
 from zero_sim.system.workload import Layer, Workload
-from zero_sim.vocabulary import ALL_GATHER, BACKWARD, GRADS, OPTIMIZER, PARAMS, opt, wait
+from zero_sim.vocabulary import ALL_GATHER, BACKWARD, OPTIMIZER, opt, wait
 from zero_sim.vocabulary.buckets import bucket_caps, fill_buckets
 
 
@@ -98,24 +99,22 @@ class GradientBuckets:
         return op
 
 
-def flat_bucket_states(step: Step, units: tuple[int, ...]) -> dict[str, int]:
-    """ZeRO-1/2 model states: the formula's, with whatever is held whole (weights; gradients
+def flat_bucket_states(step: Step, units: tuple[int, ...]) -> ModelStates:
+    """ZeRO-1/2 model states: the rule's, with whatever is held whole (weights; gradients
     below stage 2) kept in the buckets' flat buffers, each padded to a multiple of N so that its
     slices are equal (DeepSpeed pads its flat groups for the same reason)."""
-    states = Step.resident(step)
-    padded = sum(shard(u, step.n) * step.n for u in units)
+    states = Step.model_states(step)
     frozen = step.w.weight_bytes(step.p.param_bytes, trainable=False)  # held whole, outside the buckets
-    states[PARAMS] = int(step.p.param_bytes * padded + frozen)
-    if step.stage < 2:
-        states[GRADS] = step.p.grad_bytes * padded
+    states.weights = replace(states.weights, units=units, padded=True, stored_bytes=frozen)
+    states.grads = replace(states.grads, padded=True)
     return states
 
 
 def offload_slice(step: Step, bucket: Bucket, label: str, reduction: int) -> None:
     """ZeRO-Offload: copy this rank's slice of the reduced bucket to the host once it lands."""
-    if step.offload is not None:
-        step.offload.grads_down(label, shard(bucket.numel, step.n), step.p.grad_bytes, (reduction,), BACKWARD,
-                                bucket.ready_after_layer)
+    if step.host_moves is not None:
+        step.host_moves.grads_down(label, shard(bucket.numel, step.n), step.p.grad_bytes, (reduction,),
+                                   BACKWARD, bucket.ready_after_layer)
 
 
 def update_slices_then_gather(step: Step, buckets: GradientBuckets, label) -> None:
@@ -125,14 +124,14 @@ def update_slices_then_gather(step: Step, buckets: GradientBuckets, label) -> No
     Offloaded (ZeRO-Offload), the CPU updates every slice at once after the gradient copies, and
     each updated slice is copied up before its all-gather."""
     by_index = {bucket.index: bucket for bucket in buckets.plan}
-    if step.offload is not None:
-        step.offload.update_on_cpu(sum(shard(by_index[k].numel, step.n) for k in buckets.reductions))
+    if step.host_moves is not None:
+        step.host_moves.update_on_cpu(sum(shard(by_index[k].numel, step.n) for k in buckets.reductions))
     gathers = []
     for k, reduction in buckets.reductions.items():
         bucket, name = by_index[k], label(by_index[k])
-        if step.offload is not None:
-            ready = step.offload.params_up(name, shard(bucket.numel, step.n), step.p.param_bytes, OPTIMIZER,
-                                           bucket.ready_after_layer)
+        if step.host_moves is not None:
+            ready = step.host_moves.params_up(name, shard(bucket.numel, step.n), step.p.param_bytes,
+                                              OPTIMIZER, bucket.ready_after_layer)
         else:
             seconds = step.ctx.compute.optimizer_time(bucket.numel // step.ctx.world_size)
             ready = step.b.compute(opt(name), OPTIMIZER, seconds, layer=bucket.ready_after_layer,

@@ -37,25 +37,26 @@ from __future__ import annotations
 
 from zero_sim.strategies.base import Knob, Step, Strategy
 from zero_sim.strategies.buckets import GradientBuckets
+from zero_sim.strategies.capabilities import PYTORCH, Capabilities
+from zero_sim.strategies.states import ModelStates
 from zero_sim.system.workload import Layer
-from zero_sim.vocabulary import ALL_REDUCE, BUFFERS
+from zero_sim.vocabulary import ALL_REDUCE
 from zero_sim.vocabulary.buckets import DEFAULT_BUCKET_MB, bucket_caps
 
 
 class DDPStep(Step):
     """All-reduce each bucket from the backward hook that fills it (on the last micro-step)."""
 
-    stage = 0
 
     def setup(self) -> None:
         self.buckets = GradientBuckets(self.ctx)
 
-    def resident(self) -> dict[str, int]:
+    def model_states(self) -> ModelStates:
         """Stage 0's replicated states, plus the buckets: a second copy of the gradients unless
-        the gradients are views into them (the formula counts gradients once)."""
-        states = super().resident()
+        the gradients are views into them (the rule counts gradients once)."""
+        states = super().model_states()
         if not self.ctx.knobs.gradient_as_bucket_view:
-            states[BUFFERS] = self.p.grad_bytes * self.w.trainable_params
+            states.buffers = self.p.grad_bytes * self.w.trainable_params
         return states
 
     def after_backward(self, layer: Layer, op: int) -> None:
@@ -78,7 +79,11 @@ class DDPStep(Step):
 
 class DDP(Strategy):
     name = "ddp"
+    label = "DDP"
     summary = "replicate everything; all-reduce gradient buckets during backward"
+    can = Capabilities(stage=0, library=PYTORCH, cannot_place=(
+        "DDP replicates every model state on every GPU and cannot offload them; use --strategy zero2 "
+        "--offload-optimizer cpu (ZeRO-Offload), or zero3 / fsdp"))
     knobs = (
         Knob("bucket_mb", DEFAULT_BUCKET_MB,
              "gradient bucket cap in MiB (torch default 25; first bucket 1 MiB)", gt=0, le=2**20),

@@ -89,9 +89,11 @@ What each collective waits for (torch 2.13.0, ``torch/distributed/fsdp/_runtime_
 
 from __future__ import annotations
 
-from zero_sim.strategies.base import Alloc, Context, Knob, Step, Strategy, StrategyError, shard
+from zero_sim.strategies.base import Alloc, Context, Knob, Step, Strategy, StrategyError
+from zero_sim.strategies.capabilities import FP8_ALL_GATHER, PYTORCH, Capabilities, PlacementRule
+from zero_sim.strategies.float8_gather import unit_gathers
 from zero_sim.strategies.fsdp_units import Unit, wrap_units
-from zero_sim.system.fp8 import FP32_SHARD_BYTES
+from zero_sim.strategies.states import shard
 from zero_sim.system.workload import Layer
 from zero_sim.vocabulary import (
     ALL_GATHER,
@@ -99,12 +101,10 @@ from zero_sim.vocabulary import (
     BACKWARD,
     BUFFERS,
     FORWARD,
-    OPTIMIZER,
     REDUCE_SCATTER,
     copy_in,
     copy_out,
     layer_collective,
-    opt,
     wait,
 )
 
@@ -115,7 +115,6 @@ class FSDPStep(Step):
     """Gather a unit when its first layer computes, free it after its last, reduce-scatter its
     gradients once its backward is done; the optimizer updates the local shard."""
 
-    stage = 3
 
     def setup(self) -> None:
         ctx, p = self.ctx, self.p
@@ -129,12 +128,11 @@ class FSDPStep(Step):
         self.reshard = ctx.knobs.reshard_after_forward
         self.copies = ctx.knobs.copies
         self.units = wrap_units(ctx, ctx.knobs.wrap, ctx.knobs.root)
-        # --fp8-all-gather (zero_sim.system.fp8): float8 linear weights gathered at 1 byte an element.
-        fp8 = ctx.compute.fp8
-        self.fp8 = fp8 if fp8 is not None and fp8.all_gather else None
+        # How a unit's weights travel: at the param dtype, or as a plug-in has them (float8_gather.py).
+        self.travel = unit_gathers(ctx, self.gather_bytes)
         layers = ctx.workload.layers
-        self.gathered = {u.index: (self.fp8.gathered_bytes([layers[i] for i in u.layers], self.gather_bytes)
-                                   if self.fp8 else u.numel * self.gather_bytes) for u in self.units}
+        self.gathered = {u.index: self.travel.nbytes([layers[i] for i in u.layers], u.numel)
+                         for u in self.units}
         self.unit_of = {li: u for u in self.units for li in u.layers}
         self.blocks = [u for u in self.units if not u.is_root]  # forward order
         self.bwd_blocks = list(reversed(self.blocks))
@@ -264,17 +262,17 @@ class FSDPStep(Step):
             self.reduces.append(self.b.collective(
                 ALL_REDUCE, layer_collective(ALL_REDUCE, u.label), shard(numel, self.n) * self.reduce_bytes,
                 BACKWARD, group="inter", stream="comm:inter", layer=u.label, deps=(rs,), after_compute=False))
-        if self.offload is not None:  # CPUOffloadPolicy: the reduced shard is copied to the host
-            self.reduces.append(self.offload.grads_down(u.label, shard(numel, self.n), self.reduce_bytes,
+        if self.host_moves is not None:  # CPUOffloadPolicy: the reduced shard is copied to the host
+            self.reduces.append(self.host_moves.grads_down(u.label, shard(numel, self.n), self.reduce_bytes,
                                                         (self.reduces[-1],), BACKWARD, u.label))
         self.reduced.append((u, self.reduces[-1]))
 
     def optimizer(self) -> None:
         """The local shard of every layer, once the last micro-step's reductions have landed
         (``after_backward``), or unit by unit as each one's reduction lands (``per_unit``); offloaded,
-        on the host's CPU tensors; then, under the float8 all-gather, the next step's weight scales."""
-        if self.offload is not None:  # optimizer.step() on the host's CPU tensors
-            self.offload.update_on_cpu(sum(shard(u.trained, self.n) for u in self.units))
+        on the host's CPU tensors; then whatever the units' way of travelling adds (float8_gather.py)."""
+        if self.host_moves is not None:  # optimizer.step() on the host's CPU tensors
+            self.host_moves.update_on_cpu(sum(shard(u.trained, self.n) for u in self.units))
             return
         if self.ctx.knobs.update == "after_backward":
             updates = self.update_layers(tuple(self.reduces), share=1.0 / self.n)
@@ -283,25 +281,12 @@ class FSDPStep(Step):
             for u, reduced in self.reduced:
                 updates += self.update_layers((reduced,), share=1.0 / self.n,
                                               layers=[self.w.layers[li] for li in u.layers])
-        if self.fp8 is not None:
-            self.precompute_scales(tuple(updates))
-
-    def precompute_scales(self, deps: tuple[int, ...]) -> None:
-        """torchao's ``precompute_float8_dynamic_scale_for_fsdp`` after the update: every float8
-        weight's amax over its fp32 shard (one read of the shards), then one all-reduce of the amaxes
-        over the shard group (zero_sim.system.fp8)."""
-        nbytes, _ = self.fp8.amax_bytes(self.w)
-        shards = sum(shard(self.fp8.linears.weights, self.n) for layer in self.w.layers
-                     if self.fp8.runs_gemms(layer.kind))
-        norm = self.b.compute(opt("amax"), OPTIMIZER, self.ctx.compute.copy_time(shards * FP32_SHARD_BYTES),
-                              deps=deps)
-        self.b.collective(ALL_REDUCE, f"{ALL_REDUCE} amax", nbytes, OPTIMIZER, group=self.group, deps=(norm,))
+        self.travel.after_update(self.b, tuple(updates), self.n, self.group)
 
     # --- gathering ----------------------------------------------------------------------------
 
     def nbytes(self, u: Unit) -> int:
-        """Bytes the unit gathers (and holds gathered): float8 linear weights at 1 byte under
-        ``--fp8-all-gather``, the rest at the param dtype's."""
+        """Bytes the unit gathers (and holds gathered), as the unit's way of travelling says."""
         return self.gathered[u.index]
 
     @staticmethod
@@ -321,8 +306,8 @@ class FSDPStep(Step):
             self.rate_limit(u, phase)
         deps += self.copied_out(phase)
         first_of_forward = phase == FORWARD and not any(p == FORWARD for p, _ in self.gathers)
-        if self.offload is not None:  # CPUOffloadPolicy: the shard is copied up before it is gathered
-            deps += (self.offload.params_up(u.label, shard(u.numel, self.n), self.gather_bytes, phase,
+        if self.host_moves is not None:  # CPUOffloadPolicy: the shard is copied up before it is gathered
+            deps += (self.host_moves.params_up(u.label, shard(u.numel, self.n), self.gather_bytes, phase,
                                             layer=u.label),)
         self.gathers[key] = self.b.collective(
             ALL_GATHER, layer_collective(ALL_GATHER, u.label), self.nbytes(u), phase, group=self.group,
@@ -387,7 +372,10 @@ class FSDPStep(Step):
 
 class FSDP(Strategy):
     name = "fsdp"
+    label = "FSDP"
     summary = "PyTorch FSDP: shard per wrap unit; gather before use, reduce-scatter after backward"
+    can = Capabilities(stage=3, library=PYTORCH, placement=PlacementRule(params="required"),
+                       features=frozenset({FP8_ALL_GATHER}))
     knobs = (
         Knob("wrap", "blocks", "wrap units: 'blocks' (one per block + root), 'none', or layer indices", str),
         Knob("root", "one", "the layers no wrap unit holds: one flat parameter (torch's root unit) or one "

@@ -28,6 +28,8 @@ from zero_sim.strategies.buckets import (
     offload_slice,
     update_slices_then_gather,
 )
+from zero_sim.strategies.capabilities import DEEPSPEED, Capabilities, PlacementRule
+from zero_sim.strategies.states import ModelStates
 from zero_sim.system.workload import Layer
 from zero_sim.vocabulary import ALL_REDUCE, BUFFERS, REDUCE_SCATTER
 from zero_sim.vocabulary.buckets import DEFAULT_BUCKET_MB
@@ -36,7 +38,6 @@ from zero_sim.vocabulary.buckets import DEFAULT_BUCKET_MB
 class ZeRO1Step(Step):
     """Reduce buckets as DDP does; the step updates this rank's slice of each and gathers it."""
 
-    stage = 1
 
     def setup(self) -> None:
         self.buckets = GradientBuckets(self.ctx)
@@ -47,7 +48,7 @@ class ZeRO1Step(Step):
         buckets hold what trains)."""
         return tuple(bucket.numel for bucket in self.buckets.plan)
 
-    def resident(self) -> dict[str, int]:
+    def model_states(self) -> ModelStates:
         return flat_bucket_states(self, self.trainable_units())
 
     def before_forward(self, layer: Layer) -> tuple[int, ...]:
@@ -76,7 +77,9 @@ class ZeRO1Step(Step):
 
 class ZeRO1(Strategy):
     name = "zero1"
+    label = "ZeRO-1"
     summary = "shard optimizer state; reduce gradients as DDP; all-gather updated weights"
+    can = Capabilities(stage=1, library=DEEPSPEED, placement=PlacementRule(params="never"))
     knobs = (
         Knob("bucket_mb", DEFAULT_BUCKET_MB, "gradient bucket cap in MiB", gt=0, le=2**20),
         Knob("zero1_reduce", "reduce_scatter", "how gradient buckets are reduced", str,

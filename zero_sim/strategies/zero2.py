@@ -40,6 +40,8 @@ from zero_sim.strategies.buckets import (
     offload_slice,
     update_slices_then_gather,
 )
+from zero_sim.strategies.capabilities import DEEPSPEED, Capabilities, PlacementRule
+from zero_sim.strategies.states import ModelStates
 from zero_sim.system.workload import Layer
 from zero_sim.vocabulary import BUFFERS, REDUCE_SCATTER
 from zero_sim.vocabulary.buckets import DEFAULT_BUCKET_MB
@@ -48,7 +50,6 @@ from zero_sim.vocabulary.buckets import DEFAULT_BUCKET_MB
 class ZeRO2Step(Step):
     """ZeRO-1's step with reduce-scatters that free the unsharded gradients, launched per ``zero2_launch``."""
 
-    stage = 2
 
     def setup(self) -> None:
         knobs = self.ctx.knobs
@@ -62,7 +63,7 @@ class ZeRO2Step(Step):
         trains)."""
         return tuple(bucket.numel for bucket in self.buckets.plan)
 
-    def resident(self) -> dict[str, int]:
+    def model_states(self) -> ModelStates:
         return flat_bucket_states(self, self.trainable_units())
 
     def label(self, bucket: Bucket) -> str:
@@ -120,7 +121,9 @@ class ZeRO2Step(Step):
 
 class ZeRO2(Strategy):
     name = "zero2"
+    label = "ZeRO-2"
     summary = "shard optimizer state and gradients; reduce-scatter gradients, all-gather weights"
+    can = Capabilities(stage=2, library=DEEPSPEED, placement=PlacementRule(params="never"))
     knobs = (
         Knob("bucket_mb", DEFAULT_BUCKET_MB, "reduce bucket cap in MiB (first bucket 1 MiB at the default); "
              "0 = one reduce-scatter per tensor", ge=0, le=2**20),

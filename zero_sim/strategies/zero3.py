@@ -45,8 +45,8 @@ the defaults are ``config.py``'s, ``DeepSpeedZeroConfig``):
   allocator hands the block out again once that stream has passed).  Here a gather starts no
   earlier than the compute whose release last freed gathered memory (``freed_room``): what is
   gathered at once is the current layer plus the prefetch window, not the whole model.
-* **persistence** (``parameter_offload.py``, ``persistence_threshold`` in ``DeepSpeedZeRoOffload``):
-  tensors of at most
+* **persistence** (``persistence_threshold``, read by the parameter coordinator's constructor,
+  ``DeepSpeedZeRoOffload.__init__`` in ``parameter_offload.py``): tensors of at most
   ``param_persistence_threshold`` elements stay whole on every rank and are never gathered.
 * **reduce** (``stage3.py``, ``reduce_independent_p_g_buckets_and_remove_grads`` and
   ``__add_grad_to_ipg_bucket``): gradients are copied into a resident bucket
@@ -61,8 +61,8 @@ the defaults are ``config.py``'s, ``DeepSpeedZeroConfig``):
 What each collective waits for (``overlap_comm``, default True for stage 3, ``config.py``,
 ``DeepSpeedZeroConfig.overlap_comm_valid``):
 
-* an all-gather runs from DeepSpeed's allgather stream (``parameter_offload.py``,
-  ``DeepSpeedZeRoOffload.__init__``; ``partitioned_param_coordinator.py``, ``__all_gather_params``),
+* an all-gather runs from DeepSpeed's allgather stream (the parameter coordinator's constructor;
+  ``partitioned_param_coordinator.py``, ``__all_gather_params``),
   which never waits on the compute
   stream: it waits only for the collectives ahead of it on the process group's stream.  The
   first gather of a forward still follows the optimizer: ``_post_step`` all-gathers the
@@ -73,8 +73,8 @@ What each collective waits for (``overlap_comm``, default True for stage 3, ``co
   ``__add_grad_to_ipg_bucket``): it follows the backward that produced that gradient, not
   the compute issued since.
 * with ``overlap_comm`` off both streams are the compute stream itself (``stage3.py``,
-  ``DeepSpeedZeroOptimizer_Stage3.__init__``; ``parameter_offload.py``,
-  ``DeepSpeedZeRoOffload.__init__``): every collective follows the compute
+  ``DeepSpeedZeroOptimizer_Stage3.__init__``; the parameter coordinator's constructor): every
+  collective follows the compute
   before it, and the compute after a reduce-scatter waits for it.
 
 What the Amazon Science article 'Making DeepSpeed ZeRO run efficiently on more-affordable
@@ -95,58 +95,40 @@ hardware' changed, each a knob here (with a ``--no-`` form):
 default there is no cap and DeepSpeed's element limits alone decide.  Gathered weights,
 gradients waiting for their reduction and the reduce bucket count as ``buffers``.
 
-ZeRO++ (``zero_quantized_weights``, ``zero_hpz_partition_size``, ``zero_quantized_gradients``,
-DeepSpeed's keys) changes the gathers, the releases and the reductions above; the piece that
-does it is :mod:`zero_sim.strategies.zeropp`, its model :mod:`zero_sim.system.zeropp`
-(docs/zeropp.md).
+*How* the bytes travel is asked of the build's transfers (:mod:`zero_sim.strategies.transfers`):
+plain all-gathers and reduce-scatters, or those of a feature the strategy accepts and the settings
+turn on (:mod:`zero_sim.strategies.features`), which may change the gathers, the releases, the
+reductions and the update.  This module decides *when*.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import replace
 
-from zero_sim.strategies.base import Alloc, Context, Knob, Step, Strategy, shard
-from zero_sim.strategies.zeropp import ZEROPP_KNOBS, ZeroPlusPlus, refuse_zeropp
+from zero_sim.strategies.base import Alloc, Context, Knob, Step, Strategy
+from zero_sim.strategies.capabilities import DEEPSPEED, ZEROPP, Capabilities, PlacementRule
+from zero_sim.strategies.features import feature_knobs, refuse_features, transfers
+from zero_sim.strategies.states import ModelStates
+from zero_sim.strategies.transfers import Bucket, Key, ShardedWeights
 from zero_sim.system.workload import Layer
 from zero_sim.vocabulary import (
-    ALL_GATHER,
     BACKWARD,
     BUFFERS,
     COMM,
     FORWARD,
-    OPTIMIZER,
-    PARAMS,
-    REDUCE_SCATTER,
     fetch,
-    layer_collective,
     wait,
 )
 
-Key = tuple[int, int]  # a partitioned tensor: (layer that owns it, its index in that layer)
 MAX_ONGOING_FETCH_EVENTS = 2  # partitioned_param_coordinator.py, __max_ongoing_fetch_events
 MAX_PARAM_REDUCE_EVENTS = 2  # stage3.py, __max_param_reduce_events
-
-
-@dataclass
-class Bucket:
-    """DeepSpeed's reduce (ipg) bucket: gradients waiting for one reduce-scatter."""
-
-    sizes: list[int] = field(default_factory=list)
-    names: list[str] = field(default_factory=list)  # each gradient's tensor (qgZ reduces 1-D ones apart)
-    oversize_bytes: int = 0  # gradients too big to be copied in, reduced from their own memory
-    last_op: int | None = None  # the backward that produced the last gradient added
-
-    @property
-    def elements(self) -> int:
-        return sum(self.sizes)
 
 
 class ZeRO3Step(Step):
     """Fetch each layer before it computes (prefetching by DeepSpeed's element limits), release it
     unless reused soon, reduce-scatter gradients in buckets; the optimizer updates the local slice."""
 
-    stage = 3
 
     def setup(self) -> None:
         ctx, w = self.ctx, self.w
@@ -167,9 +149,13 @@ class ZeRO3Step(Step):
         self.kept = [self.kept_after(pos) for pos in range(len(self.trace))]
         self.issued: list[int] = []  # every comm op of every micro-step so far: what a coarse sync waits for
         self.reduces: list[int] = []  # every micro-step's reduce-scatters: what the optimizer waits for
-        self.pp = ZeroPlusPlus(self)
-        self.released: list[Key] = []  # what the last release freed (hpZ copies it first)
-        self.room: tuple[int, ...] = ()  # the compute whose release last freed gathered memory
+        self.released: list[Key] = []  # what the last release freed (a feature may act on it)
+
+    def __init__(self, ctx: Context, stage: int = 0):
+        super().__init__(ctx, stage)
+        # How this build's bytes travel: plainly, or as a feature the settings turn on has them.
+        self.shared = ShardedWeights(self.b, ctx, self.n, self.size, self.persistent, self.host_moves)
+        self.moves = transfers(self.shared)
 
     def gathered_keys(self, layer: Layer) -> list[Key]:
         """The partitioned tensors ``layer`` uses: its own, plus any it reads (tied weights)."""
@@ -197,14 +183,14 @@ class ZeRO3Step(Step):
             traversed += self.module_numel(li)
         return kept
 
-    def resident(self) -> dict[str, int]:
+    def model_states(self) -> ModelStates:
         """Stage 3's shards, except that persistent tensors are held whole on every rank (only the
         rest of the weights is sharded); plus the reduce bucket, allocated once (stage3.py,
         DeepSpeedZeroOptimizer_Stage3.__init__)."""
-        states = super().resident()
-        psi, n, persistent = self.w.params, self.n, self.persistent
-        states[PARAMS] += self.p.param_bytes * (persistent + shard(psi - persistent, n) - shard(psi, n))
-        states[BUFFERS] = states.get(BUFFERS, 0) + self.cap * self.p.grad_bytes
+        states = super().model_states()
+        sharded = self.w.params - self.persistent
+        states.weights = replace(states.weights, units=(sharded,), whole=self.persistent)
+        states.buffers = self.cap * self.p.grad_bytes
         return states
 
     # --- a micro-step: forward, backward, reductions ------------------------------------------
@@ -269,7 +255,7 @@ class ZeRO3Step(Step):
 
     def after_forward(self, layer: Layer, op: int) -> None:
         self.freed_room(op)
-        self.pp.released(self.released, layer.index, FORWARD)
+        self.moves.released(self.released, layer.index, FORWARD)
 
     def freed_room(self, op: int) -> None:
         """The memory a release frees is handed to a later gather only once the compute that used it
@@ -277,12 +263,12 @@ class ZeRO3Step(Step):
         so the caching allocator reuses the block after that compute.  Gathers issued from here on
         start after ``op``: what is gathered at once stays the window DeepSpeed counts."""
         if self.released:
-            self.room = (op,)
+            self.shared.room = (op,)
 
     def after_backward(self, layer: Layer, op: int) -> None:
         """Each gradient goes into the bucket; one that would overflow it first reduces the bucket."""
         self.freed_room(op)
-        self.pp.released(self.released, layer.index, BACKWARD)
+        self.moves.released(self.released, layer.index, BACKWARD)
         for t in reversed(layer.tensors):
             if t.numel == 0 or not t.trainable:  # a frozen weight has no gradient to reduce
                 continue
@@ -304,24 +290,9 @@ class ZeRO3Step(Step):
             oldest = self.reduce_events.popleft()
             self.b.sync(wait(self.b.program.ops[oldest].name), BACKWARD, (oldest,))
         sizes = [bucket.elements] if self.batch else bucket.sizes
-        name = f"{REDUCE_SCATTER} B{self.buckets}"
-        self.buckets += 1
         layer = self.b.program.ops[bucket.last_op].layer
-        ops = []
-        if self.pp.reduces():  # qgZ: each tensor by quantized all-to-alls (zeropp.py)
-            sizes = []
-            oversize = ((BUFFERS, bucket.oversize_bytes),) if bucket.oversize_bytes else ()
-            ops = self.pp.reduce(bucket.sizes, bucket.names, self.buckets - 1, layer, (bucket.last_op,),
-                                 oversize, not self.overlap)
-        for k, size in enumerate(sizes):
-            last = k == len(sizes) - 1
-            free = ((BUFFERS, bucket.oversize_bytes),) if bucket.oversize_bytes and last else ()
-            ops.append(self.b.collective(REDUCE_SCATTER, name, size * self.p.grad_bytes, BACKWARD,
-                                         layer=layer, deps=(bucket.last_op,), free=free,
-                                         after_compute=not self.overlap))
-        if self.offload is not None:  # ZeRO-Offload: each reduced slice goes to the host's fp32 buffer
-            ops = [self.offload.grads_down(name.split()[-1], shard(size, self.n), self.p.grad_bytes, (op,),
-                                           BACKWARD, layer) for op, size in zip(ops, sizes, strict=True)]
+        ops = self.moves.reduce(bucket, self.buckets, layer, sizes, not self.overlap)
+        self.buckets += 1
         self.reduce_events.append(ops[-1])
         self.micro_reduces += ops
         self.reduces += ops
@@ -331,21 +302,8 @@ class ZeRO3Step(Step):
 
     def optimizer(self) -> None:
         """The local ``1/N`` of every layer, once every reduce-scatter has landed; nothing to gather
-        afterwards (the next forward does).  Offloaded, the CPU updates the slice once its gradients
-        are on the host; the updated weights are copied up unless they live on the host
-        (``offload_param``: each gather copies them up)."""
-        if self.offload is None:
-            self.update_layers(tuple(self.reduces), share=1.0 / self.n)
-        else:
-            self.offload.update_on_cpu(shard(self.w.trainable_params, self.n))
-            if not self.offload.params:
-                sharded = shard(self.w.params - self.persistent, self.n)
-                up = self.offload.params_up("params", sharded, self.p.param_bytes, OPTIMIZER)
-                self.b.sync(wait(self.b.program.ops[up].name), OPTIMIZER, (up,))
-        self.pp.step_end()
-
-    def persistent_param_bytes(self) -> int:
-        return self.p.param_bytes * self.persistent
+        afterwards (the next forward does).  Where the update runs is the transfers' to say."""
+        self.moves.optimizer(tuple(self.reduces), self.update_layers)
 
     # --- fetching ----------------------------------------------------------------------------
 
@@ -359,7 +317,7 @@ class ZeRO3Step(Step):
         if missing:
             self.gather(missing)
         own = tuple(dict.fromkeys(self.available[key] for key in self.uses[li]))
-        self.pp.dequantize(own, phase, li)
+        self.moves.ready(own, phase, li)
         self.throttle(li)
         while self.next_in_queue < len(self.queue) and self.queue[self.next_in_queue][0] <= self.pos:
             self.next_in_queue += 1
@@ -414,28 +372,12 @@ class ZeRO3Step(Step):
             # which follows the optimizer; every other one waits on no compute (overlap_comm).
             after_compute = not self.overlap or self.first_gather
             self.first_gather = False
-            for part, op in self.calls(group, after_compute):
+            for part, op in self.moves.gather(group, self.phase, after_compute):
                 for key in part:
                     self.available[key] = op
                     self.inflight.add(key)
                     self.n_available += self.size[key]
                 self.issued.append(op)
-
-    def calls(self, group: list[Key], after_compute: bool) -> list[tuple[list[Key], int]]:
-        """One all-gather of ``group`` among all ranks; ZeRO++ may split and shrink it (zeropp.py).
-        With ``offload_param`` the rank's slice is copied up from the host first."""
-        if self.pp.parts.on:
-            return self.pp.gather(group, self.phase, after_compute)
-        nbytes = sum(self.size[key] for key in group) * self.p.param_bytes
-        deps = self.room  # its buffer is memory an earlier release freed (freed_room)
-        if self.offload is not None and self.offload.params:
-            elements = sum(shard(self.size[key], self.n) for key in group)
-            deps = (self.offload.params_up(group[0][0], elements, self.p.param_bytes, self.phase,
-                                           layer=group[0][0], deps=deps),)
-        op = self.b.collective(ALL_GATHER, layer_collective(ALL_GATHER, group[0][0]), nbytes, self.phase,
-                               layer=group[0][0], deps=deps, alloc=((BUFFERS, nbytes),),
-                               after_compute=after_compute)
-        return [(group, op)]
 
     def note(self) -> str:
         decided = "precomputed" if self.ctx.knobs.precomputed_fetch else "made in Python per layer"
@@ -443,13 +385,15 @@ class ZeRO3Step(Step):
                 f"{'batched' if self.batch else 'per-tensor'} collectives, "
                 f"{'fine-grained' if self.fine else 'whole-stream'} sync, "
                 f"fetch decisions {decided}")
-        parts = self.pp.parts.describe(self.ctx.nodes, self.w.params - self.persistent, self.p.param_bytes)
-        return note + (f"; ZeRO++ {parts}" if parts else "")
+        return note + self.moves.describe()
 
 
 class ZeRO3(Strategy):
     name = "zero3"
+    label = "ZeRO-3"
     summary = "shard weights, gradients and optimizer state; all-gather each layer before use"
+    can = Capabilities(stage=3, library=DEEPSPEED, features=frozenset({ZEROPP}),
+                       placement=PlacementRule(params="with_optimizer", nvme=True))
     knobs = (
         Knob("prefetch", None, "cap on layers a prefetch reaches ahead (default: none, DeepSpeed's element "
              "limits decide; 0: no prefetch)", int, ge=0, le=100_000),
@@ -470,8 +414,8 @@ class ZeRO3(Strategy):
         Knob("precomputed_fetch", True, "fetch decisions computed once, not in Python every layer", bool),
         Knob("fetch_decision_us", 500.0,
              "host time per layer per pass when fetch decisions are not precomputed", ge=0, le=1e6),
-    ) + ZEROPP_KNOBS
+    ) + feature_knobs(can)
     Step = ZeRO3Step
 
     def validate(self, ctx: Context) -> None:
-        refuse_zeropp(ctx)
+        refuse_features(ctx, self.can)

@@ -1,6 +1,6 @@
-"""ZeRO++ inside ZeRO-3's step: the piece :class:`~zero_sim.strategies.zero3.ZeRO3Step` composes
-when any of ``zero_quantized_weights``, ``zero_hpz_partition_size`` or
-``zero_quantized_gradients`` is on.
+"""ZeRO++, a plug-in of the transfers (:mod:`zero_sim.strategies.transfers`): how ZeRO-3's bytes
+travel when any of ``zero_quantized_weights``, ``zero_hpz_partition_size`` or
+``zero_quantized_gradients`` is on, with its settings (:data:`ZEROPP_KNOBS`) and refusals.
 
 What each part sends, computes and holds is :mod:`zero_sim.system.zeropp` (with its sources);
 this module places it in the step, where DeepSpeed's stage 3 does:
@@ -8,12 +8,12 @@ this module places it in the step, where DeepSpeed's stage 3 does:
 * a weight all-gather (``gather``) runs over all ranks, or over the secondary partition's
   ``k`` ranks for weights that have a secondary copy; with qwZ it is two all-gathers (int8
   data, then fp32 scales), the quantize kernel charged to the data's on its stream;
-* the first wait on a quantized gather (``dequantize``) dequantizes the whole call's buffer on
+* the first wait on a quantized gather (``ready``) dequantizes the whole call's buffer on
   the compute stream before the layer computes (``AllGatherCoalescedHandle.wait``);
 * releasing a gathered layer (``released``) first copies its slice into the secondary
   partition (hpZ), on the compute stream, and the host waits for it
   (``current_stream().synchronize()`` in ``_partition_param_sec``); the copies are dropped
-  after the optimizer (``step_end``, ``invalidate_secondary_tensor``);
+  after the optimizer (``optimizer``, ``invalidate_secondary_tensor``);
 * a reduce bucket (``reduce``) under qgZ on several nodes: each gradient tensor in turn, its
   four all-to-alls with the quantization kernels on the reduce stream, or a reduce-scatter of
   that tensor alone where DeepSpeed falls back to one.
@@ -24,9 +24,8 @@ qgZ's working buffers in ``buffers``.
 
 from __future__ import annotations
 
-from typing import Any
-
 from zero_sim.strategies.base import Context, Knob, StrategyError
+from zero_sim.strategies.transfers import Bucket, Key, ShardedWeights, WeightTransfers
 from zero_sim.system.zeropp import (
     ZeroPP,
     check,
@@ -53,8 +52,6 @@ from zero_sim.vocabulary import (
     wait,
 )
 
-Key = tuple[int, int]
-
 # ZeRO-3's knobs for ZeRO++, named as DeepSpeed's zero_optimization keys.
 ZEROPP_KNOBS = (
     Knob("zero_quantized_weights", False, "ZeRO++ qwZ: weight all-gathers in int8 with fp32 block scales "
@@ -75,21 +72,29 @@ def refuse_zeropp(ctx: Context) -> None:
         raise StrategyError(refusal)
 
 
-class ZeroPlusPlus:
-    """ZeRO++'s changes to one build of a ZeRO-3 step (``step`` is the ZeRO3Step)."""
+class ZeroPlusPlus(WeightTransfers):
+    """ZeRO++'s ways for one build of a ZeRO-3 step: quantized and hierarchical gathers, hpZ's
+    secondary copies, qgZ's reductions; the rest is the plain transfers'."""
 
-    def __init__(self, step: Any):
-        self.step = step
-        ctx = step.ctx
-        self.parts = ZeroPP.from_knobs(ctx.knobs)
-        self.r = ctx.gpus_per_node
+    def __init__(self, s: ShardedWeights):
+        super().__init__(s)
+        self.parts = ZeroPP.from_knobs(s.ctx.knobs)
+        self.r = s.ctx.gpus_per_node
         k = self.parts.hpz
         self.hpz_group = "intra" if k == self.r else f"intra:{k}"
         self.secondary: set[Key] = set()  # weights with a secondary copy, until the optimizer drops them
         self.secondary_bytes = 0
         self.quantized: dict[int, tuple[int, float]] = {}  # gather op -> (elements, int8 + scale bytes)
-        shape = step.w.shape
-        self.width = getattr(shape, "d_model", None)
+        self.width = getattr(s.w.shape, "d_model", None)
+
+    @classmethod
+    def applies(cls, ctx: Context) -> bool:
+        return ZeroPP.from_knobs(ctx.knobs).on
+
+    def describe(self) -> str:
+        s = self.s
+        parts = self.parts.describe(s.ctx.nodes, s.w.params - s.persistent, s.p.param_bytes)
+        return f"; ZeRO++ {parts}" if parts else ""
 
     # --- gathers ----------------------------------------------------------------------------
 
@@ -100,14 +105,14 @@ class ZeroPlusPlus:
         without = [key for key in keys if key not in self.secondary]
         calls = []
         for part, group, ranks in ((with_copy, self.hpz_group, self.parts.hpz),
-                                   (without, "world", self.step.n)):
+                                   (without, "world", self.s.n)):
             if part:
                 calls.append((part, self._call(part, group, ranks, phase, after_compute)))
                 after_compute = False
         return calls
 
     def _call(self, keys: list[Key], group: str, ranks: int, phase: str, after_compute: bool) -> int:
-        s, b, pb = self.step, self.step.b, self.step.p.param_bytes
+        s, b, pb = self.s, self.s.b, self.s.p.param_bytes
         numel = sum(s.size[key] for key in keys)
         layer = keys[0][0]
         name = layer_collective(ALL_GATHER, layer)
@@ -125,10 +130,10 @@ class ZeroPlusPlus:
         self.quantized[op] = (numel, data + scales)
         return op
 
-    def dequantize(self, ops: tuple[int, ...], phase: str, layer: int) -> None:
+    def ready(self, ops: tuple[int, ...], phase: str, layer: int) -> None:
         """The first wait on a quantized call dequantizes its whole buffer on the compute stream,
         allocating the weights and freeing the int8 buffer."""
-        s = self.step
+        s = self.s
         for op in ops:
             if op not in self.quantized:
                 continue
@@ -147,7 +152,7 @@ class ZeroPlusPlus:
         new = [key for key in keys if key not in self.secondary]
         if not new:
             return
-        s, pb = self.step, self.step.p.param_bytes
+        s, pb = self.s, self.s.p.param_bytes
         nbytes = sum(secondary_numel(s.size[key], self.parts.hpz) for key in new) * pb
         self.secondary.update(new)
         self.secondary_bytes += nbytes
@@ -155,26 +160,36 @@ class ZeroPlusPlus:
                          alloc=((PARAMS, nbytes),))
         s.b.sync(wait(secondary(layer)), phase, (op,))
 
-    def step_end(self) -> None:
-        """After the optimizer the secondary copies are stale and dropped (freed when the host drops them)."""
+    def optimizer(self, reduces: tuple[int, ...], update) -> None:
+        """The update; after it the secondary copies are stale and dropped (freed when the host drops
+        them)."""
+        super().optimizer(reduces, update)
         if self.secondary_bytes:
-            self.step.b.sync(wait("secondary partition dropped"), OPTIMIZER, (), host_s=0.0,
-                             free=((PARAMS, self.secondary_bytes),))
+            self.s.b.sync(wait("secondary partition dropped"), OPTIMIZER, (), host_s=0.0,
+                          free=((PARAMS, self.secondary_bytes),))
         self.secondary, self.secondary_bytes = set(), 0
 
     # --- qgZ ------------------------------------------------------------------------------------
 
-    def reduces(self) -> bool:
-        """Whether qgZ replaces the bucket's reduce-scatter: on, and more than one node."""
-        return self.parts.quantized_gradients and self.step.n > self.r
+    def reduce(self, bucket: Bucket, index: int, layer: int, sizes: list[int],
+               after_compute: bool) -> list[int]:
+        """qgZ on more than one node: each gradient tensor of the bucket in turn
+        (``all_to_all_quant_reduce``); gradients reduced from their own memory go with the last op."""
+        if not (self.parts.quantized_gradients and self.s.n > self.r):
+            return super().reduce(bucket, index, layer, sizes, after_compute)
+        oversize = ((BUFFERS, bucket.oversize_bytes),) if bucket.oversize_bytes else ()
+        calls = self._quantized_calls(bucket, index)
+        if calls:
+            calls[-1]["free"] = calls[-1]["free"] + oversize
+        return [self.s.b.collective(c.pop("kind"), c.pop("name"), c.pop("nbytes"), BACKWARD, layer=layer,
+                                    deps=(bucket.last_op,), after_compute=after_compute, **c) for c in calls]
 
-    def reduce(self, sizes: list[int], names: list[str], index: int, layer: int, deps: tuple[int, ...],
-               free: tuple, after_compute: bool) -> list[int]:
-        """Each gradient tensor of a bucket in turn (``all_to_all_quant_reduce``); ``free`` (gradients
-        reduced from their own memory) goes to the last op."""
-        s, gb = self.step, self.step.p.grad_bytes
+    def _quantized_calls(self, bucket: Bucket, index: int) -> list[dict]:
+        """Each tensor's four all-to-alls with their kernels, or a reduce-scatter of that tensor alone
+        where DeepSpeed falls back to one."""
+        s, gb = self.s, self.s.p.grad_bytes
         calls: list[dict] = []
-        for numel, tensor in zip(sizes, names, strict=True):
+        for numel, tensor in zip(bucket.sizes, bucket.names, strict=True):
             hops = () if is_vector(tensor) else quantized_reduction(numel, s.n, self.r, gb, self.width)
             if not hops:  # DeepSpeed's fallback: this tensor alone, reduce-scattered as without qgZ
                 calls.append(dict(kind=REDUCE_SCATTER, name=bucket_collective(REDUCE_SCATTER, index),
@@ -187,7 +202,4 @@ class ZeroPlusPlus:
                                   seconds=s.ctx.compute.elementwise_time(hop.kernel_bytes),
                                   alloc=((BUFFERS, work),) if i == 0 else (),
                                   free=((BUFFERS, work),) if i == len(hops) - 1 else ()))
-        if calls:
-            calls[-1]["free"] = calls[-1]["free"] + tuple(free)
-        return [s.b.collective(c.pop("kind"), c.pop("name"), c.pop("nbytes"), BACKWARD, layer=layer,
-                               deps=deps, after_compute=after_compute, **c) for c in calls]
+        return calls

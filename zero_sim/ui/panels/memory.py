@@ -17,7 +17,7 @@ from zero_sim.ui.figure import FIGURE_WIDTH, Figure
 from zero_sim.ui.panel import Panel
 from zero_sim.ui.plots import MEMORY_COLORS, legend_beside
 from zero_sim.vocabulary import GRADS, OPTIMIZER_STATE, PARAMS
-from zero_sim.vocabulary.model_states import model_state_bytes
+from zero_sim.vocabulary.model_states import model_state_bytes, sharded
 
 STAGE_NAMES = ("DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3")
 
@@ -29,7 +29,7 @@ GPU_COUNTS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
 
 def comm_volume_elements(psi: float, stage: int) -> float:
     """Elements each rank sends and receives per step: 2 Psi for DDP and stages 1-2, 3 Psi for stage 3."""
-    return (3 if stage == 3 else 2) * psi
+    return (3 if sharded(stage, PARAMS) else 2) * psi
 
 
 def _stage_bytes(psi: float, n: int, stage: int, k: float) -> dict[str, float]:
@@ -102,7 +102,8 @@ class MemoryCalculator(Panel):
         name = STAGE_NAMES[r["stage"]]
         fits = ("<span style='color:#2e7d32'><b>fits</b></span>" if r["fits"] else
                 "<span style='color:#c62828'><b>does not fit</b></span>")
-        vol = "3&Psi;" if r["stage"] == 3 else "2&Psi;"
+        weights_move = sharded(r["stage"], PARAMS)  # gathered before use: a third Psi on the wire
+        vol = "3&Psi;" if weights_move else "2&Psi;"
         self.summary.value = (
             f"<div style='line-height:1.6'>With <b>{name}</b>, each of the {r['gpus']} GPUs holds "
             f"<b>{format_gb(r['params_bytes'])}</b> of parameters + <b>{format_gb(r['grads_bytes'])}</b> "
@@ -111,7 +112,7 @@ class MemoryCalculator(Panel):
             f"{self.controls['gpu'].value} ({format_gb(r['capacity_bytes'])}) before a single activation "
             f"is stored.<br>"
             f"Each GPU sends and receives about {vol} = {r['comm_volume_bytes'] / GB:.1f} GB per step "
-            f"(bf16 gradients{'' if r['stage'] < 3 else ' and parameters'}).</div>")
+            f"(bf16 gradients{' and parameters' if weights_move else ''}).</div>")
         fig = self.figure
         fig.clear()
         ax = fig.axes[0]
