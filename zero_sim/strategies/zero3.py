@@ -36,15 +36,12 @@ the defaults are ``config.py``'s, ``DeepSpeedZeroConfig``):
   tensor the host records an
   event on the allgather stream; with more than two outstanding it blocks on the oldest.  That
   event follows the gather, not the compute, so it does not bound what is gathered ahead.
-* **the gather window** (what bounds memory): DeepSpeed counts gathered elements on the host
-  (``__n_available_params``: raised in ``__all_gather_params_``, lowered in ``__release_param``),
-  and the prefetch budget above is ``max_live_params`` minus that count.  The host runs ahead of
-  the GPU, so that count is kept in host order; the GPU keeps to it because a released tensor's
-  memory is reused only after the compute that used it (``free_param`` in
-  ``partition_parameters.py`` calls ``record_stream`` on the compute stream, and the caching
-  allocator hands the block out again once that stream has passed).  Here a gather starts no
-  earlier than the compute whose release last freed gathered memory (``freed_room``): what is
-  gathered at once is the current layer plus the prefetch window, not the whole model.
+* **the gather window** (what bounds memory; docs/memory.md): the prefetch budget above is
+  ``max_live_params`` minus the elements gathered (``__n_available_params``, counted on the host).
+  The GPU keeps to that count because a released tensor's memory is reused only after the compute
+  that used it (``free_param``, ``partition_parameters.py``, ``record_stream`` on the compute
+  stream), so here a gather starts after the compute whose release last freed gathered memory
+  (``freed_room``): the layer computing plus the prefetch window, not the whole model.
 * **persistence** (``persistence_threshold``, read by the parameter coordinator's constructor,
   ``DeepSpeedZeRoOffload.__init__`` in ``parameter_offload.py``): tensors of at most
   ``param_persistence_threshold`` elements stay whole on every rank and are never gathered.
