@@ -103,7 +103,8 @@ COMMON: tuple[Setting, ...] = (
             "a named codebase runs (see `zero-sim stacks`; CPU ranks default to ideal); settings given "
             "explicitly win", str, section="training"),
     Setting("attention", None, "attention kernel: flash (FlashAttention-2 / SDPA: no s x s "
-            "scores kept), flash1 (FlashAttention v1 or its Triton port: as flash, slower) or eager "
+            "scores kept), flash1 (FlashAttention v1 or its Triton port: as flash, slower), cudnn "
+            "(cuDNN's fused attention as Transformer Engine runs it: as flash, faster on Hopper) or eager "
             "(softmax over materialized scores); default: the stack's", str, ATTENTION_IMPLS,
             section="workload"),
     Setting("elementwise", None, "norms and rotary embeddings: fused (one HBM round trip "
@@ -172,6 +173,8 @@ COMMON: tuple[Setting, ...] = (
 SHAPE_SETTINGS = {"layers": "n_layer", "hidden": "d_model", "heads": "n_head", "kv_heads": "kv_heads",
                   "ffn_hidden": "ffn_hidden", "vocab": "vocab"}
 COMMON_NAMES = {s.name for s in COMMON}
+# The strategy simulated when none is named: the schema's one default, read where a panel starts.
+DEFAULT_STRATEGY = next(s.default for s in COMMON if s.name == "strategy")
 
 
 
