@@ -56,8 +56,9 @@ def _dtype(nbytes: int) -> str:
 
 
 def precision_note(s: CommonSettings, p: Precision) -> str | None:
-    """The dtypes assumed, in one line, when the mode or a setting moves them off ``mixed``'s."""
-    if s.precision == "mixed" and s.reduce_dtype is None and s.grad_accum_dtype is None:
+    """The dtypes assumed, in one line, under ``amp`` or when a setting moves one off its mode's
+    (the other modes' dtypes are their names')."""
+    if p.compute_bytes is None and s.reduce_dtype is None and s.grad_accum_dtype is None:
         return None
     if p.compute_bytes is not None:
         weights = (f"{_dtype(p.param_bytes)} weights cast to {_dtype(p.compute_bytes)} by autocast before "
