@@ -43,6 +43,7 @@ from zero_sim.calibration.from_traces import calibration_from_traces
 from zero_sim.published.fit import refit, write_fit
 from zero_sim.published.report import format_report, published_report, report_json
 from zero_sim.system.run_overheads import FIT_FILE
+from zero_sim.vocabulary.files import check_named_output
 
 
 def _calibrate_args(cal) -> None:
@@ -136,6 +137,7 @@ def _from_traces(args) -> int:
 
 
 def _calibrate(args) -> int:
+    check_named_output(args.out)  # before measuring: a bad path is refused at once
     if args.from_trace:
         if args.nccl_tests:
             raise cli.UsageError("--from-trace and --nccl-tests are two sources of one calibration; give one")
@@ -245,6 +247,8 @@ def _validate(args) -> int:
     if args.points is not None:
         raise v.ValidationError("--points names published measurements to predict; give --published too")
     say = (lambda line: print(line, file=sys.stderr)) if args.json else print
+    if args.report:
+        check_named_output(args.report, directory=True)
     if args.device == "cuda":
         cases, sample = _gpu_cases(args)
     else:

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import ast
-import importlib.util
+import functools
+import importlib
 import signal
 from pathlib import Path
 
@@ -13,18 +14,28 @@ DATA = Path(__file__).parent / "data"
 
 # The simulator's tests run where only the simulator is installed (`pip install .`): the
 # real runs and the bridge need torch (`.[real]`), the panels and notebooks JupyterLab and
-# widgets (`.[lab]`).  A test file is not collected when a module it imports at its top needs
-# what is missing; the rule reads each file's imports, so a new test file cannot slip past it.
+# widgets (`.[lab]`).  A test file whose top-level imports need what cannot be imported here is
+# skipped, with the reason, instead of failing at collection; the rule reads each file's
+# imports, so a new test file cannot slip past it.
 NEEDS = {"torch": "torch", "real_runs": "torch", "sim2real": "torch", "real_runs_helpers": "torch",
          "ipywidgets": "ipywidgets", "ipympl": "ipywidgets", "zero_sim.ui": "ipywidgets",
          "nbclient": "nbclient", "playwright": "playwright", "hta": "hta"}
 
 
-def installed(module: str) -> bool:
+@functools.cache
+def why_not_importable(module: str) -> str | None:
+    """None when ``module`` imports here; else why not, in words.  Importing is the only test:
+    a package can be installed and still fail to import (a CUDA library missing, a version
+    mismatch), raising OSError, ImportError or anything else rather than ModuleNotFoundError."""
     try:
-        return importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):  # ValueError: a module set to None in sys.modules
-        return False
+        importlib.import_module(module)
+    except Exception as exc:  # noqa: BLE001 - a broken install may raise anything; it means "not usable"
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def installed(module: str) -> bool:
+    return why_not_importable(module) is None
 
 
 def top_level_imports(path: Path) -> set[str]:
@@ -39,18 +50,33 @@ def top_level_imports(path: Path) -> set[str]:
 
 
 def missing_requirement(path: Path) -> str | None:
-    """What ``path`` needs and this environment lacks, or None."""
-    for module in top_level_imports(path):
+    """What ``path`` needs and cannot import here, or None."""
+    for module in sorted(top_level_imports(path)):
         for prefix, requirement in NEEDS.items():
             if (module == prefix or module.startswith(prefix + ".")) and not installed(requirement):
                 return requirement
     return None
 
 
-def pytest_ignore_collect(collection_path: Path, config):
-    if collection_path.suffix == ".py" and collection_path.name.startswith("test_"):
-        return True if missing_requirement(collection_path) else None
-    return None
+class NeedsWhatIsMissing(pytest.File):
+    """A test file that needs what cannot be imported here: collected as skipped, with the reason,
+    and never imported."""
+
+    requirement: str = ""
+
+    def collect(self):
+        why = why_not_importable(self.requirement)
+        raise pytest.skip.Exception(f"{self.path.name} needs {self.requirement}, which does not import "
+                                    f"here ({why})", allow_module_level=True)
+
+
+def pytest_pycollect_makemodule(module_path: Path, parent):
+    requirement = missing_requirement(module_path) if module_path.name.startswith("test_") else None
+    if requirement is None:
+        return None
+    skipped = NeedsWhatIsMissing.from_parent(parent, path=module_path)
+    skipped.requirement = requirement
+    return skipped
 
 
 # Tests send SIGHUP to the processes they start and expect its default action (to end them);

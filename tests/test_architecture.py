@@ -9,8 +9,10 @@ functions too) from the source, so a new import that breaks the rule fails here.
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -135,3 +137,77 @@ print(round(zero_sim.simulate(model='gpt2-124m', strategy='zero3', gpus=8).metri
                           timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert float(done.stdout.split()[-1]) > 0
+
+
+def test_results_import_nothing_from_the_ui_above_them():
+    """What a simulation returns sits below the ui that draws it: results.py imports no ui
+    module, at any depth of the file, and the ui's plots import results, not the other way."""
+    results = imports_of(ROOT / "zero_sim" / "results.py")
+    assert not {m for m in results if in_package(m, "zero_sim.ui")}, sorted(results)
+    assert "zero_sim.results" in imports_of(ROOT / "zero_sim" / "__init__.py")
+
+
+def test_a_result_still_draws_its_timeline_and_memory_with_the_uis_plots():
+    """The notebooks call result.plot_timeline() and result.plot_memory(): the package's root
+    hands results the ui's drawing functions, so both draw as before."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from zero_sim import simulate
+
+    result = simulate(model="gpt2-124m", strategy="ddp", gpus=2, topology="pcie", micro_batch=1)
+    fig, (timeline, memory) = plt.subplots(2)
+    result.plot_timeline(ax=timeline, max_ranks=2)
+    result.plot_memory(ax=memory)
+    assert timeline.collections and memory.collections  # bars of ops, areas of memory
+    assert "ms" in timeline.get_xlabel() and "GB" in memory.get_ylabel()
+    plt.close(fig)
+
+
+# What the lab extra (the notebook panels) and the dask extra bring; anything else the simulator
+# imports must come with `pip install .`.
+EXTRAS = {"zero_sim.ui": "lab", "zero_sim.plan.executors": "dask"}
+
+
+def _requirement_name(requirement: str) -> str:
+    return re.split(r"[\s\[<>=!~;(]", requirement.strip(), maxsplit=1)[0].lower().replace("_", "-")
+
+
+def _installed_with(names: set[str]) -> set[str]:
+    """``names`` and every distribution they require, as installed here."""
+    from importlib import metadata
+
+    todo, seen = list(names), set()
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        try:
+            todo += [_requirement_name(r) for r in metadata.requires(name) or () if "extra ==" not in r]
+        except metadata.PackageNotFoundError:
+            pass
+    return seen
+
+
+def test_everything_the_simulator_imports_is_installed_with_it():
+    from importlib import metadata
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    core = _installed_with({_requirement_name(r) for r in project["dependencies"]})
+    provided = {module: {d.lower().replace("_", "-") for d in dists}
+                for module, dists in metadata.packages_distributions().items()}
+    missing = set()
+    for path in (ROOT / "zero_sim").rglob("*.py"):
+        name = module_name(path)
+        if any(in_package(name, package) for package in EXTRAS):
+            continue
+        for module in imports_of(path):
+            top = module.split(".")[0]
+            if top in sys.stdlib_module_names or top == "zero_sim":
+                continue
+            if not provided.get(top, {top}) & core:
+                missing.add(f"{top} (imported by {name})")
+    assert not missing, f"imported but not a dependency in pyproject.toml: {sorted(missing)}"

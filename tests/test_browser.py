@@ -1,10 +1,13 @@
-"""A reader's first minute with the timeline explorer, in a real browser.
+"""A reader's first minute with the timeline explorer, and every label of the walk-through, in a real browser.
 
 JupyterLab is started on a free localhost port (no token, no password) over a scratch
 copy of ``notebooks/``; Debian's headless Chromium, driven by Playwright, opens
 ``02_timeline_explorer.ipynb``, runs every cell from the Run menu, waits for the panel's
 headline numbers, moves the bandwidth slider with the keyboard, and checks that the
-displayed step time changed.  A screenshot of the page lands in ``tests/artifacts/``.
+displayed step time changed.  Then each notebook of the course's walk-through that draws
+widgets is run the same way, screenshotted, and checked for words their box cuts (a label,
+a readout, a button or a panel's table cell narrower than its text).  The screenshots land in
+``tests/artifacts/``.
 
 The test skips, saying why, only when Chromium or Playwright is missing or cannot start;
 ``make test`` installs Chromium first (``make browser-deps``).  Playwright's own browser
@@ -73,9 +76,10 @@ def hard_deadline():
     signal.signal(signal.SIGALRM, previous)
 
 
-@pytest.fixture
-def jupyter_lab(tmp_path):
-    """A JupyterLab server on a scratch copy of the notebooks; yields its base URL."""
+@pytest.fixture(scope="module")
+def jupyter_lab(tmp_path_factory):
+    """A JupyterLab server on a scratch copy of the notebooks (one for the module); yields its URL."""
+    tmp_path = tmp_path_factory.mktemp("lab")
     root = tmp_path / "notebooks"
     shutil.copytree(ROOT / "notebooks", root, ignore=shutil.ignore_patterns(".ipynb_checkpoints", "out"))
     port = _free_port()
@@ -139,6 +143,38 @@ def _launch(playwright, profile: str):
         pytest.skip(f"playwright could not launch {chromium}: {str(exc).splitlines()[0]}")
 
 
+def _open_and_run_all(page, url: str, sync_api) -> None:
+    """Open a notebook, wait for its kernel, and start Run > Run All Cells as a reader would.
+
+    ``?reset`` starts from an empty workspace: the server is shared by the module's tests, and
+    without it JupyterLab reopens the notebooks an earlier test had open beside this one."""
+    page.goto(f"{url}?reset")
+    # The notebook is open and its kernel is ready.
+    page.wait_for_selector(".jp-NotebookPanel .jp-Cell")
+    page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=90_000)
+
+    # Run > Run All Cells.  The menu item stays disabled until the notebook is the active
+    # document with a kernel, so focus it first and retry until the first code cell has started.
+    page.locator(".jp-NotebookPanel .jp-Cell").first.click()
+    started = "() => [...document.querySelectorAll('.jp-CodeCell .jp-InputPrompt')]" \
+              ".some(p => /\\[(\\*|\\d+)\\]/.test(p.textContent))"
+    for _attempt in range(5):
+        page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
+        item = page.locator(".lm-Menu-item", has_text=re.compile(r"^Run All Cells"))
+        item.wait_for(state="visible")
+        if "lm-mod-disabled" in (item.get_attribute("class") or ""):
+            page.keyboard.press("Escape")
+            page.wait_for_timeout(1000)
+            continue
+        item.click()
+        try:
+            page.wait_for_function(started, timeout=10_000)
+            return
+        except sync_api.TimeoutError:
+            continue
+    pytest.fail("Run > Run All Cells never started the notebook's cells")
+
+
 def _step_ms(page) -> float | None:
     text = page.locator(".zs-metrics").first.text_content() or ""
     m = STEP_TIME.search(text)
@@ -153,33 +189,7 @@ def test_moving_the_bandwidth_slider_changes_the_step_time(jupyter_lab, hard_dea
         try:
             page = context.pages[0] if context.pages else context.new_page()
             page.set_default_timeout(60_000)
-            page.goto(f"{jupyter_lab}/lab/tree/{NOTEBOOK}")
-            # The notebook is open and its kernel is ready.
-            page.wait_for_selector(".jp-NotebookPanel .jp-Cell")
-            page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=90_000)
-
-            # Run > Run All Cells, as a reader would.  The menu item stays disabled until the
-            # notebook is the active document with a kernel, so focus it first and retry until
-            # the first code cell has started.
-            page.locator(".jp-NotebookPanel .jp-Cell").first.click()
-            started = "() => [...document.querySelectorAll('.jp-CodeCell .jp-InputPrompt')]" \
-                      ".some(p => /\\[(\\*|\\d+)\\]/.test(p.textContent))"
-            for _attempt in range(5):
-                page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
-                item = page.locator(".lm-Menu-item", has_text=re.compile(r"^Run All Cells"))
-                item.wait_for(state="visible")
-                if "lm-mod-disabled" in (item.get_attribute("class") or ""):
-                    page.keyboard.press("Escape")
-                    page.wait_for_timeout(1000)
-                    continue
-                item.click()
-                try:
-                    page.wait_for_function(started, timeout=10_000)
-                    break
-                except sync_api.TimeoutError:
-                    continue
-            else:
-                pytest.fail("Run > Run All Cells never started the notebook's cells")
+            _open_and_run_all(page, f"{jupyter_lab}/lab/tree/{NOTEBOOK}", sync_api)
 
             metrics = page.locator(".zs-metrics").first
             metrics.wait_for(state="attached", timeout=90_000)
@@ -219,5 +229,39 @@ def test_moving_the_bandwidth_slider_changes_the_step_time(jupyter_lab, hard_dea
             with contextlib.suppress(Exception):
                 page.screenshot(path=str(ARTIFACTS / "02_timeline_explorer-failure.png"), full_page=True)
             raise
+        finally:
+            context.close()
+
+
+# The notebooks of the course's walk-through that draw widgets, each run in the browser, screenshotted,
+# and checked for words that do not fit their box.
+LABELLED = ("00_quickstart", "09_play_a_step_and_check_yourself", "02_timeline_explorer",
+            "05_zero3_on_slow_networks", "07_planner", "10_bring_your_own_trace")
+# Every widget's words whose box is narrower than they are (the browser then cuts them with "…"):
+# labels, readouts, buttons, checkbox descriptions and the panels' HTML tables.
+CUT_WORDS = """() => [...document.querySelectorAll(
+    '.widget-label, .widget-label-basic span, .widget-readout, .widget-button, .widget-toggle-button, '
+    + '.widget-html-content td, .widget-html-content th')]
+  .filter(e => e.offsetParent !== null && e.textContent.trim() && e.scrollWidth > e.clientWidth + 1)
+  .map(e => e.textContent.trim())"""
+DONE = """() => document.querySelector(".jp-Notebook-ExecutionIndicator")?.dataset.status === "idle"
+  && ![...document.querySelectorAll('.jp-CodeCell .jp-InputPrompt')].some(p => p.textContent.includes('*'))"""
+
+
+@pytest.mark.parametrize("stem", LABELLED)
+def test_every_label_fits_its_box_after_run_all(jupyter_lab, hard_deadline, stem):
+    sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with sync_api.sync_playwright() as pw, tempfile.TemporaryDirectory() as profile:
+        context = _launch(pw, profile)
+        try:
+            page = context.pages[0] if context.pages else context.new_page()
+            page.set_default_timeout(60_000)
+            _open_and_run_all(page, f"{jupyter_lab}/lab/tree/{stem}.ipynb", sync_api)
+            page.wait_for_function(DONE, timeout=180_000)
+            page.wait_for_timeout(1000)  # the last widgets render
+            page.screenshot(path=str(ARTIFACTS / f"{stem}.png"), full_page=True)
+            cut = page.evaluate(CUT_WORDS)
+            assert not cut, f"{stem}: words cut by their box at JupyterLab's default width: {cut}"
         finally:
             context.close()

@@ -48,13 +48,34 @@ def test_simulate_json_has_the_contracted_fields(tmp_path):
     (["simulate", "--gpus", "12", "--gpus-per-node", "8"], "not divisible by --gpus-per-node 8"),
     (["simulate", "--strategy", "ddp", "--prefetch", "2"], "--prefetch applies to zero3"),
     (["simulate", "--strategy", "zero9"], "unknown strategy 'zero9'"),
-    (["simulate", "--gpus", "many"], "invalid int value"),
+    (["simulate", "--gpus", "many"], "--gpus must be a whole number, got 'many'"),
 ])
 def test_bad_input_is_one_sentence_and_exit_status_2(capsys, args, sentence):
     assert main(args) == 2
     err = capsys.readouterr().err.strip()
     assert sentence in err
     assert "Traceback" not in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize("flag,name", [("--plot", "x.png"), ("--trace", "t.json"), ("--trace-dir", "traces")])
+def test_an_output_into_a_directory_that_is_not_there_is_refused_and_nothing_is_created(
+        tmp_path, capsys, flag, name):
+    """A typo in a directory name is a bad path like any other: refused before simulating, and no
+    directory appears (a directory named for outputs, as --trace-dir's, is created, not its parents)."""
+    missing = tmp_path / "nonexistent" / "dir"
+    assert main(["simulate", "--gpus", "2", "--seq-len", "128", flag, str(missing / name)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"zero-sim: cannot write {missing / name}: ") and len(err.splitlines()) == 1
+    assert "does not exist" in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_directory_named_for_outputs_is_created_when_its_parent_exists(tmp_path, capsys):
+    assert main(["simulate", "--gpus", "2", "--seq-len", "128", "--trace-dir", str(tmp_path / "traces")]) == 0
+    assert sorted(p.name for p in (tmp_path / "traces").iterdir()) == ["rank-0.pt.trace.json",
+                                                                      "rank-1.pt.trace.json"]
+    assert main(["demo", "--out", str(tmp_path / "no" / "such")]) == 2
+    assert "does not exist" in capsys.readouterr().err and not (tmp_path / "no").exists()
 
 
 def test_a_malformed_nccl_tests_file_is_refused(tmp_path, capsys):
@@ -110,7 +131,7 @@ def test_a_garbled_nccl_tests_row_is_refused_naming_its_line(tmp_path, capsys, d
 
 
 def test_demo_writes_a_picture_and_a_trace_and_says_where(tmp_path, capsys):
-    out = tmp_path / "new" / "dir"
+    out = tmp_path / "new"
     assert main(["demo", "--out", str(out)]) == 0
     said = capsys.readouterr().out
     assert f"wrote {out / 'demo_timeline.png'} and {out / 'demo_trace.json'}" in said

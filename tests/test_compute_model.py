@@ -13,6 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from zero_sim import simulate
 from zero_sim.strategies.base import PRECISIONS, Context
 from zero_sim.system.gpus import GPUS
 from zero_sim.system.hardware import (
@@ -389,3 +390,38 @@ def test_one_block_forward_and_backward_runs_below_the_matmul_ceiling(figures):
         small = fwd_bwd_seconds(ComputeModel(GPUS["A100-80GB"]), work)
         assert small > fwd_bwd_seconds(ComputeModel(GPUS["H100"]), work)
     figures("one block, fwd+bwd, no communication (model FLOPs / time):", *lines)
+
+
+# --- MFU and the ceiling of each kernel family ------------------------------------------------
+
+def test_each_kernel_family_states_its_ceiling_from_its_published_best():
+    a100 = ComputeModel(GPUS["A100-40GB"]).kernel_ceilings()
+    assert a100["gemm"] == GPUS["A100-40GB"].profile.gemm_max  # MAMF 271 of 312 TFLOP/s
+    # FlashAttention-2's forward reaches "up to 73% of the theoretical maximum FLOPs/s" on an A100.
+    assert a100["attention"] == pytest.approx(0.73, abs=0.01)
+    flat = ComputeModel(GPUS["A100-40GB"], efficiency=0.4)
+    assert flat.kernel_ceilings() == {"gemm": 0.4, "attention": 0.4}
+
+
+@pytest.mark.parametrize("settings", [
+    {"model": "llama3-8b", "seq_len": 1_000_000, "micro_batch": 1, "topology": "p4d-efa"},
+    {"model": "llama3-8b", "seq_len": 131_072, "micro_batch": 1, "topology": "dgx-h100"},
+    {"model": "llama3-8b", "seq_len": 65_536, "micro_batch": 1, "topology": "dgx-a100",
+     "attention": "flash1"},
+    {"model": "gpt2-1.5b", "seq_len": 16_384, "micro_batch": 1, "topology": "dgx-a100",
+     "attention": "eager"},
+    {"model": "llama3-8b", "seq_len": 8192, "micro_batch": 2, "topology": "dgx-h100", "precision": "fp8"},
+    {"model": "gpt2-124m", "seq_len": 1024, "micro_batch": 16, "topology": "dgx-a100"},
+])
+def test_no_configuration_reports_an_mfu_beyond_what_its_kernels_reach(settings):
+    """MFU counts the FLOPs the model needs (a causal mask's masked half is not needed, and
+    FlashAttention skips it), so no step can beat the best kernel family's ceiling."""
+    m = simulate(strategy="fsdp", gpus=8, **settings).metrics
+    assert 0 < m["mfu"] <= max(m["kernel_ceilings"].values())
+
+
+def test_a_million_token_sequence_is_bound_by_attention_not_near_peak():
+    m = simulate(model="llama3-8b", strategy="fsdp", gpus=8, topology="p4d-efa", gpu="A100-40GB",
+                 seq_len=1_000_000, micro_batch=1).metrics
+    assert m["mfu"] <= 0.80
+    assert m["mfu"] <= m["kernel_ceilings"]["attention"]

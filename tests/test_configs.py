@@ -87,7 +87,8 @@ def test_a_flag_given_beside_the_file_wins_and_the_note_says_so():
     ({"zero_optimization": {"stage": 2, "reduce_scatter": False}}, "all-reduces stage 2's gradients"),
     ({"zero_optimization": {"stage": 1}, "optimizer": {"type": "SGD"}}, "not an Adam-family optimizer"),
     ({"zero_optimization": {"stage": 1}, "train_micro_batch_size_per_gpu": 0},
-     "--micro-batch must be a positive integer, got 0 (read from train_micro_batch_size_per_gpu"),
+     "--micro-batch must be a positive integer, got 0 (--micro-batch was read from "
+     "train_micro_batch_size_per_gpu"),
     ({"zero_optimization": {"stage": 1}, "train_batch_size": 100},
      "is not micro-batch 8 x gradient accumulation"),
     ({"zero_optimization": {"stage": 1}, "bf16": {"enabled": True}, "communication_data_type": "int3"},
@@ -295,3 +296,155 @@ def test_a_misspelt_torchtitan_section_is_named(tmp_path):
     sentence = re.escape("[modle] in") + ".*did you mean " + re.escape("[model]?")
     with pytest.raises(ScenarioError, match=sentence):
         simulate(torchtitan_config=path)
+
+
+# --- every key of every reader on a read or ignored line ---------------------------------------
+
+TITAN_FULL = """
+[job]
+dump_folder = "./outputs"
+description = "Llama 3 8B training"
+[profiling]
+enable_profiling = true
+profile_freq = 100
+[metrics]
+log_freq = 10
+enable_tensorboard = true
+[model]
+name = "llama3"
+flavor = "8B"
+hf_assets_path = "./assets/hf/Llama-3.1-8B"
+converters = ["float8"]
+[optimizer]
+name = "AdamW"
+lr = 3e-4
+eps = 1e-8
+[lr_scheduler]
+warmup_steps = 200
+[training]
+local_batch_size = 1
+seq_len = 8192
+max_norm = 1.0
+steps = 1000
+dataset = "c4"
+compile = true
+[parallelism]
+data_parallel_replicate_degree = 1
+data_parallel_shard_degree = -1
+tensor_parallel_degree = 1
+pipeline_parallel_degree = 1
+context_parallel_degree = 1
+fsdp_reshard_after_forward = "default"
+[checkpoint]
+enable_checkpoint = false
+interval = 500
+[activation_checkpoint]
+mode = "selective"
+selective_ac_option = "op"
+[float8]
+enable_fsdp_float8_all_gather = true
+precompute_float8_dynamic_scale_for_fsdp = true
+filter_fqns = ["output"]
+"""
+DEEPSPEED_FULL = STAGE3 | {
+    "wall_clock_breakdown": False,
+    "zero_optimization": STAGE3["zero_optimization"] | {
+        "overlap_comm": True, "reduce_scatter": True, "stage3_max_reuse_distance": 1e9,
+        "stage3_param_persistence_threshold": 1e5, "stage3_gather_16bit_weights_on_model_save": True,
+        "offload_optimizer": {"device": "cpu", "pin_memory": True},
+        "offload_param": {"device": "none"}}}
+FSDP_FULL = HSDP | {"offload_policy": {"type": "CPUOffloadPolicy", "pin_memory": True}, "wrap": "blocks",
+                    "backward_prefetch": "pre"}
+PEFT_FULL = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": 16, "lora_alpha": 32, "lora_dropout": 0.05,
+             "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"], "bias": "none",
+             "base_model_name_or_path": "meta-llama/Meta-Llama-3-8B", "inference_mode": False,
+             "modules_to_save": None, "use_dora": False}
+CATCH_ALL = "not read by this reader"
+
+
+def leaf_keys(data: dict, toml: bool, path: tuple = ()):
+    """Each leaf key of a configuration as its reader names it, with the tables that hold it."""
+    for key, value in data.items():
+        here = (*path, key)
+        if isinstance(value, dict) and value:
+            yield from leaf_keys(value, toml, here)
+        elif toml:
+            tables = [f"[{'.'.join(here[:i])}]" for i in range(1, len(here))]
+            yield f"[{'.'.join(here[:-1])}] {here[-1]}", tables
+        else:
+            yield ".".join(here), [".".join(here[:i]) for i in range(1, len(here))]
+
+
+@pytest.mark.parametrize("reader, sample", [
+    ("torchtitan_config", TITAN_FULL), ("torchtitan_config", TITAN), ("deepspeed_config", DEEPSPEED_FULL),
+    ("deepspeed_config", STAGE3), ("fsdp_config", FSDP_FULL), ("fsdp_config", HSDP),
+    ("peft_config", PEFT_FULL)])
+def test_every_key_of_every_reader_lands_on_a_read_or_ignored_line(reader, sample):
+    import tomllib
+
+    from zero_sim.configs.peft import read_peft
+    from zero_sim.configs.read import READERS
+
+    data = tomllib.loads(sample) if isinstance(sample, str) else sample
+    reading = (READERS | {"peft_config": read_peft})[reader](data)
+    for leaf, tables in leaf_keys(data, toml=reader == "torchtitan_config"):
+        assert {leaf, *tables} & reading.accounted, f"{leaf} is on no read or ignored line"
+    # A key these files hold is read, or ignored with its own reason; none is left to the catch-all.
+    assert not [note for note in reading.notes if CATCH_ALL in note]
+
+
+def test_a_key_no_reader_knows_is_still_named_on_an_ignored_line():
+    from zero_sim.configs.torchtitan import read_torchtitan
+
+    notes = read_torchtitan({"training": {"seq_len": 1024, "flux_capacitor": 3}}).notes
+    assert f"ignored: [training] flux_capacitor: {CATCH_ALL}" in notes
+
+
+def test_torchtitans_compile_switch_in_training_compiles_and_its_other_keys_are_accounted(tmp_path):
+    path = tmp_path / "llama3_8b.toml"
+    path.write_text(TITAN_FULL)
+    r = simulate(torchtitan_config=path, gpus=8, topology="dgx-h100")
+    assert r.scenario.workload.elementwise == "fused"  # compiled: Inductor fuses the chains
+    lines = "\n".join(r.notes)
+    for key in ("[training] compile", "[training] max_norm", "[training] steps", "[training] dataset",
+                "[float8] filter_fqns"):
+        assert re.search(rf"^(read|ignored): {re.escape(key)}\b", lines, re.M), key
+    assert "overridden: elementwise=fused (stack torchtitan has eager)" in r.metrics["stack_notes"]
+
+
+FLOAT8_TITAN = """
+[model]
+name = "llama3"
+flavor = "8B"
+converters = ["float8"]
+[training]
+local_batch_size = 1
+seq_len = 1024
+[float8]
+enable_fsdp_float8_all_gather = true
+precompute_float8_dynamic_scale_for_fsdp = true
+filter_fqns = ["output"]
+"""
+
+
+@pytest.mark.parametrize("given, flag, key", [
+    ({"offload_params": "cpu"}, "--fp8-all-gather", "[float8] enable_fsdp_float8_all_gather"),
+    ({"topology": "dgx-a100"}, "--precision", "[model] converters"),
+])
+def test_a_refusal_of_a_setting_the_file_set_names_the_file_and_key(tmp_path, given, flag, key):
+    path = tmp_path / "float8.toml"
+    path.write_text(FLOAT8_TITAN)
+    with pytest.raises(ScenarioError) as refused:
+        simulate(torchtitan_config=path, **({"gpus": 8, "topology": "dgx-h100"} | given))
+    message = str(refused.value)
+    assert flag in message and f"{flag} was read from {key}" in message and str(path) in message
+    assert "\n" not in message
+
+
+def test_a_flag_the_user_typed_is_not_blamed_on_the_file(tmp_path):
+    path = tmp_path / "float8.toml"
+    path.write_text(FLOAT8_TITAN)
+    with pytest.raises(ScenarioError) as refused:
+        simulate(torchtitan_config=path, gpus=8, topology="dgx-h100", precision="mixed")
+    assert "--precision was read from" not in str(refused.value)
+    assert "--fp8-all-gather was read from [float8] enable_fsdp_float8_all_gather" in str(refused.value)

@@ -5,6 +5,7 @@ import pytest
 from zero_sim import simulate
 from zero_sim.ui.exercise_checks import (
     BUCKET_SIZES_MB,
+    FIT_RECOMPUTE,
     FIT_SCENARIO,
     check_bucket,
     check_fit,
@@ -55,6 +56,33 @@ def test_a_prediction_near_the_simulated_slowdown_is_right_and_a_wild_one_is_not
     assert not check_slowdown(1.0).right
     assert not check_slowdown(actual * 3).right
     assert "zero or negative" in check_slowdown(0).why
+
+
+@pytest.mark.parametrize("guess", [1.0, 30.0])
+def test_a_wrong_guess_gets_a_hint_about_what_limits_the_step_and_never_the_answer(guess):
+    verdict = check_slowdown(guess)
+    ratio = f"{simulated_slowdown():.2f}"
+    assert ratio not in verdict.why and ratio in verdict.answer
+    assert "compute" in verdict.why and ("Less" if guess > 3 else "More") in verdict.why
+
+
+def test_a_right_guess_is_told_why_with_the_step_times_that_decide_it():
+    actual = simulated_slowdown()
+    verdict = check_slowdown(actual)
+    assert verdict.right and verdict.why[0].isupper()
+    assert f"({actual:.2f}x)" in verdict.why and "compute stays" in verdict.why
+    # Every sentence starts with a capital letter.
+    assert all(part[0].isupper() for part in verdict.why.split(". ")[1:])
+
+
+def test_a_wrong_bucket_is_told_which_cost_it_pays_not_the_best_size():
+    verdict = check_bucket(min(BUCKET_SIZES_MB))
+    assert not verdict.right and "latency" in verdict.why and "MiB" not in verdict.why
+
+
+def test_exercise_1_offers_only_the_recompute_modes_the_notebook_explains():
+    offered = tuple(fit_exercise().controls["recompute"].options)
+    assert offered == FIT_RECOMPUTE == ("none", "selective", "full")
 
 
 def test_the_widgets_check_what_the_learner_set_and_show_the_answer_on_request():

@@ -232,6 +232,7 @@ def test_the_cli_says_a_full_disk_in_one_line_and_leaves_no_picture_or_trace(tmp
 
 def test_the_cli_says_where_it_wrote_and_refuses_a_picture_format_it_cannot_write(tmp_path, capsys):
     trace, plot = tmp_path / "deep" / "t.json", tmp_path / "deep" / "t.png"
+    (tmp_path / "deep").mkdir()  # a directory that is not there is refused, not created
     assert main([*SIMULATE, "--json", "--trace", str(trace), "--plot", str(plot)]) == 0
     out = capsys.readouterr()
     json.loads(out.out)  # stdout stays one JSON object

@@ -26,7 +26,8 @@ def test_a_gpu_prediction_carries_an_interval_around_it():
     step_low, step_high = m["step_time_s_interval"]
     assert step_low < m["step_time_s"] < step_high
     assert m["prediction_interval"]["level"] == 0.8 and m["prediction_interval"]["group"] == "default stack"
-    assert m["mfu"] == pytest.approx(m["tflops_per_gpu"] / GPUS["H100"].peak_tflops)
+    # MFU leaves out the causal mask's unneeded half of attention, which TFLOP/s counts as papers do.
+    assert 0 < m["mfu"] < m["tflops_per_gpu"] / GPUS["H100"].peak_tflops
     assert interval_line(m).startswith(f"{low:,.0f}-{high:,.0f} tokens/s per GPU (80% interval)")
 
 

@@ -7,7 +7,10 @@ interpreter, exactly as a reader's "Run All" would.  A notebook passes when:
 * no cell raises, and no cell prints a traceback to stderr;
 * the whole notebook finishes within 60 s (the budget on a 2-core CI machine);
 * every widget view in the outputs points at a widget model whose state was saved, so a
-  reader opening the executed notebook sees live panels, not "model not found".
+  reader opening the executed notebook sees live panels, not "model not found";
+* every figure its prose quotes (a number with a unit in a Markdown cell) is one a cell's code
+  or output shows (``tests/notebook_prose.py``), so a change to the model cannot leave the
+  text quoting numbers the cells no longer print.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from tests.notebook_prose import unshown_figures
 
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
@@ -34,6 +39,7 @@ def _executed(name: str):
     heavy = any(call in code for call in ("launch(", "launch_in_cluster(", "calibration_from_traces("))
     return pytest.param(name, marks=pytest.mark.slow) if heavy else name
 BUDGET_S = 60.0
+MAX_UNSHOWN = 3  # prose figures no cell shows, per notebook: a published figure quoted (none from the model)
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 
 
@@ -53,11 +59,13 @@ def test_notebook_is_committed_without_outputs(name):
 
 
 @pytest.mark.parametrize("name", NOTEBOOKS)
-def test_notebook_opens_with_what_you_learn_and_ends_with_what_to_try(name):
+def test_notebook_opens_with_what_you_learn_and_ends_with_what_to_try_and_the_course_s_next_step(name):
     nb = nbformat.read(NOTEBOOKS_DIR / name, as_version=4)
-    first, last = nb.cells[0], nb.cells[-1]
+    first, tries, last = nb.cells[0], nb.cells[-2], nb.cells[-1]
     assert first.cell_type == "markdown" and "what you will learn" in first.source.lower()
-    assert last.cell_type == "markdown" and "what to try next" in last.source.lower()
+    assert tries.cell_type == "markdown" and "what to try next" in tries.source.lower()
+    # The next notebook comes from the course's one list, never from a hand-typed one.
+    assert last.cell_type == "code" and f'next_in_course("{Path(name).stem}")' in last.source
 
 
 @pytest.fixture
@@ -91,3 +99,9 @@ def test_notebook_runs_headless_within_budget(name, scratch):
     missing = [v for v in views if v not in saved]
     assert not missing, (f"{name}: widget views without a saved model (broken in the reader's browser): "
                          f"{missing}")
+
+    # One execution serves every check: the prose's figures against what the cells show.
+    unshown = unshown_figures(nb)
+    assert len(unshown) <= MAX_UNSHOWN, (
+        f"{name}: the prose quotes figures no cell shows (print them, or build the sentence from the "
+        f"result): " + "; ".join(f"cell {i}: {figure!r}" for i, figure in unshown))

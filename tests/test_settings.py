@@ -41,6 +41,37 @@ def test_parameter_counts_are_written_as_people_write_them():
         assert check_settings(COMMON, {"params": written}) == {"params": 7_500_000_000}
 
 
+def test_a_whole_number_may_be_written_in_e_notation():
+    checked = check_settings(COMMON, {"gpus": "1.6e1", "seq_len": "2e3", "micro_batch": 4e0})
+    assert checked == {"gpus": 16, "seq_len": 2000, "micro_batch": 4}
+    with pytest.raises(ScenarioError, match=r"^--gpus must be a whole number, got '1.5e0'$"):
+        check_settings(COMMON, {"gpus": "1.5e0"})
+
+
+def test_integer_flags_take_e_notation_and_their_bounds_still_hold(capsys):
+    from zero_sim.cli import main
+
+    assert main(["simulate", "--strategy", "zero3", "--max-live-params", "1e9", "--seq-len", "1.28e2",
+                 "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["strategy"] == "zero3"
+    assert main(["simulate", "--lora-rank", "1e9"]) == 2
+    assert capsys.readouterr().err.strip() == "zero-sim: --lora-rank must be at most 4096, got 1000000000"
+    assert main(["simulate", "--gpus", "1e6"]) == 2
+    assert "size budget" in capsys.readouterr().err
+    assert main(["simulate", "--gpus", "1.5e0"]) == 2
+    assert capsys.readouterr().err.strip() == "zero-sim: --gpus must be a whole number, got '1.5e0'"
+
+
+def test_the_plan_command_reads_integers_by_the_same_rule(capsys):
+    from zero_sim.cli import build_parser, main
+
+    args = build_parser().parse_args(["plan", "--seq-len", "1e3", "--top", "5e0", "--gpus", "8,1.6e1"])
+    assert (args.seq_len, args.top) == (1000, 5)
+    assert main(["plan", "--seq-len", "1.5e0"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--seq-len" in err and "whole number" in err and "\n" not in err
+
+
 def test_none_means_not_given_and_keeps_the_default():
     r = simulate(gpus=None, micro_batch=None, seq_len=128)
     assert r.scenario.cluster.gpus == 8 and r.scenario.training.micro_batch == 8

@@ -58,3 +58,27 @@ def test_a_single_host_cannot_hold_more_ranks_than_it_has():
         build_topology("cpu-gloo", 128)
     with pytest.raises(TopologyError, match="paste the matrix"):
         parse_nvidia_smi_topo("nothing here")
+
+
+# --- how a cluster's links are labelled -------------------------------------------------------
+
+def _nic_label(**settings) -> str:
+    from zero_sim import simulate
+
+    cluster = simulate(gpus=16, steps=1, seq_len=128, **settings).metrics["cluster"]
+    return next(part for part in cluster.split("; ") if part.startswith("nic "))
+
+
+def test_a_preset_nic_label_shows_the_rate_used_and_the_line_rate_it_comes_from():
+    # ib-400: one 400 Gbit/s NIC per node at InfiniBand's achieved 0.96: 48 GB/s used.
+    assert _nic_label(topology="ib-400") == "nic 48.0 GB/s (400 Gbit/s line rate x 0.96 achieved), 5 us"
+    # ib-3200: 8 of them; the node's figure is the same unit as the NIC's, never a derated Gbit/s.
+    assert _nic_label(topology="ib-3200") == ("nic 48.0 GB/s x 8 = 384 GB/s per node "
+                                              "(8 x 400 Gbit/s line rate x 0.96 achieved), 5 us")
+
+
+def test_a_bandwidth_given_on_the_command_line_is_labelled_as_given_in_the_same_units():
+    per_node = _nic_label(topology="dgx-h100", node_bandwidth_gbps=400)
+    assert per_node == "nic 6.25 GB/s x 8 = 50.0 GB/s per node (as given: 400 Gbit/s per node), 5 us"
+    assert _nic_label(topology="ib-400", bandwidth_gbps=400) == \
+        "nic 50.0 GB/s (as given: 400 Gbit/s per node), 5 us"

@@ -94,3 +94,35 @@ def test_the_panels_words_stay_inside_the_figure_and_off_each_other():
         for i, a in enumerate(boxes):
             for b in boxes[i + 1:]:
                 assert not (a.x0 < b.x1 - 1 and b.x0 < a.x1 - 1 and a.y0 < b.y1 - 1 and b.y0 < a.y1 - 1)
+
+
+def test_zero3_s_other_quarters_fill_while_a_layer_is_gathered_and_empty_after_the_backward(frames):
+    timeline = frames.timelines["zero3"]
+    gather = next(op for op in timeline.result.ops
+                  if op["rank"] == 0 and op["step"] == 1 and op["name"] == "all_gather L0")
+    start, end = gather["start_s"] - timeline.start, gather["end_s"] - timeline.start
+    # Every rank fills the other quarters as the gather runs: empty at its start, half-way at its middle.
+    early, middle = timeline.moment(0, start + 1e-9), timeline.moment(0, (start + end) / 2)
+    assert early.borrowed[PARAMS] < 0.05 and middle.borrowed[PARAMS] == pytest.approx(0.5, abs=0.05)
+    assert all(timeline.moment(r, (start + end) / 2).borrowed[PARAMS] > 0.4 for r in timeline.ranks)
+    # After the step's last layer, nothing borrowed is left.
+    assert timeline.moment(0, timeline.step_s * 0.999).borrowed.get(PARAMS, 0.0) == 0.0
+    # A reduce-scatter sends the gradients' other quarters away: what is left shrinks as it runs.
+    scatter = next(op for op in timeline.result.ops if op["rank"] == 0 and op["step"] == 1
+                   and op["name"].startswith("reduce_scatter"))
+    s0, s1 = scatter["start_s"] - timeline.start, scatter["end_s"] - timeline.start
+    left = [timeline.moment(0, s0 + (s1 - s0) * f).borrowed[GRADS] for f in (0.2, 0.8)]
+    assert left[0] > left[1]
+
+
+def test_ddp_borrows_nothing_because_it_keeps_everything(frames):
+    timeline = frames.timelines["ddp"]
+    moments = [timeline.moment(0, timeline.step_s * i / 50) for i in range(50)]
+    assert all(share == 0.0 for m in moments for share in m.borrowed.values())
+
+
+def test_reading_another_moment_leaves_the_slider_at_zero():
+    panel = StepThrough(model="gpt2-124m", topology="pcie", micro_batch=2)
+    later = panel.moment(panel.result.longest_s / 3)
+    assert panel.time.value == 0 and panel.play.value == 0
+    assert later != panel.moment()

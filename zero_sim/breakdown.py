@@ -7,9 +7,14 @@ a difference of timelines and never of bookkeeping:
 * ``comm_time_s``: time some collective is in flight;
 * ``exposed_comm_s``: time a collective is in flight while compute is idle, the
   communication that nothing hid;
-* phases: ``forward_s`` up to the first backward compute op, ``backward_s`` to the end of
-  the last one, ``optimizer_s`` from there to the end of the step.  So
-  ``step = forward + backward + optimizer`` exactly.
+* phases: up to the end of the last backward compute op, time is ``forward_s`` from the start
+  of a forward compute op to the start of the next backward one, and ``backward_s`` from the
+  start of a backward op to the start of the next forward one (an idle gap belongs to the phase
+  of the op before it; ops of neither phase, such as a per-unit update, to the phase they run
+  in); ``optimizer_s`` is the rest, to the end of the step.  So ``step = forward + backward +
+  optimizer`` exactly.  With one micro-step this splits at the first backward op; under
+  gradient accumulation each micro-step's forward is forward time, wherever it runs (splitting
+  only at the first backward op counted every later micro-step's forward as backward).
 
 The optimizer phase holds two different things, split so that a reader never mistakes a
 network wait for a slow optimizer:
@@ -73,14 +78,32 @@ def uncovered(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> flo
     return total
 
 
-def step_breakdown(compute: list[Span], comm: list[Span], backward: list[Span], lo: float, hi: float
-                   ) -> dict[str, float]:
-    """The step's time divided as the module docstring says; ``backward`` lists the spans of
-    backward compute ops (recompute included), which split the phases."""
+def forward_time(forward: list[Span], backward: list[Span], lo: float, end: float) -> float:
+    """Time in ``[lo, end]`` that is forward: from each forward op's start to the next backward
+    op's start; the window opens in forward (a step starts with one)."""
+    starts = sorted([(max(s, lo), True) for s, _ in forward] + [(max(s, lo), False) for s, _ in backward])
+    total, since, in_forward = 0.0, lo, True
+    for start, is_forward in starts:
+        if start >= end:
+            break
+        if in_forward and not is_forward:
+            total += start - since
+        elif is_forward and not in_forward:
+            since = start
+        in_forward = is_forward
+    return total + (max(0.0, end - since) if in_forward else 0.0)
+
+
+def step_breakdown(compute: list[Span], comm: list[Span], backward: list[Span], lo: float, hi: float,
+                   forward: list[Span] = ()) -> dict[str, float]:
+    """The step's time divided as the module docstring says; ``backward`` and ``forward`` list
+    the spans of backward compute ops (recompute included) and forward ones, which split the
+    phases (without ``forward``, the window splits at the first backward op)."""
     busy = union(clip(compute, lo, hi))
     talking = union(clip(comm, lo, hi))
-    first_bwd = min((s for s, _ in backward), default=hi)
     last_bwd = max((e for _, e in backward), default=hi)
+    end = min(last_bwd, hi)
+    forward_s = forward_time(list(forward), backward, lo, end) if backward else max(0.0, hi - lo)
     optimizer_s = max(0.0, hi - max(last_bwd, lo))
     update_s = length(clip(busy, max(last_bwd, lo), hi))
     return {
@@ -88,8 +111,8 @@ def step_breakdown(compute: list[Span], comm: list[Span], backward: list[Span], 
         "compute_time_s": length(busy),
         "comm_time_s": length(talking),
         "exposed_comm_s": uncovered(talking, busy),
-        "forward_s": max(0.0, min(first_bwd, hi) - lo),
-        "backward_s": max(0.0, min(last_bwd, hi) - max(first_bwd, lo)),
+        "forward_s": forward_s,
+        "backward_s": max(0.0, end - lo - forward_s),
         "optimizer_s": optimizer_s,
         "optimizer_wait_s": max(0.0, optimizer_s - update_s),
         "optimizer_update_s": update_s,

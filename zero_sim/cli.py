@@ -13,8 +13,8 @@ offers the simulator's own commands without torch.
 Every flag of ``simulate`` is a keyword of ``zero_sim.simulate()``.  Bad input gets one
 sentence on stderr and exit status 2; a model that does not fit is a result
 (``fits: false`` and the shortfall), not an error.  An output path that cannot be written
-(a directory, a link, a device, a full disk) or an input file that cannot be read gets the
-same one sentence and exit status 2; files are written whole or not at all
+(a directory, a link, a device, a full disk, a directory that is not there) or an input file
+that cannot be read gets the same one sentence and exit status 2; files are written whole or not at all
 (:mod:`zero_sim.vocabulary.files`), and each command says where it wrote them.
 """
 
@@ -33,6 +33,7 @@ from zero_sim.plan.cli import plan_args, run_plan
 from zero_sim.plan.fit_advice import first_change_that_fits
 from zero_sim.scenario import ScenarioError, simulate
 from zero_sim.scenario.settings import COMMON
+from zero_sim.settings import add_flag
 from zero_sim.strategies import STRATEGIES, all_knobs
 from zero_sim.system.collectives import CollectiveError
 from zero_sim.system.gpus import GPUS
@@ -41,7 +42,13 @@ from zero_sim.system.model_presets import PRESETS as MODELS
 from zero_sim.system.nccl_tests import fit_nccl_tests, parse_nccl_tests
 from zero_sim.system.stacks import DEFAULT_STACK, STACKS
 from zero_sim.system.topology import PRESETS as TOPOLOGIES
-from zero_sim.vocabulary.files import InputPathError, OutputPathError, check_output_path, read_text_input
+from zero_sim.vocabulary.files import (
+    InputPathError,
+    OutputPathError,
+    check_named_output,
+    check_output_path,
+    read_text_input,
+)
 
 
 class UsageError(Exception):
@@ -53,31 +60,13 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(message[0].upper() + message[1:] + f"; see `{self.prog} --help`.")
 
 
-def _add_setting(parser, name: str, default, help_text: str, kind: type, choices=None) -> None:
-    flag = "--" + name.replace("_", "-")
-    if kind is bool:
-        parser.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None,
-                            help=f"{help_text} (default: {default})")
-    else:
-        parser.add_argument(flag, dest=name, type=kind, default=None, choices=choices,
-                            help=f"{help_text} (default: {default})")
-
-
 def _add_simulate_flags(parser) -> None:
     for s in COMMON:
-        # A setting with its own parser (--params 7.5B) reaches the schema as the text typed; a
-        # preset name (--gpu) too, so that simulate() matches it without regard to case.
-        choices = None if s.name in CASE_FREE else s.choices
-        help_text = f"{s.help}: one of {', '.join(s.choices)}" if s.name in CASE_FREE else s.help
-        _add_setting(parser, s.name, s.default, help_text, str if s.parse else s.kind, choices)
-    for name, owners in sorted(all_knobs().items()):
+        add_flag(parser, s)
+    for _name, owners in sorted(all_knobs().items()):
         knob = owners[0][1]
         which = ", ".join(sorted({o for o, _ in owners}))
-        _add_setting(parser, name, knob.default, f"[{which}] {knob.help}", knob.kind, knob.choices)
-
-
-# Settings whose values are preset names, matched case-insensitively by simulate() (zero_sim.names).
-CASE_FREE = ("gpu",)
+        add_flag(parser, knob, f"[{which}] {knob.help}")
 
 
 def _simulate_args(sim) -> None:
@@ -225,10 +214,11 @@ def _simulate(args) -> int:
     kwargs = {k: v for k, v in vars(args).items() if k not in outputs}
     # Output paths are checked before simulating: a bad one is refused at once, not after the run.
     if args.trace:
-        check_output_path(args.trace)
+        check_named_output(args.trace)
     if args.plot:
         _check_picture_path(args.plot)
     if args.trace_dir:
+        check_named_output(args.trace_dir, directory=True)
         check_output_path(args.trace_dir / "rank-0.pt.trace.json")
     result = simulate(**kwargs)
     if not result.metrics["memory"]["fits"]:
@@ -257,9 +247,14 @@ def _simulate(args) -> int:
 
 
 def _check_picture_path(path: Path) -> None:
-    from zero_sim.ui.plots import picture_format
-
+    check_named_output(path)
     picture_format(path)
+
+
+def picture_format(path: Path) -> str:
+    from zero_sim.ui.plots import picture_format as fmt
+
+    return fmt(path)
 
 
 def _save_plot(result, path: Path) -> None:
@@ -321,8 +316,9 @@ def _fit(args) -> int:
 def _demo(args) -> int:
     out: Path = args.out
     trace, plot = out / "demo_trace.json", out / "demo_timeline.png"
+    check_named_output(out, directory=True)
     check_output_path(trace)
-    _check_picture_path(plot)
+    picture_format(plot)
     result = simulate(model="gpt2-124m", strategy="ddp", gpus=8, topology="pcie", micro_batch=8)
     result.to_chrome_trace(trace)
     _save_plot(result, plot)

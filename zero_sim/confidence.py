@@ -1,7 +1,9 @@
 """How sure a prediction is, and how it compares with the GPU's peak: the figures beside the headline.
 
-* ``mfu``: model FLOPs utilisation, the model's FLOPs per step (forward and backward, recompute
-  not counted) over the step time and the GPU's dense bf16 peak (``zero_sim.system.gpus``).
+* ``mfu``: model FLOPs utilisation, the FLOPs the model needs per step (forward and backward,
+  recompute not counted, a causal mask's masked half of attention not counted) over the step
+  time and the GPU's dense bf16 peak (``zero_sim.system.gpus``).  It stays below the highest of
+  ``kernel_ceilings``, what the compute model lets each kernel family reach (docs/compute.md).
 * ``prediction_interval``: how the 80% interval was obtained.  It is propagated through the
   simulator (:mod:`zero_sim.uncertainty`): the inputs' spreads, from microbenchmarks and the
   models' fits (:mod:`zero_sim.system.input_spreads`), re-time the simulated step many times,
@@ -44,12 +46,17 @@ def makes_progress(metrics: dict) -> bool:
 
 
 def confidence_fields(metrics: dict, scenario, peak_flops: float, modelled_gpu: bool,
-                      timeline: Timeline | None = None, setting: Setting | None = None) -> dict:
+                      timeline: Timeline | None = None, setting: Setting | None = None,
+                      needed_flops: float | None = None) -> dict:
     """``stack``, ``tokens_per_s_per_gpu``, ``mfu`` and, where one applies and ``timeline`` is given,
-    each headline figure's interval and how it was obtained."""
+    each headline figure's interval and how it was obtained.  ``needed_flops``: a rank's FLOPs per
+    step that MFU counts (:meth:`~zero_sim.system.workload.Workload.needed_flops`; default:
+    TFLOP/s's)."""
+    step = metrics["step_time_s"]
+    needed = metrics["tflops_per_gpu"] * 1e12 * step if needed_flops is None else needed_flops
     out = {"stack": scenario.training.stack,
            "tokens_per_s_per_gpu": metrics["tokens_per_s"] / max(metrics["gpus"], 1),
-           "mfu": metrics["tflops_per_gpu"] * 1e12 / peak_flops if modelled_gpu and peak_flops > 0 else None}
+           "mfu": needed / step / peak_flops if modelled_gpu and peak_flops > 0 and step > 0 else None}
     group = interval_group(scenario, modelled_gpu)
     if group is None or timeline is None or setting is None or not makes_progress(metrics):
         out["prediction_interval"] = None

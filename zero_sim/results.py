@@ -11,8 +11,8 @@ the window from the end of the step before to the end of its own last op:
   (``None`` when there is no communication);
 * ``comm_volume_bytes``: bytes this rank sends per step under ring algorithms
   (nccl-tests' bus factors; gloo's reduce-scatter counts as an all-reduce);
-* ``phases``: ``forward_s`` from step start to the first backward op, ``backward_s`` to
-  the end of the last backward op, ``optimizer_s`` from there to the end of the step, split
+* ``phases``: ``forward_s`` and ``backward_s`` up to the end of the last backward op, each
+  micro-step's forward counted as forward, ``optimizer_s`` from there to the end of the step, split
   into ``optimizer_wait_s`` (compute idle, waiting for communication) and
   ``optimizer_update_s`` (the update's own compute), see :mod:`zero_sim.breakdown`;
 * ``memory``: resident model states, peaks of activations and buffers, the tensors' peak
@@ -52,6 +52,7 @@ reaches (what ``nvidia-smi`` shows), and it is what must fit.  Defaults and thei
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
@@ -63,15 +64,16 @@ from zero_sim.vocabulary import (
     BACKWARD,
     BUFFERS,
     COMPUTE,
+    FORWARD,
     GRADS,
     MEMORY_CATEGORIES,
     OPTIMIZER_STATE,
     PARAMS,
 )
-from zero_sim.vocabulary.records import OpRecord
 
 if TYPE_CHECKING:  # the result carries a scenario; the scenario package builds results
     from zero_sim.scenario.types import Scenario
+    from zero_sim.vocabulary.records import OpRecord
 
 # GB per GPU outside the tensors (CUDA context with its kernels and cuBLAS workspaces, plus one
 # NCCL communicator's buffers); sources in the module docstring.  Unknown GPUs: the newest figure.
@@ -154,16 +156,32 @@ class SimResult:
     def to_chrome_trace(self, path=None):
         return to_chrome_trace(self, path)
 
-    # Drawing loads matplotlib, which a simulation never needs: it is imported when a plot is asked for.
     def plot_timeline(self, **kw):
-        from zero_sim.ui.plots import plot_timeline
-
-        return plot_timeline(self, **kw)
+        """The reported step's Gantt chart, one lane per rank x stream (the ui's ``plot_timeline``)."""
+        return _drawing("timeline")(self, **kw)
 
     def plot_memory(self, **kw):
-        from zero_sim.ui.plots import plot_memory
+        """Memory by category over the reported step (the ui's ``plot_memory``)."""
+        return _drawing("memory")(self, **kw)
 
-        return plot_memory(self, **kw)
+
+# Drawing belongs to the ui (zero_sim.ui.plots), which sits above this module and reads results:
+# for results to import it would point an arrow back up.  The package's root, above both and
+# imported before any result exists, hands the ui's functions over with draw_with().
+_DRAWINGS: dict[str, Callable[..., Any]] = {}
+
+
+def draw_with(**drawings: Callable[..., Any]) -> None:
+    """Register what draws a result: ``timeline=`` and ``memory=``, each called as
+    ``drawing(result, **options)`` by :meth:`SimResult.plot_timeline` and :meth:`SimResult.plot_memory`."""
+    _DRAWINGS.update(drawings)
+
+
+def _drawing(kind: str) -> Callable[..., Any]:
+    if kind not in _DRAWINGS:
+        raise RuntimeError(f"nothing draws a result's {kind}: zero_sim registers the ui's plots with "
+                           f"zero_sim.results.draw_with() when it is imported")
+    return _DRAWINGS[kind]
 
 
 def compute_metrics(run, program, scenario: Scenario, world_size: int, tokens_per_step: int,
@@ -180,7 +198,8 @@ def compute_metrics(run, program, scenario: Scenario, world_size: int, tokens_pe
     parts = step_breakdown([(r.start_s, r.end_s) for r in ops if r.stream == COMPUTE],
                            [(r.start_s, r.end_s) for r in ops if r.kind == "collective"],
                            [(r.start_s, r.end_s) for r in ops if r.phase == BACKWARD and r.stream == COMPUTE],
-                           lo, hi)
+                           lo, hi,
+                           [(r.start_s, r.end_s) for r in ops if r.phase == FORWARD and r.stream == COMPUTE])
     compute_s, comm_s, exposed = parts["compute_time_s"], parts["comm_time_s"], parts["exposed_comm_s"]
     volume = sum(run.plans[op.index].sent_bytes for op in program.ops if op.kind == "collective")
     hw_flops = sum(op.flops for op in program.ops)

@@ -13,8 +13,9 @@ The rules, each because the alternative gives a silently wrong answer:
 * Booleans are not numbers: ``gpus=True`` is not one GPU.  Integers are whole: ``2.0`` is 2,
   ``2.5`` is refused rather than rounded.
 * Text that spells a number or a yes/no is read as one (``"25"``, ``"no"``): that is what a
-  config file or a widget hands over.  Anything else (``"hok"`` for a choice, ``2`` for a
-  yes/no) is refused, never mapped to a default.
+  config file or a widget hands over.  A whole number may be written in e-notation (``"1e9"``),
+  as the help texts write defaults; ``"1.5e0"`` is not whole and is refused.  Anything else
+  (``"hok"`` for a choice, ``2`` for a yes/no) is refused, never mapped to a default.
 * Bounds state what is physical (a bandwidth is positive, a fraction at most 1) and what keeps
   one simulation small enough to answer in seconds (``le``).  The size of the simulation as a
   whole is judged separately (:func:`zero_sim.scenario.check_size`).
@@ -22,10 +23,12 @@ The rules, each because the alternative gives a silently wrong answer:
 
 from __future__ import annotations
 
+import argparse
 import functools
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, make_dataclass
+from decimal import Decimal, InvalidOperation
 from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, ConfigDict, Field, ValidationError, create_model
@@ -63,6 +66,35 @@ class Setting:
         return "--" + self.name.replace("_", "-")
 
 
+# Settings whose values are preset names, matched without regard to case by simulate()
+# (zero_sim.system.names): their flags take any text and name the choices in their help.
+CASE_FREE = ("gpu",)
+
+
+def add_flag(parser: argparse.ArgumentParser, setting: Setting, help_text: str | None = None,
+             default: Any = None) -> None:
+    """``setting``'s flag on a command's ``parser``, typed and limited to its choices as declared.
+
+    Not given, the flag is ``default``: None leaves the value to :func:`zero_sim.simulate`, and
+    the help names the default that then applies.  A yes/no setting takes ``--name`` and
+    ``--no-name``.  A setting with its own parser (``--params 7.5B``) reaches the schema as the
+    text typed, and so does a preset name (:data:`CASE_FREE`)."""
+    text = setting.help if help_text is None else help_text
+    kind, choices = (str if setting.parse else setting.kind), setting.choices
+    # An integer is read by the schema's rule (e-notation such as 1e9 is whole); text that is not
+    # whole stays text, for the schema to refuse in the same sentence as simulate() does.
+    kind = whole_number if kind is int else kind
+    if setting.name in CASE_FREE:
+        text, choices = f"{text}: one of {', '.join(setting.choices)}", None
+    shown = f"{text} (default: {setting.default if default is None else default})"
+    if kind is bool:
+        parser.add_argument(setting.flag, dest=setting.name, action=argparse.BooleanOptionalAction,
+                            default=default, help=shown)
+    else:
+        parser.add_argument(setting.flag, dest=setting.name, type=kind, default=default, choices=choices,
+                            help=shown)
+
+
 def _plain_number(value):
     """Refuse a bool (a subclass of int in Python; as a count or a size it is always a mistake)
     and NaN or infinity, before any range check that NaN would slip through."""
@@ -77,13 +109,40 @@ def _plain_number(value):
     return value
 
 
+def whole_number(value):
+    """Text that spells a whole number, in decimal or e-notation (``"8"``, ``"1e9"``,
+    ``"1_000"``), as that int; anything else is returned as given, for the type check to refuse
+    (``"1.5e0"`` is not whole and is never rounded).  Decimal reads the text exactly, where a
+    float would round counts above 2**53."""
+    if not isinstance(value, str):
+        return value
+    try:
+        number = Decimal(value.strip().replace("_", ""))
+    except InvalidOperation:
+        return value
+    if not number.is_finite() or number != number.to_integral_value():
+        return value
+    return int(number)
+
+
+def integer_flag(text: str) -> int:
+    """argparse's type for an integer flag outside the schema, by :func:`whole_number`'s rule."""
+    number = whole_number(text)
+    if not isinstance(number, int):
+        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}")
+    return number
+
+
 def _annotation(setting: Setting):
     """The pydantic type of one setting's value."""
     if setting.choices:
         base: Any = Literal[tuple(setting.choices)]
     elif setting.kind in (int, float):
         bounds = {k: getattr(setting, k) for k in ("gt", "ge", "le") if getattr(setting, k) is not None}
-        base = Annotated[setting.kind, BeforeValidator(_plain_number), Field(allow_inf_nan=False, **bounds)]
+        # Validators run last-listed first: e-notation text becomes an int before the number checks.
+        whole = (BeforeValidator(whole_number),) if setting.kind is int else ()
+        base = Annotated[setting.kind, BeforeValidator(_plain_number), *whole,
+                         Field(allow_inf_nan=False, **bounds)]
     else:
         base = setting.kind
     if setting.parse is not None:

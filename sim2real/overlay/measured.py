@@ -19,6 +19,7 @@ from zero_sim.vocabulary import (
     BUFFERS,
     COLLECTIVES,
     COMPUTE,
+    FORWARD,
     GRADS,
     MEMORY_CATEGORIES,
     OPTIMIZER_STATE,
@@ -80,14 +81,16 @@ def step_timing(ops, step_time_s: float) -> dict[str, float]:
     :func:`zero_sim.results.compute_metrics`'s rules.
 
     ``compute_s``: union of compute-stream spans clipped to the step; ``exposed_comm_s``:
-    collective time not under compute; phases split at the first and last backward
-    compute op.  Applied to a SimResult's own step ops it gives back its metrics."""
+    collective time not under compute; phases split at each forward and backward compute
+    op (:mod:`zero_sim.breakdown`).  Applied to a SimResult's own step ops it gives back its metrics."""
     ops = list(ops)
     return step_breakdown([(o["start_s"], o["end_s"]) for o in ops if o["stream"] == COMPUTE],
                           [(o["start_s"], o["end_s"]) for o in ops if op_kind(o["name"]) in COLLECTIVES],
                           [(o["start_s"], o["end_s"]) for o in ops
                            if o["stream"] == COMPUTE and _is_backward(o)],
-                          0.0, step_time_s)
+                          0.0, step_time_s,
+                          [(o["start_s"], o["end_s"]) for o in ops
+                           if o["stream"] == COMPUTE and _phase_of(o) == FORWARD])
 
 
 def timing_per_step(run: MeasuredRun, first_step: int = 1) -> dict[int, dict[str, float]]:
@@ -124,12 +127,17 @@ def steady_timing(run: MeasuredRun, first_step: int = 1) -> dict[str, float]:
 
 
 def _is_backward(op) -> bool:
+    return _phase_of(op) == BACKWARD
+
+
+def _phase_of(op) -> str | None:
     # The simulator tags ops with their phase; the recorder tags compute ops too, but a
-    # trace-derived op has none, so fall back to the name (``bwd L3``, ``recompute L3``).
+    # trace-derived op has none, so fall back to the name (``fwd L3``; ``bwd L3``, ``recompute L3``).
     phase = op.get("phase")
     if phase is not None and not (isinstance(phase, float) and math.isnan(phase)):
-        return phase == BACKWARD
-    return op_kind(op["name"]) in ("bwd", "recompute")
+        return phase
+    kind = op_kind(op["name"])
+    return BACKWARD if kind in ("bwd", "recompute") else FORWARD if kind == "fwd" else None
 
 
 def records(frame: pd.DataFrame) -> list[dict]:

@@ -59,15 +59,16 @@ CPU calibration's sweep measures it).  Files are read as a stream, keeping only 
 
 from __future__ import annotations
 
-import json
 import statistics
 from collections import Counter, defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from zero_sim.calibration.fit import fit_sweep
 from zero_sim.calibration.format import Calibration, CalibrationError, ComputeCalibration
+from zero_sim.calibration.run_facts import RunFacts, run_facts, tokens_of_run
+from zero_sim.calibration.trace_findings import TraceFindings
 from zero_sim.calibration.trace_index import (
     KERNEL_KINDS,
     TraceIndex,
@@ -88,70 +89,6 @@ NCCL_NAMES = {"allreduce": ALL_REDUCE, "allgather": ALL_GATHER, "_allgather_base
               "_reduce_scatter_base": REDUCE_SCATTER, "reduce_scatter_tensor_coalesced": REDUCE_SCATTER}
 DTYPE_BYTES = {"float": 4, "float32": 4, "half": 2, "float16": 2, "bfloat16": 2, "double": 8, "long": 8,
                "int": 4, "int64": 8, "int32": 4, "byte": 1, "char": 1, "bool": 1, "float8_e4m3fn": 1}
-
-
-@dataclass
-class TraceFindings:
-    """What the traces gave: a calibration for the simulator and the report of how it was found."""
-
-    calibration: Calibration
-    gpu: str | None
-    ranks: list[int]
-    steps: int
-    layer_ms: dict[str, dict[str, float]] = field(default_factory=dict)  # kind -> {"fwd", "bwd"} ms
-    # The step of median length (of every rank's profiler steps): GPU kernel time per phase, per
-    # kernel kind, and the time no compute kernel ran.
-    phases_ms: dict[str, float] = field(default_factory=dict)
-    kernel_mix_ms: dict[str, float] = field(default_factory=dict)
-    idle_compute_ms: float | None = None
-    step_ms: float | None = None
-    collectives: dict[str, dict] = field(default_factory=dict)  # kind -> count, sizes, group size
-    not_found: list[str] = field(default_factory=list)
-    device_note: str = "not recognised (the simulator keeps the GPU you give it)"
-    host_layer_ms: dict[str, dict[str, float]] = field(default_factory=dict)  # the host's part, GPU traces
-    optimizer_ms: float | None = None  # the update's wall time per step (host start to last kernel)
-    host_note: str | None = None  # how the host's times were taken: with the profiler's cost or without
-    overlap_configs: int = 0  # launch configurations seen both alone and beside NCCL kernels
-    layers_note: str | None = None  # where the layers were found other than by their labels, and how
-
-    def report(self) -> str:
-        lines = [f"traces of rank(s) {', '.join(map(str, self.ranks))}: {self.steps} profiler step(s)"
-                 + (f"; the median one, {self.step_ms:.2f} ms, below" if self.step_ms else ""),
-                 f"device: {self.gpu or self.device_note}"]
-        if self.layers_note:
-            lines.append(f"layers: {self.layers_note}")
-        if self.layer_ms:
-            lines.append(("per layer, GPU kernels: " if self.host_layer_ms else "per layer: ") + ", ".join(
-                f"{kind} fwd {t['fwd']:.3f} ms / bwd {t['bwd']:.3f} ms" for kind, t in self.layer_ms.items()))
-        if self.host_layer_ms:
-            lines.append("per layer, host issuing them: " + ", ".join(
-                f"{kind} fwd {t['fwd']:.3f} ms / bwd {t['bwd']:.3f} ms"
-                for kind, t in self.host_layer_ms.items()))
-        if self.host_note:
-            lines.append(f"host: {self.host_note}")
-        if self.optimizer_ms is not None:
-            lines.append(f"optimizer: {self.optimizer_ms:.2f} ms per step (from its start on the host to its "
-                         f"last kernel)")
-        if self.phases_ms:
-            lines.append("GPU time per step by phase: " + ", ".join(
-                f"{p} {ms:.2f} ms" for p, ms in self.phases_ms.items()))
-        if self.kernel_mix_ms:
-            total = sum(self.kernel_mix_ms.values()) or 1.0
-            lines.append("kernel mix per step: " + ", ".join(
-                f"{k} {ms:.2f} ms ({ms / total:.0%})" for k, ms in self.kernel_mix_ms.items()))
-        if self.idle_compute_ms is not None:
-            lines.append(f"no compute kernel running: {self.idle_compute_ms:.2f} ms per step (launch gaps "
-                         f"and waits for communication together)")
-        if self.overlap_configs:
-            lines.append(f"compute beside NCCL kernels: {self.calibration.overlap_slowdown:.1%} slower (the "
-                         f"same kernels alone and beside a collective, {self.overlap_configs} launch "
-                         f"configurations)")
-        for kind, c in self.collectives.items():
-            lines.append(f"{kind}: {c['calls']} NCCL kernels over {c['group_size']} ranks, "
-                         f"{c['sizes']} sizes from {c['min_bytes']:,} to {c['max_bytes']:,} bytes")
-        lines.append(self.calibration.describe())
-        lines += [f"not found: {why}" for why in self.not_found]
-        return "\n".join(lines)
 
 
 def _device(data: dict) -> str | None:
@@ -207,50 +144,6 @@ def _by_kind(per_layer: dict[tuple[str, int], list[float]]) -> dict[str, dict[st
     return out
 
 
-# The real runs' strategies that keep the whole optimizer state on every rank; the rest shard it.
-UNSHARDED_OPTIMIZER = ("ddp", "ddp-torch")
-
-
-@dataclass(frozen=True)
-class RunFacts:
-    """What the ``run.json`` of a real run says beside its traces (``real_runs.train --trace`` leaves
-    it one folder up); all None for anyone else's traces."""
-
-    tokens: int | None = None  # tokens per rank per step
-    world_size: int | None = None  # ranks computing at once
-    cores: int | None = None  # CPU cores the ranks shared
-    params_updated: int | None = None  # parameters each rank's optimizer updates
-
-
-def run_facts(path: Path) -> RunFacts:
-    """The facts of the real run whose traces folder (or a trace in it) ``path`` is, read once."""
-    run_json = (path if path.is_dir() else path.parent).parent / "run.json"
-    try:
-        run = json.loads(run_json.read_text())
-    except (OSError, ValueError):
-        return RunFacts()
-    if not isinstance(run, dict):
-        return RunFacts()
-
-    def positive(key: str) -> int | None:
-        value = run.get(key)
-        return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
-
-    # The optimizer updates what trains: a LoRA run's adapters (trainable_params), else every weight.
-    world, params = positive("world_size"), positive("trainable_params") or positive("params")
-    batch, seq = positive("global_batch"), positive("seq_len")
-    tokens = batch // world * seq if batch and world and seq else None
-    updated = None
-    if params and world:
-        updated = params if run.get("strategy") in UNSHARDED_OPTIMIZER else -(-params // world)
-    return RunFacts(tokens, world, positive("cores"), updated)
-
-
-def tokens_of_run(path: Path) -> int | None:
-    """Tokens per rank per step of the real run whose traces ``path`` holds, else None."""
-    return run_facts(path).tokens
-
-
 def _with_backward(layers: dict, ratio: float) -> dict:
     """Forward-only layer times with each backward at ``ratio`` times its forward."""
     out = dict(layers)
@@ -296,122 +189,212 @@ def calibration_from_traces(paths: Iterable[str | Path], tokens: int | None = No
     when the traces are a real run's, else the calibration keeps no compute block.
     ``untraced_step_ms``: the step time the same run shows without the profiler (its logs); the
     host's times are then cleared of the profiler's cost (:func:`without_profiler`).
-    ``on_progress(bytes_read, total)`` hears how far each file's read has come."""
+    ``on_progress(bytes_read, total)`` hears how far each file's read has come.
+
+    The steps, each its own function: read and index the traces; fit the collectives; take the
+    step of median length; complete forward-only layers with a backward; the update's times;
+    the compute block (the profiler's cost taken out); compute's slowdown beside NCCL kernels."""
     paths = [Path(p) for p in paths]
+    traces = _read(paths, on_progress)
+    not_found: list[str] = []  # what could not be found, in the order the steps look for it
+    fits, summary = _collective_fits(traces, not_found)
+    steps, typical = _typical_step(traces)
+    per_rank, layers_note = _layers_with_backward(traces, typical)
+    facts = run_facts(paths[0])
+    update = _update(traces, facts, not_found)
+    by_kind = _by_kind(_merged(layers for layers, _ in per_rank))
+    host_by_kind = _by_kind(_merged(host for _, host in per_rank)) if traces.kernels else None
+    tokens = tokens if tokens is not None else facts.tokens
+    compute, host_by_kind, profiler_note = _compute(traces, per_rank, by_kind, host_by_kind, typical, facts,
+                                                    tokens, update, untraced_step_ms, not_found)
+    beside = _beside_nccl(traces, not_found)
+    measured_on = {"source": "PyTorch profiler traces", "traces": [p.name for p in traces.files],
+                   "ranks": traces.ranks, "gpu": sorted(traces.gpus)[0] if traces.gpus else None}
+    calibration = Calibration(fits, compute, "nccl" if traces.kernels else None, measured_on,
+                              overlap_slowdown=None if beside is None else round(beside[0], 4))
+    layer_ms = {k: {d: t * 1e3 for d, t in v.items()} for k, v in (by_kind or {}).items()}
+    host_layer_ms = {k: {d: t * 1e3 for d, t in v.items()} for k, v in (host_by_kind or {}).items()}
+    gpu = sorted(traces.gpus)[0] if len(traces.gpus) == 1 else None
+    return TraceFindings(calibration, gpu, traces.ranks, steps,
+                         layer_ms, _largest_first(typical["phases"]), _largest_first(typical["kinds"]),
+                         typical["idle"], typical["length"], summary, not_found,
+                         "not recognised (the simulator keeps the GPU you give it)" if traces.kernels
+                         else "CPU (no GPU kernels in the traces)", host_layer_ms, update.optimizer_ms,
+                         profiler_note, beside[1] if beside else 0, layers_note)
+
+
+@dataclass
+class _Traces:
+    """The traces read and indexed, and what the later steps take from all of them."""
+
+    files: list[Path]
+    data: list[dict]  # each file's JSON, as read
+    indexes: list[TraceIndex]
+    kernels: list[dict]  # every GPU kernel (none in a CPU trace)
+    nccl: list[dict]  # the NCCL kernels among them
+    per_rank: list[tuple[dict, dict]]  # each trace's layer times: its kernels', its host's
+
+    @property
+    def ranks(self) -> list[int]:
+        return sorted({(d.get("distributedInfo") or {}).get("rank", i) for i, d in enumerate(self.data)})
+
+    @property
+    def gpus(self) -> set[str]:
+        return {g for g in (_device(d) for d in self.data) if g}
+
+
+def _read(paths: list[Path], on_progress: Progress) -> _Traces:
+    """Every trace file under ``paths``, read and indexed; a trace with neither GPU kernels nor
+    labelled layers is refused, as nothing can be fitted from it."""
     files = trace_files(paths)
-    traces = [(p, read_trace(p, on_progress)) for p in files]
-    indexes = [TraceIndex(d) for _, d in traces]
+    data = [read_trace(p, on_progress) for p in files]
+    indexes = [TraceIndex(d) for d in data]
     kernels = [k for i in indexes for k in i.kernels if k.get("cat") == "kernel"]
     per_rank = [layer_seconds(i) for i in indexes]
-    per_rank_layers = [compute for compute, _ in per_rank]
-    if not kernels and not any(per_rank_layers):
+    if not kernels and not any(compute for compute, _ in per_rank):
         raise CalibrationError(f"{', '.join(p.name for p in files)} hold no GPU kernels and no labelled "
                                f"layers; profile with ProfilerActivity.CUDA on a GPU run, or label layers "
                                f"'fwd L<i>' / 'bwd L<i>' with record_function")
-    ranks = sorted({(d.get("distributedInfo") or {}).get("rank", i) for i, (_, d) in enumerate(traces)})
-    gpus = {g for g in (_device(d) for _, d in traces) if g}
-    nccl = [k for i in indexes for k in i.nccl_kernels()]
-    by_group, summary = _nccl_rows(nccl)
-    not_found = []
-    fits = {}
+    return _Traces(files, data, indexes, kernels, [k for i in indexes for k in i.nccl_kernels()], per_rank)
+
+
+def _collective_fits(traces: _Traces, not_found: list[str]) -> tuple[dict, dict]:
+    """Latency and bus bandwidth per collective, fitted for the group size seen most, and a summary
+    of the NCCL kernels seen; where there are none to fit, why, in ``not_found``."""
+    by_group, summary = _nccl_rows(traces.nccl)
+    fits: dict = {}
     if by_group:
         group = max(by_group, key=lambda g: len(by_group[g]))
         try:
             fits = fit_sweep(by_group[group], group)
         except CalibrationError as exc:
             not_found.append(f"a collective fit: {exc}")
-    elif nccl:
+    elif traces.nccl:
         not_found.append("NCCL message sizes: neither the kernels nor c10d's record_param_comms ops carry "
                          "'In msg nelems' / 'Group size' for groups of two ranks or more (PyTorch records "
                          "them from 2.1); no collective fit")
-    elif kernels:
+    elif traces.kernels:
         not_found.append("collectives: no NCCL kernel ran (a one-GPU run communicates nothing); trace a run "
                          "of two GPUs or more, or import nccl-tests output, for the network")
     else:
         not_found.append("collectives: a CPU trace's gloo calls run on gloo's own threads with no kernel to "
                          "time; measure the network with `zero-sim calibrate` (a collective sweep)")
-    rows = [r for i in indexes for r in per_step(i)]
-    # The step of median length stands for all: its phases and kinds add up, as medians per key would not.
+    return fits, summary
+
+
+def _typical_step(traces: _Traces) -> tuple[int, dict]:
+    """How many profiler steps were timed, and the one of median length, which stands for all:
+    its phases and kinds add up, as medians per key would not."""
+    rows = [r for i in traces.indexes for r in per_step(i)]
     timed = sorted((r for r in rows if r["length"]), key=lambda r: r["length"])
-    typical = timed[(len(timed) - 1) // 2] if timed else rows[0]
-    modules = sorted({i.block_class for i in indexes if i.block_class})
-    forward_only = any(d == "fwd" and ("bwd", i) not in layers
-                       for layers in per_rank_layers for d, i in layers)
-    layers_note = f"from module annotations ({', '.join(modules)} as the blocks)" if modules else None
-    if forward_only:
-        # Module annotations (and forward-only labels) show no backward: each layer's backward is
-        # taken as the backward phase's kernels over the forward's, or 2x (its FLOPs) without phases.
-        phases = typical["phases"]
-        ratio = phases["backward"] / phases["forward"] if phases.get("forward") and phases.get("backward") \
-            else 2.0
-        per_rank_layers = [_with_backward(layers, ratio) for layers in per_rank_layers]
-        hosts = [_with_backward(host, 1.0) for _, host in per_rank]
-        per_rank = list(zip(per_rank_layers, hosts, strict=True))
-        layers_note = ((layers_note + "; " if layers_note else "") + f"forward only, each layer's backward "
-                       f"taken as {ratio:.2f}x its forward"
-                       f"{', the backward phase over the forward' if ratio != 2.0 else ', its FLOPs'}")
-    by_kind = _by_kind(_merged(per_rank_layers))
-    host_by_kind = _by_kind(_merged(host for _, host in per_rank)) if kernels else None
-    facts = run_facts(paths[0])
-    tokens = tokens if tokens is not None else facts.tokens
-    parts = [p for i in indexes for p in step_parts(i)]
+    return len(timed), timed[(len(timed) - 1) // 2] if timed else rows[0]
+
+
+def _layers_with_backward(traces: _Traces, typical: dict) -> tuple[list[tuple[dict, dict]], str | None]:
+    """Each trace's layer times (kernels', host's) and where the layers were found other than by
+    their labels.  Module annotations (and forward-only labels) show no backward: each layer's
+    backward is taken as the backward phase's kernels over the forward's, or 2x (its FLOPs)
+    without phases; the host's backward as long as its forward."""
+    modules = sorted({i.block_class for i in traces.indexes if i.block_class})
+    note = f"from module annotations ({', '.join(modules)} as the blocks)" if modules else None
+    if not any(d == "fwd" and ("bwd", i) not in layers for layers, _ in traces.per_rank for d, i in layers):
+        return traces.per_rank, note
+    phases = typical["phases"]
+    ratio = phases["backward"] / phases["forward"] if phases.get("forward") and phases.get("backward") \
+        else 2.0
+    per_rank = [(_with_backward(layers, ratio), _with_backward(host, 1.0))
+                for layers, host in traces.per_rank]
+    note = ((note + "; " if note else "") + f"forward only, each layer's backward taken as {ratio:.2f}x its "
+            f"forward{', the backward phase over the forward' if ratio != 2.0 else ', its FLOPs'}")
+    return per_rank, note
+
+
+@dataclass(frozen=True)
+class _Update:
+    """The optimizer's update per step (its wall time) and per parameter updated (its kernels',
+    its host's), and the loop's own host work per step; None where the traces do not tell."""
+
+    optimizer_ms: float | None = None
+    per_param: float | None = None
+    host_per_param: float | None = None
+    loop_host_s: float | None = None
+
+
+def _update(traces: _Traces, facts: RunFacts, not_found: list[str]) -> _Update:
+    """The update's times, per parameter where the real run's ``run.json`` says how many each
+    rank updates: on a GPU its kernels and the host's issuing apart, on a CPU the host computes
+    the update (its regions, not the waits between)."""
+    parts = [p for i in traces.indexes for p in step_parts(i)]
     optimizer_ms = statistics.median(p.optimizer_wall for p in parts) * 1e3 if parts else None
     updated = facts.params_updated
-    per_param = host_per_param = loop_host_s = None
-    if parts and updated and kernels:  # a GPU trace: kernels and the host's issuing apart
-        per_param = statistics.median(p.optimizer_gpu for p in parts) / updated
-        host_per_param = statistics.median(p.optimizer_host for p in parts) / updated
-        loop_host_s = statistics.median(p.loop_host for p in parts)
-    elif parts and updated:  # a CPU trace: the host computes the update (its regions, not the waits between)
-        per_param = statistics.median(p.optimizer_host for p in parts) / updated
     if optimizer_ms and not updated:
         not_found.append("the parameters each rank's optimizer updates (the traces are not a real run's "
                          "with its run.json); the optimizer's time is reported but the GPU model's is used")
-    compute = None
-    profiler_note = None
+    if not (parts and updated):
+        return _Update(optimizer_ms)
+    if not traces.kernels:
+        return _Update(optimizer_ms, statistics.median(p.optimizer_host for p in parts) / updated)
+    return _Update(optimizer_ms, statistics.median(p.optimizer_gpu for p in parts) / updated,
+                   statistics.median(p.optimizer_host for p in parts) / updated,
+                   statistics.median(p.loop_host for p in parts))
+
+
+def _compute(traces: _Traces, per_rank: list[tuple[dict, dict]], by_kind: dict | None,
+             host_by_kind: dict | None, typical: dict, facts: RunFacts, tokens: int | None,
+             update: _Update, untraced_step_ms: float | None,
+             not_found: list[str]) -> tuple[ComputeCalibration | None, dict | None, str | None]:
+    """The calibration's compute block, the host's layer times it holds and how they were taken;
+    no block without per-layer times or the tokens they computed (said in ``not_found``)."""
     if by_kind is None:
         not_found.append("per-layer times: no spans labelled 'fwd L<i>' / 'bwd L<i>' and no module "
                          "annotations (label each layer with record_function, as real_runs --trace does, "
                          "or profile with with_stack=True, with_modules=True); the simulator's compute "
                          "model stays")
-    elif tokens is None:
+        return None, host_by_kind, None
+    if tokens is None:
         not_found.append("the tokens per rank the layers computed (give --tokens: micro-batch x sequence "
                          "length); the layer times are reported but not used")
-    else:
-        if untraced_step_ms and host_by_kind and typical["length"]:
-            layers_host_s = sum(statistics.median(v) for v in _merged(host for _, host in per_rank).values())
-            host_s = layers_host_s + (host_per_param or 0.0) * (updated or 0) + (loop_host_s or 0.0)
-            kept = without_profiler(host_s, typical["length"] * 1e-3, untraced_step_ms * 1e-3)
-            host_by_kind = {k: {d: t * kept for d, t in v.items()} for k, v in host_by_kind.items()}
-            host_per_param = None if host_per_param is None else host_per_param * kept
-            loop_host_s = None if loop_host_s is None else loop_host_s * kept
-            profiler_note = (f"host times scaled by {kept:.2f}: the profiler's own cost taken out "
-                             f"(traced step {typical['length']:.1f} ms, untraced {untraced_step_ms:.1f} ms)")
-        elif host_by_kind:
-            profiler_note = ("host times as traced, the profiler's own cost included (give the untraced step "
-                             "time, --untraced-step-ms, to take it out)")
-        # A CPU trace's layers ran at the traced run's share of its cores; say how many to scale by.
-        cores = None if kernels else facts.cores
-        traced_ranks = facts.world_size or max(len(traces), len(ranks))
-        compute = ComputeCalibration(by_kind, tokens, per_param, traced_ranks, cores,
-                                     host_seconds=host_by_kind,
-                                     optimizer_host_seconds_per_param=host_per_param, step_host_s=loop_host_s)
-    beside = slowdown_beside_nccl([k for i in indexes for k in i.kernels]) if nccl else None
-    if nccl and beside is None:
+        return None, host_by_kind, None
+    profiler_note = None
+    if untraced_step_ms and host_by_kind and typical["length"]:
+        host_by_kind, update, profiler_note = _profiler_taken_out(
+            per_rank, host_by_kind, update, facts.params_updated, typical["length"], untraced_step_ms)
+    elif host_by_kind:
+        profiler_note = ("host times as traced, the profiler's own cost included (give the untraced step "
+                         "time, --untraced-step-ms, to take it out)")
+    # A CPU trace's layers ran at the traced run's share of its cores; say how many to scale by.
+    cores = None if traces.kernels else facts.cores
+    traced_ranks = facts.world_size or max(len(traces.data), len(traces.ranks))
+    compute = ComputeCalibration(by_kind, tokens, update.per_param, traced_ranks, cores,
+                                 host_seconds=host_by_kind,
+                                 optimizer_host_seconds_per_param=update.host_per_param,
+                                 step_host_s=update.loop_host_s)
+    return compute, host_by_kind, profiler_note
+
+
+def _profiler_taken_out(per_rank: list[tuple[dict, dict]], host_by_kind: dict, update: _Update,
+                        updated: int | None, traced_ms: float,
+                        untraced_ms: float) -> tuple[dict, _Update, str]:
+    """The host's times (layers, update per parameter, loop) scaled by :func:`without_profiler`
+    for a step traced at ``traced_ms`` that runs in ``untraced_ms`` without the profiler."""
+    layers_host_s = sum(statistics.median(v) for v in _merged(host for _, host in per_rank).values())
+    host_s = layers_host_s + (update.host_per_param or 0.0) * (updated or 0) + (update.loop_host_s or 0.0)
+    kept = without_profiler(host_s, traced_ms * 1e-3, untraced_ms * 1e-3)
+    scaled = replace(update,
+                     host_per_param=None if update.host_per_param is None else update.host_per_param * kept,
+                     loop_host_s=None if update.loop_host_s is None else update.loop_host_s * kept)
+    note = (f"host times scaled by {kept:.2f}: the profiler's own cost taken out "
+            f"(traced step {traced_ms:.1f} ms, untraced {untraced_ms:.1f} ms)")
+    return {k: {d: t * kept for d, t in v.items()} for k, v in host_by_kind.items()}, scaled, note
+
+
+def _beside_nccl(traces: _Traces, not_found: list[str]) -> tuple[float, int] | None:
+    """Compute's slowdown beside NCCL kernels and the launch configurations compared, or None."""
+    beside = slowdown_beside_nccl([k for i in traces.indexes for k in i.kernels]) if traces.nccl else None
+    if traces.nccl and beside is None:
         not_found.append("compute slowed beside NCCL kernels: too few kernels ran both alone and beside a "
                          "collective to compare; the GPU's default stays")
-    measured_on = {"source": "PyTorch profiler traces", "traces": [p.name for p in files],
-                   "ranks": ranks, "gpu": sorted(gpus)[0] if gpus else None}
-    calibration = Calibration(fits, compute, "nccl" if kernels else None, measured_on,
-                              overlap_slowdown=None if beside is None else round(beside[0], 4))
-    layer_ms = {k: {d: t * 1e3 for d, t in v.items()} for k, v in (by_kind or {}).items()}
-    host_layer_ms = {k: {d: t * 1e3 for d, t in v.items()} for k, v in (host_by_kind or {}).items()}
-    return TraceFindings(calibration, sorted(gpus)[0] if len(gpus) == 1 else None, ranks, len(timed),
-                         layer_ms, _largest_first(typical["phases"]), _largest_first(typical["kinds"]),
-                         typical["idle"], typical["length"], summary, not_found,
-                         "not recognised (the simulator keeps the GPU you give it)" if kernels
-                         else "CPU (no GPU kernels in the traces)", host_layer_ms, optimizer_ms,
-                         profiler_note, beside[1] if beside else 0, layers_note)
+    return beside
 
 
 __all__ = ["KERNEL_KINDS", "RunFacts", "TraceFindings", "calibration_from_traces", "run_facts",

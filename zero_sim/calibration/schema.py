@@ -132,6 +132,8 @@ class NetworkFile(_Strict):
     latency_us: LatencyUs
     nics: _count(4096) = 1
     ll_protocols: bool = True
+    line_gbit: _number(lo=1e-6, hi=1e7) | None = None  # each NIC's line rate, where a preset gave it
+    achieved: Fraction | None = None  # the fraction of it achieved (nic_gbps = line x nics / 8 x this)
 
 
 class TopologyFile(_Strict):

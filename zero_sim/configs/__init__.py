@@ -1,7 +1,10 @@
 """Training configurations users already have, read into ``simulate()`` settings.
 
 Each reader turns one file format into a :class:`ConfigReading`: the settings it sets and one
-note per key it did not turn into a setting, saying why (``ignored: <key>: <why>``).  A key
+note per key it did not turn into a setting, saying why (``ignored: <key>: <why>``).  Every key
+of a file lands on a ``read:`` or an ``ignored:`` line: the reading records which keys its notes
+named, and :meth:`ConfigReading.account` notes each leaf key no line named (nor a table holding
+it) as ignored, so a key no reader knows is still shown, never silently dropped.  A key
 whose effect the simulator cannot model, and that would change a step's time or memory, is
 refused with one sentence instead, so a reading never silently simulates something else.
 
@@ -14,7 +17,8 @@ from __future__ import annotations
 import difflib
 import json
 import os
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,24 +42,62 @@ class ConfigReading:
     origins: dict[str, str] = field(default_factory=dict)  # setting -> the key it was read from
     # Run on the resolved settings: checks that need the rank count, and settings derived from it.
     finish: list[Callable[[dict[str, Any]], None]] = field(default_factory=list)
+    accounted: set[str] = field(default_factory=set)  # the file's keys (and tables) a note named
 
     def blame(self, message: str) -> str:
-        """A refusal of a value read from the file, saying which key of which file held it."""
-        for name, key in self.origins.items():
-            if message.startswith(f"--{name.replace('_', '-')} "):
-                return f"{message} (read from {key} in {self.source})"
-        return message
+        """A refusal that names a setting this file set (and the user did not type), saying which
+        key of which file set it: an error about a flag nobody typed must say where it came from."""
+        named = [f"{flag} was read from {key}" for name, key in self.origins.items()
+                 if re.search(rf"{(flag := '--' + name.replace('_', '-'))}(?![\w-])", message)]
+        return f"{message} ({'; '.join(named)} in {self.source})" if named else message
 
-    def set(self, name: str, value: Any, key: str, written: Any = None) -> None:
-        """``key`` (as ``written`` in the file, when that differs from ``value``) sets ``--name value``."""
+    def set(self, name: str, value: Any, key: str, written: Any = None, keys: Iterable[str] = ()) -> None:
+        """``key`` (as ``written`` in the file, when that differs from ``value``) sets ``--name value``;
+        ``keys``: the file's keys it was read from, where ``key`` names several in words."""
         self.settings[name] = value
         self.origins[name] = key
+        self.accounted.update(keys or (key,))
         shown = f" = {written!r}" if written is not None else ""
         value_shown = f"{value:.6g}" if isinstance(value, float) else value
         self.notes.append(f"read: {key}{shown} as --{name.replace('_', '-')} {value_shown}")
 
+    def read(self, key: str, meaning: str) -> None:
+        """``key`` was read and checked, and sets nothing of its own: ``meaning`` says what it said."""
+        self.accounted.add(key)
+        self.notes.append(f"read: {key} {meaning}")
+
     def ignore(self, key: str, why: str) -> None:
+        self.accounted.add(key)
         self.notes.append(f"ignored: {key}: {why}")
+
+    def account(self, data: dict, name: Callable[[tuple[str, ...]], str] = None,
+                table: Callable[[tuple[str, ...]], str] = None) -> None:
+        """Every leaf key of ``data`` that no note named, nor a table holding it, noted as ignored;
+        ``name`` and ``table`` spell a key's and a table's path as this reader's notes do (dotted)."""
+        name = name or dotted
+        table = table or name
+        for path in _leaves(data):
+            tables = {table(path[:i]) for i in range(1, len(path))}
+            if name(path) not in self.accounted and not tables & self.accounted:
+                self.ignore(name(path), NOT_READ)
+
+
+NOT_READ = "not read by this reader"
+
+
+def _leaves(data: dict, path: tuple[str, ...] = ()) -> Iterator[tuple[str, ...]]:
+    """The paths of a nested mapping's leaves (a list or an empty table is a leaf)."""
+    for key, value in data.items():
+        here = (*path, str(key))
+        if isinstance(value, dict) and value:
+            yield from _leaves(value, here)
+        else:
+            yield here
+
+
+def dotted(path: tuple[str, ...]) -> str:
+    """A key's path as JSON and YAML readers name it: ``zero_optimization.stage``."""
+    return ".".join(path)
 
 
 def load_mapping(config, what: str) -> tuple[dict, str]:
@@ -112,6 +154,8 @@ def check_spelling(keys, known, source: str, where: str = "", what: str = "key",
 def merge(reading: ConfigReading, given: dict[str, Any]) -> dict[str, Any]:
     """The reading's settings overlaid with those given explicitly (None means not given)."""
     explicit = {k: v for k, v in given.items() if v is not None}
+    for name in explicit:  # what the user typed is theirs, not the file's, when a refusal names it
+        reading.origins.pop(name, None)
     for name, value in explicit.items():
         if name in reading.settings and reading.settings[name] != value:
             if name == "strategy":

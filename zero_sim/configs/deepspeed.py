@@ -170,7 +170,7 @@ def read_deepspeed(config) -> ConfigReading:
             reading.set(name, data[key], key)
     if ds.train_batch_size is not None:
         total = ds.train_batch_size
-        reading.notes.append(f"read: train_batch_size = {total} (checked against the ranks)")
+        reading.read("train_batch_size", f"= {total} (checked against the ranks)")
         reading.finish.append(lambda settings: check_batch(total, settings, source))
     _optimizer(ds.optimizer, source, reading)
     _zero(ds.zero_optimization, data.get("zero_optimization", {}), source, precision, reading)
@@ -182,6 +182,7 @@ def read_deepspeed(config) -> ConfigReading:
             reading.ignore(key, NO_EFFECT[key])
         elif key not in handled:
             reading.ignore(key, "not a DeepSpeed setting this reader knows")
+    reading.account(data)
     return reading
 
 
@@ -218,8 +219,17 @@ def _precision(ds: _DeepSpeed, reading: ConfigReading) -> str:
     half = any(section is not None and section.enabled for section in (ds.bf16, ds.bfloat16, ds.fp16))
     autocast = any(section is not None and section.enabled for section in (ds.amp, ds.torch_autocast))
     precision = "mixed" if half else "amp" if autocast else "fp32"
+    sections = ("bf16", "bfloat16", "fp16", "amp", "torch_autocast")
+    switches = [f"{name}.enabled" for name in sections if getattr(ds, name) is not None]
     key = "bf16/fp16.enabled" if half or not autocast else "amp/torch_autocast.enabled"
-    reading.set("precision", precision, key)
+    reading.set("precision", precision, key, keys=switches or (key,))
+    for name in ("bf16", "bfloat16", "fp16"):
+        for extra in sorted(getattr(getattr(ds, name), "model_extra", None) or {}):
+            reading.ignore(f"{name}.{extra}", "loss scaling and its tuning cost no modelled time")
+    for name in ("amp", "torch_autocast"):
+        for extra in sorted(getattr(getattr(ds, name), "model_extra", None) or {}):
+            reading.ignore(f"{name}.{extra}", "autocast's op lists and apex's opt level are not modelled; "
+                           "the weights are fp32, the matmuls in half precision")
     if ds.communication_data_type is not None:
         comm = _dtype_name(ds.communication_data_type, "communication_data_type", reading.source)
         reading.set("reduce_dtype", comm, "communication_data_type", ds.communication_data_type)
@@ -250,6 +260,7 @@ def _optimizer(section: _Optimizer | None, source: str, reading: ConfigReading) 
     if section.type.lower() not in ADAM_FAMILY:
         raise ConfigError(f"optimizer.type {section.type!r} in {source} is not an Adam-family optimizer, "
                           f"whose 12 bytes per parameter the simulator counts; use --optimizer-k for another")
+    reading.read("optimizer.type", f"= {section.type!r} (Adam family: 12 bytes of state per parameter)")
     reading.ignore("optimizer.params", "learning rate and betas change no step's time or memory")
 
 
@@ -261,6 +272,8 @@ def _offload(zero: _Zero, source: str, reading: ConfigReading) -> None:
         reading.set("offload_optimizer", "cpu", "zero_optimization.cpu_offload", True)
     for key, name in (("offload_optimizer", "offload_optimizer"), ("offload_param", "offload_params")):
         offload = getattr(zero, key)
+        if offload is not None and offload.device == "none":
+            reading.ignore(f"zero_optimization.{key}", "device none: nothing is offloaded")
         if offload is None or offload.device == "none":
             continue
         if offload.ratio != 1.0:
@@ -271,6 +284,8 @@ def _offload(zero: _Zero, source: str, reading: ConfigReading) -> None:
         if not offload.pin_memory:
             reading.ignore(f"zero_optimization.{key}.pin_memory", "copies are simulated at the pinned "
                            "rate; pageable host memory copies slower")
+        else:
+            reading.read(f"zero_optimization.{key}.pin_memory", "= true (copies at the pinned rate)")
         for extra in sorted(set(offload.model_extra or {}) - {"nvme_path"}):
             reading.ignore(f"zero_optimization.{key}.{extra}", "NVMe and buffer tuning are not modelled")
 
@@ -294,6 +309,8 @@ def _zero(zero: _Zero, written: dict, source: str, precision: str, reading: Conf
                           f"backward; use --strategy ddp for torch DDP)")
     stage = zero.stage
     reading.set("strategy", STAGES[stage], "zero_optimization.stage", stage)
+    if stage == 3 and "reduce_scatter" in written:
+        reading.ignore("zero_optimization.reduce_scatter", "stage 3 always reduce-scatters its gradients")
     _offload(zero, source, reading)
     for key, what in NOT_MODELLED.items():
         if _turned_on(key, getattr(zero, key)):

@@ -68,6 +68,8 @@ class _FullyShard(BaseModel):
 
 def _offload_policy(policy: Any, source: str, reading: ConfigReading) -> None:
     """FSDP2's ``offload_policy``, by its class name (alone, or as ``type`` with its arguments)."""
+    if policy in ({}, "none", "OffloadPolicy"):
+        reading.ignore("offload_policy", "offloads nothing")
     if policy in (None, {}, "none", "OffloadPolicy"):
         return
     name = policy.get("type", "CPUOffloadPolicy") if isinstance(policy, dict) else policy
@@ -78,6 +80,8 @@ def _offload_policy(policy: Any, source: str, reading: ConfigReading) -> None:
     if isinstance(policy, dict) and policy.get("pin_memory") is False:
         reading.ignore("offload_policy.pin_memory", "copies are simulated at the pinned rate; pageable host "
                        "memory copies slower")
+    elif isinstance(policy, dict) and "pin_memory" in policy:
+        reading.read("offload_policy.pin_memory", "= true (copies at the pinned rate)")
 
 def load_fsdp_file(config) -> tuple[dict, str]:
     """A mapping, or a JSON or YAML file (by its suffix) holding one."""
@@ -124,11 +128,13 @@ def read_fsdp(config) -> ConfigReading:
     for name in ("forward_prefetch", "backward_prefetch", "limit_all_gathers"):
         if getattr(fs, name) is not None:
             reading.set(name, getattr(fs, name), name)
+    reading.account(data)
     return reading
 
 
 def _mesh(mesh: _Mesh, reading: ConfigReading) -> None:
-    reading.set("gpus", mesh.shard * mesh.replicate, "mesh", f"{mesh.replicate} x {mesh.shard}")
+    reading.set("gpus", mesh.shard * mesh.replicate, "mesh", f"{mesh.replicate} x {mesh.shard}",
+                keys=("mesh.shard", "mesh.replicate"))
     if mesh.replicate > 1:
         reading.set("hybrid", True, "mesh.replicate", mesh.replicate)
         reading.set("gpus_per_node", mesh.shard, "mesh.shard (HSDP shards within a node)", mesh.shard)

@@ -76,11 +76,15 @@ def read_peft(config) -> ConfigReading:
     reading = ConfigReading(source)
     reading.set("lora_rank", c.r, "r")
     reading.set("lora_targets", targets, "target_modules")
+    for key in ("peft_type", "bias", "modules_to_save", "use_dora", "layers_to_transform", "rank_pattern"):
+        if key in data:  # checked above: what is written here is what is modelled
+            reading.read(key, f"= {data[key]!r} (as modelled)")
     for key in data:
         if key in IGNORED:
             reading.ignore(key, IGNORED[key])
         elif key not in _LoraConfig.model_fields:
             reading.ignore(key, "not a setting this reader knows; it is not modelled")
+    reading.account(data)
     return reading
 
 

@@ -17,8 +17,10 @@ the other degrees leave.  What is read:
 * float8 (``[float8]``, ``[quantize.linear.float8]``, turned on by ``[model] converters``) is
   ``--precision fp8`` and, with precomputed scales, ``--fp8-all-gather``
   (:mod:`zero_sim.configs.torchtitan_float8`, which refuses the recipes not modelled);
-  ``[compile]`` enabled fuses the element-wise chains (and the float8 casts); sections that change
-  no step (job, metrics, checkpoint, schedules) are ignored.
+  ``[compile] enable`` (``[training] compile`` in the releases before ``[compile]``) fuses the
+  element-wise chains (and the float8 casts); sections that change no step (job, metrics,
+  checkpoint, schedules) and keys such as ``[training] max_norm``, ``steps`` and ``dataset`` are
+  ignored, each with its reason, and any other key with :data:`~zero_sim.configs.NOT_READ`.
 """
 
 from __future__ import annotations
@@ -44,6 +46,21 @@ KNOWN_SECTIONS = {"model", "training", "parallelism", "activation_checkpoint", "
 UNMODELLED_DEGREES = ("tensor_parallel_degree", "pipeline_parallel_degree", "context_parallel_degree",
                       "expert_parallel_degree")
 RESHARD = {"default": True, "always": True, "never": False}
+# Keys of the tables read here that change no step's time or memory, and why.
+MODEL_FILES = {"hf_assets_path": "where the tokenizer and checkpoint files are; no step changes",
+               "tokenizer_path": "where the tokenizer is; no step changes"}
+TRAINING_NO_EFFECT = {
+    "max_norm": "gradient clipping: one norm over the local gradients per step is not modelled",
+    "steps": "how many steps run; each step's time and memory are the same",
+    "warmup_steps": "a learning-rate schedule changes no step's time or memory",
+    "dataset": "the data read changes no step's time (the sequence length does)",
+    "dataset_path": "where the data is; no step changes",
+    "seed": "randomness changes no step's time",
+    "deterministic": "deterministic kernels are not modelled (they are slower)",
+    "gc_freq": "Python's garbage collection between steps is not modelled",
+    "global_batch_size": "the simulator takes accumulation as --grad-accum (global / (local x ranks))",
+    "enable_cpu_offload": "CPU offload of FSDP2 is --offload-params cpu; give it beside the file",
+}
 
 
 def load_toml(config) -> tuple[dict, str]:
@@ -74,28 +91,48 @@ def read_torchtitan(config) -> ConfigReading:
     sections = {name: _section(data, name, source) for name in data}
     _model(sections.get("model", {}), source, reading)
     fp8 = read_float8(data, source, reading)
+    if "converters" in sections.get("model", {}) and "[model] converters" not in reading.accounted:
+        reading.ignore("[model] converters", "no converter the simulator models is listed (float8 is)")
     _training(sections.get("training", {}), source, reading, fp8)
     _parallelism(sections.get("parallelism", {}), source, reading)
     _checkpointing(sections.get("activation_checkpoint", {}), source, reading)
+    _compile(sections.get("compile"), sections.get("training", {}), reading)
     for name in data:
-        if name == "compile":
-            _compile(sections["compile"], reading)
-        elif name in NO_EFFECT_SECTIONS:
+        if name in NO_EFFECT_SECTIONS:
             reading.ignore(f"[{name}]", "changes no step's time or memory")
-        elif name not in ("model", "training", "parallelism", "activation_checkpoint", "float8", "quantize"):
+        elif name not in KNOWN_SECTIONS:
             reading.ignore(f"[{name}]", "not a section this reader knows")
+    reading.account(data, _key, _table)
     return reading
 
 
-def _compile(section: dict, reading: ConfigReading) -> None:
-    """``[compile] enable``: each block compiled, its element-wise chains fused by Inductor and
-    launched through its wrapper (the torch-compile stack's figures)."""
-    if not section.get("enable"):
-        reading.ignore("[compile]", "compile is off, as the torchtitan stack assumes")
+def _key(path: tuple[str, ...]) -> str:
+    """A key as torchtitan's TOML writes it: ``[training] seq_len``."""
+    return f"[{'.'.join(path[:-1])}] {path[-1]}" if len(path) > 1 else f"[{path[0]}]"
+
+
+def _table(path: tuple[str, ...]) -> str:
+    return f"[{'.'.join(path)}]"
+
+
+def _compile(section: dict | None, training: dict, reading: ConfigReading) -> None:
+    """``[compile] enable`` (``[training] compile`` before torchtitan moved it into its own table):
+    each block compiled, its element-wise chains fused by Inductor and launched through its wrapper
+    (the torch-compile stack's figures)."""
+    key = "[training] compile" if "compile" in training else "[compile] enable"
+    enabled = training.get("compile") if "compile" in training else (section or {}).get("enable")
+    if section is not None and "compile" in training:
+        reading.ignore("[compile]", "[training] compile decides, as in the releases that had it")
+    if not enabled:
+        if section is not None or "compile" in training:
+            reading.ignore(key if "compile" in training else "[compile]",
+                           "compile is off, as the torchtitan stack assumes")
         return
     compiled = STACKS["torch-compile"]
-    reading.set("elementwise", compiled.elementwise, "[compile] enable")
-    reading.set("kernel_host_us", compiled.kernel_host_us, "[compile] enable")
+    reading.set("elementwise", compiled.elementwise, key)
+    reading.set("kernel_host_us", compiled.kernel_host_us, key)
+    for other in sorted(set(section or {}) - {"enable"}):
+        reading.ignore(f"[compile] {other}", "what is compiled beyond the blocks is not modelled")
 
 
 def _section(data: dict, name: str, source: str) -> dict:
@@ -113,7 +150,10 @@ def _model(model: dict, source: str, reading: ConfigReading) -> None:
         known = ", ".join(f"{n} {f}" for n, f in MODELS)
         raise ConfigError(f"[model] {key[0]} {key[1]} in {source} has no preset here ({known}); drop "
                           f"[model] and give --model or a shape")
-    reading.set("model", MODELS[key], "[model] name and flavor", f"{key[0]} {key[1]}")
+    reading.set("model", MODELS[key], "[model] name and flavor", f"{key[0]} {key[1]}",
+                keys=("[model] name", "[model] flavor"))
+    for other in sorted(set(model) & set(MODEL_FILES)):
+        reading.ignore(f"[model] {other}", MODEL_FILES[other])
 
 
 def _training(training: dict, source: str, reading: ConfigReading, fp8: bool = False) -> None:
@@ -136,6 +176,8 @@ def _training(training: dict, source: str, reading: ConfigReading, fp8: bool = F
                           f"precision); use bfloat16")
     if not fp8:  # float8 set --precision fp8: bf16 mixed precision with float8 linear GEMMs
         reading.set("precision", "mixed" if mixed else "fp32", "[training] mixed_precision_param")
+    for key in sorted(set(training) & set(TRAINING_NO_EFFECT)):
+        reading.ignore(f"[training] {key}", TRAINING_NO_EFFECT[key])
 
 
 def _degree(parallelism: dict, key: str, default: int, source: str) -> int:
@@ -151,13 +193,21 @@ def _parallelism(parallelism: dict, source: str, reading: ConfigReading) -> None
         if _degree(parallelism, key, 1, source) > 1:
             raise ConfigError(f"[parallelism] {key} in {source} is above 1; the simulator models data "
                               f"parallelism only (FSDP/HSDP), so set it to 1 to simulate")
+        if key in parallelism:
+            reading.read(f"[parallelism] {key}", f"= {parallelism[key]} (data parallelism only, as modelled)")
     replicate = _degree(parallelism, "data_parallel_replicate_degree", 1, source)
     shard = _degree(parallelism, "data_parallel_shard_degree", -1, source)
     if replicate == -1:
         raise ConfigError(f"[parallelism] data_parallel_replicate_degree -1 in {source} is not allowed by "
                           f"torchtitan either; give the number of replicas")
+    degrees = ("[parallelism] data_parallel_replicate_degree", "[parallelism] data_parallel_shard_degree")
     if shard > 0:
-        reading.set("gpus", shard * replicate, "[parallelism] degrees", f"{replicate} x {shard}")
+        reading.set("gpus", shard * replicate, "[parallelism] degrees", f"{replicate} x {shard}",
+                    keys=degrees)
+    else:
+        reading.read(degrees[1], "= -1 (every rank the replicas leave)")
+        if replicate == 1 and "data_parallel_replicate_degree" in parallelism:
+            reading.read(degrees[0], "= 1 (no replicas)")
     if replicate > 1:
         reading.set("hybrid", True, "[parallelism] data_parallel_replicate_degree", replicate)
         if shard > 0:
@@ -185,8 +235,12 @@ def _checkpointing(ac: dict[str, Any], source: str, reading: ConfigReading) -> N
     mode = ac.get("mode", "none")
     if mode in ("none", "full"):
         reading.set("recompute", mode, "[activation_checkpoint] mode")
+        if "selective_ac_option" in ac:
+            reading.ignore("[activation_checkpoint] selective_ac_option",
+                           f"applies to mode selective, not {mode}")
     elif mode == "selective" and str(ac.get("selective_ac_option", "2")) == "op":
-        reading.set("recompute", "op", "[activation_checkpoint] selective_ac_option", "op")
+        reading.set("recompute", "op", "[activation_checkpoint] selective_ac_option", "op",
+                    keys=("[activation_checkpoint] mode", "[activation_checkpoint] selective_ac_option"))
     elif mode == "selective":
         raise ConfigError(f"[activation_checkpoint] selective_ac_option {ac.get('selective_ac_option')!r} in "
                           f"{source} checkpoints every n-th block, which the simulator does not model; use "

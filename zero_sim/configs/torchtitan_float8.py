@@ -35,6 +35,10 @@ HEAD = "output"  # torchtitan's name of the LM head
 KEYS = ("enable_float8_linear", "enable_fsdp_float8_all_gather", "precompute_float8_dynamic_scale_for_fsdp",
         "force_recompute_fp8_weight_in_bwd", "recipe_name", "filter_fqns", "emulate", "scaling_type_input",
         "scaling_type_weight", "scaling_type_grad_output")
+# Keys checked against what is modelled (refused otherwise), and what their accepted values mean.
+CHECKED = {"recipe_name": "tensorwise scaling", "filter_fqns": "the LM head in bf16, every block linear in "
+           "float8", "emulate": "FP8 tensor cores", "scaling_type_input": "dynamic scaling",
+           "scaling_type_weight": "dynamic scaling", "scaling_type_grad_output": "dynamic scaling"}
 TRAINING_KEYS = {"enable_float8_linear": "enable_float8_linear",
                  "enable_fsdp_float8_all_gather": "enable_fsdp_float8_all_gather",
                  "precompute_float8_dynamic_scale_for_fsdp": "precompute_float8_dynamic_scale_for_fsdp",
@@ -83,13 +87,20 @@ def read_float8(data: dict, source: str, reading: ConfigReading) -> bool:
                           f"modelled; set both true")
     if gather:
         reading.set("fp8_all_gather", True, f"{name} enable_fsdp_float8_all_gather and "
-                    "precompute_float8_dynamic_scale_for_fsdp")
+                    "precompute_float8_dynamic_scale_for_fsdp",
+                    keys=(f"{name} enable_fsdp_float8_all_gather",
+                          f"{name} precompute_float8_dynamic_scale_for_fsdp"))
+    elif "enable_fsdp_float8_all_gather" in table:
+        reading.read(f"{name} enable_fsdp_float8_all_gather", "= false (weights gathered in bf16)")
     elif precompute:
         reading.ignore(f"{name} precompute_float8_dynamic_scale_for_fsdp",
                        "torchtitan applies it only with enable_fsdp_float8_all_gather")
     if table.get("force_recompute_fp8_weight_in_bwd"):
         reading.ignore(f"{name} force_recompute_fp8_weight_in_bwd",
                        "the model recasts the weights in backward, as this asks")
+    for key, meaning in CHECKED.items():
+        if key in table:
+            reading.read(f"{name} {key}", f"= {table[key]!r} ({meaning})")
     for key in table:
         if key not in KEYS:
             reading.ignore(f"{name} {key}", "not a float8 key this reader knows; it is not modelled")

@@ -9,7 +9,13 @@ MFU, step time, reserved memory against capacity (what "fits" compares), exposed
 communication and the settings to use.  Rows within 5% of the fastest are marked ``≈``, too
 close to call.  When nothing fits it says what would: the first change, found by trying them
 (:mod:`zero_sim.plan.fit_advice`).  ``--json`` and ``--csv`` print the whole table instead; progress
-shows on a terminal's stderr otherwise.
+shows on a terminal's stderr otherwise.  Candidates the simulator refuses are counted in the
+header, and the line under it says why, in one sentence.
+
+Its flags are ``simulate``'s, built from the one schema (:mod:`zero_sim.scenario.settings`,
+ZeRO++'s knobs for the zero3 candidates), so both take the same values; where plan searches a
+list of values instead of taking one (``--gpus 8,16,32``), that meaning is declared once, in
+:data:`TRIED`, and a value named twice is tried once.
 """
 
 from __future__ import annotations
@@ -22,11 +28,12 @@ import pandas as pd
 
 from zero_sim.plan.executors import dask_executor, default_executor
 from zero_sim.plan.fit_advice import first_change_that_fits
-from zero_sim.plan.planner import FITS
+from zero_sim.plan.planner import FITS, REFUSED
 from zero_sim.plan.search import MICRO_BATCHES, SIMULATED, PlanError, search, search_space
 from zero_sim.scenario import resolve
-from zero_sim.scenario.settings import SHAPE_SETTINGS
-from zero_sim.strategies import STRATEGIES, accepting
+from zero_sim.scenario.settings import COMMON, SHAPE_SETTINGS
+from zero_sim.settings import add_flag, integer_flag, whole_number
+from zero_sim.strategies import STRATEGIES, accepting, all_knobs
 from zero_sim.strategies.capabilities import ZEROPP as ZEROPP_FEATURE
 from zero_sim.system.workload import RECOMPUTE_MODES
 
@@ -39,78 +46,67 @@ SHARED = ("model", "params", "seq_len", "topology", "gpu", "stack", "precision",
 
 
 def _counts(text: str, flag: str) -> list[int]:
-    try:
-        values = [int(v) for v in str(text).split(",") if v.strip()]
-    except ValueError:
+    """The whole numbers of a list flag (``8,16,32``), each once, in the order given."""
+    values = [whole_number(v) for v in str(text).split(",") if v.strip()]
+    if not all(isinstance(v, int) for v in values):
         raise PlanError(f"{flag} takes whole numbers separated by commas, such as 8,16,32; "
-                        f"got {text!r}") from None
+                        f"got {text!r}")
     if not values or min(values) <= 0:
         raise PlanError(f"{flag} takes positive whole numbers separated by commas; got {text!r}")
-    return values
+    return _once(values)
 
 
 def _names(text: str | None, known, flag: str) -> list[str] | None:
+    """The names of a list flag (``zero3,fsdp``), each once, in the order given; None if not given."""
     if text is None:
         return None
     names = [v.strip().lower() for v in text.split(",") if v.strip()]
     unknown = [n for n in names if n not in known]
     if unknown or not names:
         raise PlanError(f"{flag} takes names from {', '.join(known)} separated by commas; got {text!r}")
-    return names
+    return _once(names)
+
+
+def _once(values: list) -> list:
+    # A value named twice (--gpus 8,8) is one candidate: trying it twice would print the same row twice.
+    return list(dict.fromkeys(values))
+
+
+# Where plan's flag means something other than simulate's, its meaning is declared here, once: a
+# list of values to try (simulate's takes one value), in place of the schema's setting of that name.
+TRIED = {
+    "micro_batch": ("--micro-batch", ",".join(map(str, MICRO_BATCHES)),
+                    f"micro-batches to try (default {','.join(map(str, MICRO_BATCHES))})"),
+    "strategy": ("--strategies", None, f"strategies to try (default {','.join(STRATEGIES)})"),
+    "gpus": ("--gpus", "8", "GPU counts to try, e.g. 8 or 16,32,64 (default 8)"),
+    "recompute": ("--recompute", None, f"recompute modes to try (default {','.join(RECOMPUTE_MODES)})"),
+}
+# Plan's own defaults where they differ from simulate's (None: the schema's, decided by simulate()).
+DEFAULTS = {"model": "gpt2-1.5b", "topology": "dgx-a100"}
 
 
 def plan_args(parser) -> None:
-    parser.add_argument("--model", default="gpt2-1.5b", help="model preset (see `zero-sim presets`)")
-    parser.add_argument("--params", default=None, help="a GPT of about this many parameters instead (7.5B)")
-    parser.add_argument("--seq-len", dest="seq_len", type=int, default=None, help="sequence length")
-    for name in SHAPE_SETTINGS:  # a custom shape, its missing values from --model's preset
-        parser.add_argument("--" + name.replace("_", "-"), dest=name, type=int, default=None,
-                            help=f"custom shape: {name.replace('_', ' ')} (default: the preset's)")
-    parser.add_argument("--gpus", default="8", help="GPU counts to try, e.g. 8 or 16,32,64 (default 8)")
-    parser.add_argument("--topology", default="dgx-a100", help="topology preset (default dgx-a100)")
-    parser.add_argument("--gpu", default=None, help="GPU model (default: the topology's)")
-    parser.add_argument("--micro-batch", dest="micro_batch", default=",".join(map(str, MICRO_BATCHES)),
-                        help="micro-batches to try (default 1,2,4,8)")
-    parser.add_argument("--global-batch", dest="global_batch", type=int, default=None,
-                        help="sequences per optimizer step, fixed: each micro-batch accumulates to it")
-    parser.add_argument("--strategies", default=None,
-                        help=f"strategies to try (default {','.join(STRATEGIES)})")
-    parser.add_argument("--recompute", default=None, help=f"recompute modes to try (default "
-                                                          f"{','.join(RECOMPUTE_MODES)})")
-    parser.add_argument("--stack", default=None, help="software stack (see `zero-sim stacks`)")
-    parser.add_argument("--precision", default=None, help="mixed, fp32 or fp8 (the blocks' linear GEMMs in "
-                        "float8 on GPUs with FP8 tensor cores; FSDP also tried with its float8 all-gather)")
-    parser.add_argument("--bandwidth-gbps", dest="bandwidth_gbps", type=float, default=None,
-                        help="each bottleneck link's (NIC's) bandwidth, Gbit/s")
-    parser.add_argument("--node-bandwidth-gbps", dest="node_bandwidth_gbps", type=float, default=None,
-                        help="a node's network bandwidth, Gbit/s, split over its NICs")
-    parser.add_argument("--calibration", default=None, help="a calibration file (`zero-sim calibrate`)")
-    parser.add_argument("--lora-rank", dest="lora_rank", type=int, default=None,
-                        help="fine-tune with LoRA adapters of this rank (docs/fine-tuning.md)")
-    parser.add_argument("--lora-targets", dest="lora_targets", default=None,
-                        help="with --lora-rank: the projections given adapters (default q,v)")
-    parser.add_argument("--lora-base", dest="lora_base", default=None, choices=("bf16", "nf4"),
-                        help="with --lora-rank: nf4 stores the frozen base in 4 bits (QLoRA)")
-    parser.add_argument("--peft-config", dest="peft_config", default=None,
-                        help="a peft adapter_config.json: its rank and target modules")
-    parser.add_argument("--offload-optimizer", dest="offload_optimizer", default=None,
-                        choices=("none", "cpu"),
-                        help="ZeRO-Offload: optimizer state in host memory, updated on the CPU (strategies "
-                             "that cannot are refused; docs/offload.md)")
-    parser.add_argument("--offload-params", dest="offload_params", default=None, choices=("none", "cpu"),
-                        help="weights in host memory too (zero3 offload_param, fsdp CPUOffloadPolicy)")
-    parser.add_argument("--host-memory-gb", dest="host_memory_gb", type=float, default=None,
-                        help="RAM per node for offloaded states (default: the topology's)")
-    parser.add_argument("--zero-quantized-weights", dest="zero_quantized_weights", action="store_true",
-                        default=None, help="ZeRO++ qwZ on every zero3 candidate (docs/zeropp.md)")
-    parser.add_argument("--zero-hpz-partition-size", dest="zero_hpz_partition_size", type=int, default=None,
-                        help="ZeRO++ hpZ on every zero3 candidate: the secondary partition's ranks")
-    parser.add_argument("--zero-quantized-gradients", dest="zero_quantized_gradients", action="store_true",
-                        default=None, help="ZeRO++ qgZ on every zero3 candidate")
-    parser.add_argument("--top", type=int, default=10, help="rows to rank and show (default 10)")
+    """Plan's flags: the settings every candidate shares from the one schema
+    (:data:`zero_sim.scenario.settings.COMMON`), as ``simulate`` takes them; the ones it searches
+    as lists (:data:`TRIED`); ZeRO++'s knobs for the zero3 candidates; its own outputs."""
+    for setting in COMMON:
+        if setting.name in TRIED:
+            flag, default, help_text = TRIED[setting.name]
+            parser.add_argument(flag, dest=flag[2:].replace("-", "_"), default=default, help=help_text)
+        elif setting.name in SHARED:
+            add_flag(parser, setting, default=DEFAULTS.get(setting.name))
+        if setting.name == "micro_batch":
+            parser.add_argument("--global-batch", dest="global_batch", type=integer_flag, default=None,
+                                help="sequences per optimizer step, fixed: each micro-batch accumulates "
+                                     "to it")
+    knobs = all_knobs()
+    for name in ZEROPP:
+        add_flag(parser, knobs[name][0][1], f"on every zero3 candidate: {knobs[name][0][1].help}")
+    parser.add_argument("--top", type=integer_flag, default=10, help="rows to rank and show (default 10)")
     parser.add_argument("--json", action="store_true", help="print every candidate as JSON")
     parser.add_argument("--csv", action="store_true", help="print every candidate as CSV")
-    parser.add_argument("--workers", type=int, default=None, help="processes to simulate on (default: cores)")
+    parser.add_argument("--workers", type=integer_flag, default=None,
+                        help="processes to simulate on (default: cores)")
     parser.add_argument("--dask-scheduler", dest="dask_scheduler", default=None, metavar="ADDRESS",
                         help="run the simulations on a Dask cluster (tcp://host:8786; needs zero-sim[dask])")
 
@@ -219,15 +215,14 @@ def format_plan(table: pd.DataFrame, base: dict, top: int, stack: str) -> str:
     tuned = base.get("lora_rank") or base.get("peft_config")
     lora = (f" · LoRA {'r=' + str(base['lora_rank']) if base.get('lora_rank') else base['peft_config']}"
             if tuned else "")
-    offload = [what for key, what in (("offload_optimizer", "optimizer"), ("offload_params", "weights"))
-               if base.get(key) not in (None, "none")]
-    lora += f" · {' and '.join(offload)} offloaded to the CPU" if offload else ""
+    lora += _offloaded(base)
     fp8 = " · fp8 (block linear GEMMs in float8, tensorwise; fsdp also with fp8_all_gather)" \
         if base.get("precision") == "fp8" else ""
     lines = [f"plan · {base.get('model', base.get('params'))}{lora}{fp8} on {base['topology']}"
              f"{zeropp_label(base.get('zeropp') or {})} · stack {stack} · "
              f"{len(table):,} candidates, {simulated:,} simulated; "
              + ", ".join(f"{what}: {n:,}" for what, n in counts.items())]
+    lines += _refusals(table)
     fitting = table[table["outcome"] == FITS]
     if fitting.empty:
         lines += _nothing_fits(table)
@@ -246,6 +241,38 @@ def format_plan(table: pd.DataFrame, base: dict, top: int, stack: str) -> str:
     lines.append("≈ within 5% of the fastest: too close to call. Reserved GB (tensors' peak + allocator "
                  "reserve + context) is what must fit.")
     return "\n".join(lines)
+
+
+# Where an offload setting puts the states it moves off the GPU, in the header's words.
+OFFLOAD_PLACES = {"cpu": "the CPU", "nvme": "NVMe"}
+
+
+def _offloaded(base: dict) -> str:
+    """The header's note of offloaded states: `` · optimizer and weights offloaded to the CPU``."""
+    states = (("offload_optimizer", "optimizer"), ("offload_params", "weights"))
+    moved = [(what, base[key]) for key, what in states if base.get(key) not in (None, "none")]
+    if not moved:
+        return ""
+    if len({place for _, place in moved}) == 1:
+        return f" · {' and '.join(what for what, _ in moved)} offloaded to {OFFLOAD_PLACES[moved[0][1]]}"
+    return " · " + " and ".join(f"{what} offloaded to {OFFLOAD_PLACES[place]}" for what, place in moved)
+
+
+def _refusals(table: pd.DataFrame) -> list[str]:
+    """Why the candidates the simulator refused cannot run, in one sentence: the commonest reason
+    and how many candidates it refuses, then how many other reasons there are (each row's own is
+    in ``--csv``).  When no candidate can run, :func:`_nothing_fits` says why instead."""
+    refused = table.loc[table["outcome"] == REFUSED, "error"].dropna()
+    if refused.empty or len(refused) == len(table):
+        return []
+    reasons = refused.value_counts()
+    if len(reasons) == 1:
+        return [f"cannot run: {len(refused):,} candidates, because {reasons.index[0]}"]
+    others = len(reasons) - 1
+    plural = "s" if others > 1 else ""
+    return [f"cannot run: {len(refused):,} candidates, {reasons.iloc[0]:,} of them because "
+            f"{reasons.index[0]}; {len(refused) - reasons.iloc[0]:,} for {others} other reason{plural} "
+            f"(--csv's error column gives each)"]
 
 
 def _nothing_fits(table: pd.DataFrame) -> list[str]:

@@ -1,17 +1,17 @@
 """What a caller typed, made into settings before the schema checks them: preset names matched
 without regard to case (a near miss answered with the name it was probably meant to be,
-:mod:`zero_sim.names`), and the software stack's settings filled in where none was given
+:mod:`zero_sim.system.names`), and the software stack's settings filled in where none was given
 (:mod:`zero_sim.system.stacks`), with a note for each given setting that overrides the stack.
 """
 
 from __future__ import annotations
 
-from zero_sim.names import NameError_, canonical
 from zero_sim.scenario.settings import COMMON
 from zero_sim.settings import ScenarioError
 from zero_sim.strategies import STRATEGIES, StrategyError, get_strategy
 from zero_sim.system.gpus import GPUS
 from zero_sim.system.model_presets import PRESETS
+from zero_sim.system.names import NameError_, canonical
 from zero_sim.system.stacks import CPU_STACK, STACKS, StackError, apply_stack, get_stack
 from zero_sim.system.topology import PRESETS as TOPOLOGIES
 
@@ -44,7 +44,7 @@ def with_stack(kwargs: dict) -> tuple[dict, tuple[str, ...]]:
 
 def canonical_names(kwargs: dict) -> dict:
     """Preset names as typed, matched without regard to case; a near miss refused with the name
-    it was probably meant to be (:mod:`zero_sim.names`)."""
+    it was probably meant to be (:mod:`zero_sim.system.names`)."""
     tables = {"strategy": (STRATEGIES, "strategy", ""), "gpu": (GPUS, "GPU", ""),
               "stack": (STACKS, "stack", ""),
               "topology": ([*TOPOLOGIES, "calibrated"], "topology preset", "")}

@@ -21,6 +21,7 @@ from typing import Any
 
 from zero_sim.calibration import Calibration, CalibrationError
 from zero_sim.confidence import confidence_fields
+from zero_sim.configs import ConfigError
 from zero_sim.configs.read import read_config
 from zero_sim.engine.cpu_device import CpuDevice
 from zero_sim.engine.engine import Engine, cyclic_gc_paused
@@ -176,12 +177,9 @@ def resolve(**kwargs) -> Resolved:
 
 
 def _resolve_with_config(kwargs: dict, reading) -> Resolved:
-    """:func:`resolve`, with a config file's part in it: a refusal names the file's key that set the
-    value, and the file's own rules (DeepSpeed's batch arithmetic, ...) run on the result."""
-    try:
-        r = resolve(**kwargs)
-    except ScenarioError as exc:
-        raise ScenarioError(reading.blame(str(exc)) if reading is not None else str(exc)) from None
+    """:func:`resolve`, with a config file's own rules (DeepSpeed's batch arithmetic, ...) run on
+    the result."""
+    r = resolve(**kwargs)
     if reading is None or not reading.finish:
         return r
     values = {f.name: getattr(r.settings, f.name) for f in fields(r.settings)}
@@ -211,8 +209,22 @@ class Prepared:
 
 def prepare(workload: Workload | None = None, **kwargs) -> Prepared:
     """Every check ``simulate()`` makes before it builds the program, in its order; the first
-    failure is a :class:`ScenarioError` of one sentence.  Panels ask it which values to offer."""
+    failure is a :class:`ScenarioError` of one sentence.  Panels ask it which values to offer.
+
+    A refusal that names a setting a configuration file set says which key of which file set it
+    (:meth:`~zero_sim.configs.ConfigReading.blame`), wherever the check that refused it runs."""
     reading, kwargs = read_config(kwargs)
+    try:
+        return _prepare(reading, workload, kwargs)
+    except ConfigError:
+        raise  # a file's own refusal names the file already
+    except ScenarioError as exc:
+        if reading is not None:
+            exc.args = (reading.blame(str(exc)),)
+        raise
+
+
+def _prepare(reading, workload: Workload | None, kwargs: dict) -> Prepared:
     # A Calibration object is taken as it is; a path is a setting like any other.
     calibration = kwargs.pop("calibration") if isinstance(kwargs.get("calibration"), Calibration) else None
     r = _resolve_with_config(kwargs, reading)
@@ -250,8 +262,8 @@ def prepare(workload: Workload | None = None, **kwargs) -> Prepared:
                   offload=offload)
     try:
         strategy.validate(ctx)
-    except StrategyError as exc:  # a knob a config file set is refused naming the file's key
-        raise ScenarioError(reading.blame(str(exc)) if reading is not None else str(exc)) from None
+    except StrategyError as exc:
+        raise ScenarioError(str(exc)) from None
     check_size(s, len(workload.layers))
     return Prepared(reading, s, knobs, strategy, calibration, workload, topo, gpu, compute, ctx,
                     r.stack_notes, r.stack_given)
@@ -350,8 +362,12 @@ def _result(p: Prepared, program: Program, run: RunOutput, scenario: Scenario,
     # Offloaded states: where they live, what updates them, and whether the nodes' RAM holds them.
     if p.ctx.offload is not None:
         p.ctx.offload.results(metrics, program, p.topology, run)
-    metrics |= confidence_fields(metrics, scenario, p.gpu.peak_flops, is_modelled_gpu(p.gpu, p.calibration),
-                                 *(interval or (None, None)))
+    modelled = is_modelled_gpu(p.gpu, p.calibration)
+    metrics |= confidence_fields(metrics, scenario, p.gpu.peak_flops, modelled, *(interval or (None, None)),
+                                 needed_flops=p.workload.needed_flops() * s.grad_accum)
+    # The most each kernel family reaches, which MFU stays below (zero_sim.system.hardware).
+    metrics["kernel_ceilings"] = (p.compute.kernel_ceilings(p.workload.attention or "flash")
+                                  if modelled else None)
     # What a configuration file set, ignored (and why) or had overridden, beside the figures it produced.
     metrics["config_notes"] = reading.notes if reading is not None else []
     # The stack assumed in one line, then each setting given that overrides it.

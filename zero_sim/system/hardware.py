@@ -317,9 +317,25 @@ class ComputeModel:
         s0 = curve.s0_causal if causal else curve.s0_noncausal
         both = profile.flash_max * curve.over_fa2 * (curve.causal_factor if causal else 1.0)
         both *= _head_dim_factor(head_dim, curve.head_dim_64) * s / (s + s0)
-        # fwd + 2.5 x bwd FLOPs at efficiencies e and 0.86 e take as long as 3.5 at ``both``.
-        fwd = both * (1.0 + FLASH_BWD_FLOPS / FLASH_BWD_OVER_FWD) / (1.0 + FLASH_BWD_FLOPS)
+        fwd = _flash_forward(both)
         return fwd if direction == "fwd" else fwd * FLASH_BWD_OVER_FWD
+
+    def kernel_ceilings(self, attention: str = "flash") -> dict[str, float]:
+        """The most of the dense bf16 peak each kernel family doing model FLOPs reaches, at any
+        size: ``gemm`` (the curve's saturation; FP8's under fp8) and ``attention`` (the forward at
+        long sequences, best head dim, no mask; eager's batched GEMMs are GEMMs).  MFU, which counts
+        no FLOP a kernel skips, stays below the larger (docs/compute.md)."""
+        profile = self.gpu.profile
+        if self.efficiency is not None or profile is None:
+            return {"gemm": self.default_efficiency, "attention": self.default_efficiency}
+        gemm = profile.gemm_max
+        if self.fp8 is not None:
+            gemm = max(gemm, self.fp8.gemm_max * self.fp8.peak_flops / self.gpu.peak_flops)
+        if attention == "eager":
+            return {"gemm": gemm, "attention": profile.gemm_max}
+        curve = FLASH_CURVES[attention]
+        both = profile.flash_max * curve.over_fa2 * max(1.0, curve.head_dim_64)
+        return {"gemm": gemm, "attention": _flash_forward(both)}
 
     def attention_seconds(self, direction: str, work: Any) -> float:
         flops = work.attention_flops
@@ -370,6 +386,12 @@ class ComputeModel:
     @property
     def calibrated(self) -> bool:
         return bool(self.layer_seconds)
+
+
+def _flash_forward(both: float) -> float:
+    """FlashAttention's forward efficiency from its forward+backward one: fwd + 2.5 x bwd FLOPs at
+    efficiencies e and 0.86 e take as long as 3.5 at ``both``."""
+    return both * (1.0 + FLASH_BWD_FLOPS / FLASH_BWD_OVER_FWD) / (1.0 + FLASH_BWD_FLOPS)
 
 
 def _head_dim_factor(head_dim: int, at_64: float) -> float:

@@ -64,6 +64,10 @@ class Network:
     latency_us: float  # each NIC link's part of one inter-node step (NCCL Simple protocol)
     nics: int = 1
     ll_protocols: bool = True  # False: only NCCL's Simple protocol crosses it (EFA v1, aws-ofi-nccl #76)
+    # Where nic_gbps comes from, when a preset derived it: each NIC's line rate (Gbit/s) and the
+    # fraction of it achieved (nic_gbps = line_gbit x nics / 8 x achieved); None: stated as is.
+    line_gbit: float | None = None
+    achieved: float | None = None
 
 
 @dataclass(frozen=True)

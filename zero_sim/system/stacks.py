@@ -26,8 +26,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from zero_sim.names import NameError_, canonical
 from zero_sim.strategies.capabilities import PYTORCH
+from zero_sim.system.names import NameError_, canonical
 
 # Host time per dispatched op in eager PyTorch: the middle of the 5-25 us that walkthroughs of
 # the Python -> dispatcher -> cudaLaunchKernel path give (zero_sim.system.host_costs).

@@ -32,6 +32,7 @@ host-bridge box share one subgroup's bus, as in the 'GPT Adventures, Part 4: Dis
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Any
@@ -114,12 +115,35 @@ class Topology:
             counts[link.kind] = counts.get(link.kind, 0) + 1
         parts = []
         for k, link in kinds.items():
-            node_gbit = link.capacity * self.nics * 8 / 1e9
-            per_node = (f" x {self.nics} per node ({node_gbit:,.0f} Gbit/s per node)"
-                        if k == "nic" and self.nics > 1 else "")
-            parts.append(f"{k} {link.capacity / GBps:.1f} GB/s{' shared' if link.shared else ''}{per_node}, "
-                         f"{link.latency / US:.0f} us")
+            rate = self._nic_rate(link) if k == "nic" else gb_per_s(link.capacity)
+            parts.append(f"{k} {rate}{' shared' if link.shared else ''}, {link.latency / US:.0f} us")
         return f"{self.name}: {self.nodes} node(s) x {self.ranks_per_node} GPU(s); " + "; ".join(parts)
+
+    def _nic_rate(self, link: Link) -> str:
+        """A NIC's rate as used, the node's in the same unit, and where it comes from: the preset's
+        line rate x the fraction achieved, or a bandwidth given (``--bandwidth-gbps`` per NIC,
+        ``--node-bandwidth-gbps`` per node), taken as achieved.  So ``ib-400``'s 400 Gbit/s line
+        at 0.96 reads 48.0 GB/s beside 400 Gbit/s given, 50.0 GB/s: the same rule, in the same unit."""
+        net = self.spec.network
+        rate = gb_per_s(link.capacity)
+        if self.nics > 1:
+            rate += f" x {self.nics} = {gb_per_s(link.capacity * self.nics)} per node"
+        given = net is None or abs(link.capacity * self.nics - net.nic_gbps * GBps) > 1e-6 * link.capacity
+        if given:
+            return f"{rate} (as given: {link.capacity * self.nics * 8 / 1e9:,.0f} Gbit/s per node)"
+        if net.line_gbit is None:
+            return rate
+        line = f"{self.nics} x {net.line_gbit:,.0f}" if self.nics > 1 else f"{net.line_gbit:,.0f}"
+        return f"{rate} ({line} Gbit/s line rate x {net.achieved:g} achieved)"
+
+
+def gb_per_s(bytes_per_s: float) -> str:
+    """A bandwidth as every label prints it: GB/s (1e9 bytes, Gbit/s / 8) to three significant figures."""
+    value = bytes_per_s / GBps
+    if value <= 0:
+        return "0 GB/s"
+    decimals = max(0, 2 - math.floor(math.log10(value)))
+    return f"{value:,.{decimals}f} GB/s"
 
 
 @lru_cache(maxsize=4096)

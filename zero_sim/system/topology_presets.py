@@ -47,7 +47,8 @@ IB_EFF, EFA_EFF, ETH_EFF = 0.96, 0.93, 0.90
 
 def _net(kind: str, gbit_per_nic: float, nics: int, efficiency: float, latency_us: float,
          ll_protocols: bool = True) -> Network:
-    return Network(kind, round(gbit_per_nic * nics / 8 * efficiency, 3), latency_us, nics, ll_protocols)
+    return Network(kind, round(gbit_per_nic * nics / 8 * efficiency, 3), latency_us, nics, ll_protocols,
+                   gbit_per_nic, efficiency)
 
 
 def _nvswitch_node(name: str, description: str, fabric: Fabric, network: Network | None, gpu: str,

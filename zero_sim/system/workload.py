@@ -148,6 +148,16 @@ class Workload:
         frozen = sum(layer.work.frozen_matmul_flops for layer in self.layers if layer.work is not None)
         return 3.0 * self.fwd_flops - frozen
 
+    def needed_flops(self) -> float:
+        """:meth:`model_flops` less the attention scores a causal mask leaves unneeded (half of
+        them, forward and backward): the FLOPs MFU counts.  The published convention (Narayanan et
+        al. 2021) counts attention in full, as :meth:`model_flops` and TFLOP/s do to compare with
+        published runs; a FlashAttention kernel skips the masked half, so counting it would put
+        MFU above what the kernels reach (docs/compute.md)."""
+        masked = sum(0.5 * layer.work.attention_flops for layer in self.layers
+                     if layer.work is not None and layer.work.causal)
+        return self.model_flops() - 3.0 * masked
+
     def saved_activation_bytes(self) -> int:
         return sum(layer.checkpointed_activation_bytes for layer in self.layers)
 

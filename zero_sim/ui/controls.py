@@ -30,7 +30,10 @@ from zero_sim.system.model_presets import PRESETS as MODELS
 from zero_sim.system.topology import PRESETS as TOPOLOGIES
 from zero_sim.ui.text import error_html, format_gb, format_ms, metrics_html, metrics_text, optimizer_text
 
-STYLE = {"description_width": "10em"}
+# Labels sit in a column this wide, so the controls line up; it holds about 24 characters at
+# JupyterLab's font, and a longer label takes its own width (label_style) rather than being cut.
+STYLE = {"description_width": "13em"}
+LABEL_FITS = 24
 COMMON_SETTINGS = {s.name: s for s in COMMON}
 
 # Candidate stops for numeric settings; any other value given by a notebook is inserted.  Which of
@@ -60,7 +63,17 @@ DEFAULT = "(default)"  # dropdown label for "None: let the simulator choose"
 
 def wide_layout() -> W.Layout:
     """The layout of a wide control; a fresh one per control, as hiding one must not hide the others."""
-    return W.Layout(width="27em")
+    return W.Layout(width="30em")
+
+
+def label_style(label: str) -> dict:
+    """The label column's width, or the label's own when it is longer: a label is never cut."""
+    return STYLE if len(label) <= LABEL_FITS else {"description_width": "initial"}
+
+
+def checkbox_layout() -> W.Layout:
+    """A checkbox as wide as its words (ipywidgets' fixed 300 px cuts a long description)."""
+    return W.Layout(width="auto")
 
 
 def control_label(name: str) -> str:
@@ -90,8 +103,8 @@ def _choice_widget(name: str, options: Iterable, value, help_text: str = "") -> 
     if value is None:
         opts = [(DEFAULT, DEFAULT)] + [(str(o), o) for o in opts]
         value = DEFAULT
-    return W.Dropdown(options=opts, value=value, description=control_label(name), style=STYLE,
-                      tooltip=help_text or None)
+    return W.Dropdown(options=opts, value=value, description=control_label(name),
+                      style=label_style(control_label(name)), tooltip=help_text or None)
 
 
 def _bounds(setting: Setting | None, kind: type) -> dict:
@@ -116,25 +129,27 @@ def make_control(name: str, value, kind: type = float, choices: Iterable | None 
     box is bounded by ``setting``'s range, so it cannot hold a number the setting refuses."""
     tooltip = help_text or None
     if kind is bool:
-        return W.Checkbox(value=bool(value), description=control_label(name), indent=False, tooltip=tooltip)
+        return W.Checkbox(value=bool(value), description=control_label(name), indent=False, tooltip=tooltip,
+                          layout=checkbox_layout())
     if choices:
         return _choice_widget(name, choices, value, help_text)
     if name in STOPS and isinstance(value, int | float) and not isinstance(value, bool):
         return W.SelectionSlider(options=stop_options(name, with_stop(STOPS[name], value)),
                                  value=value,
-                                 description=control_label(name), style=STYLE, layout=wide_layout(),
-                                 continuous_update=False, tooltip=tooltip)
+                                 description=control_label(name), style=label_style(control_label(name)),
+                                 layout=wide_layout(), continuous_update=False, tooltip=tooltip)
     bounds = _bounds(setting, kind)
     if kind is int and value is not None:
         box = W.BoundedIntText if bounds else W.IntText
-        return box(value=int(value), description=control_label(name), style=STYLE, tooltip=tooltip, **bounds)
+        return box(value=int(value), description=control_label(name), style=label_style(control_label(name)),
+                   tooltip=tooltip, **bounds)
     if kind is float and value is not None:
         box = W.BoundedFloatText if bounds else W.FloatText
-        return box(value=float(value), description=control_label(name), style=STYLE, tooltip=tooltip,
-                   **bounds)
+        label = control_label(name)
+        return box(value=float(value), description=label, style=label_style(label), tooltip=tooltip, **bounds)
     # Unknown kinds, and numbers whose default is "let the strategy decide": free text, "" = default.
-    return W.Text(value="" if value is None else str(value), description=control_label(name), style=STYLE,
-                  placeholder="default", tooltip=tooltip)
+    return W.Text(value="" if value is None else str(value), description=control_label(name),
+                  style=label_style(control_label(name)), placeholder="default", tooltip=tooltip)
 
 
 def read_value(widget: W.ValueWidget, value, kind: type = str):

@@ -33,6 +33,15 @@ def interactive_backend() -> bool:
     return "ipympl" in matplotlib.get_backend() or "widget" in matplotlib.get_backend()
 
 
+def toolbar_above(fig) -> None:
+    """A notebook's own chart: ipympl's toolbar above it rather than over its left axis (where it
+    hides the tick labels), and no "Figure 1" header. Nothing to do outside ipympl."""
+    canvas = fig.canvas
+    if hasattr(canvas, "toolbar_position"):
+        canvas.toolbar_position = "top"
+        canvas.header_visible = False
+
+
 class Figure:
     """One matplotlib figure reused for every redraw: a live canvas under ipympl, else an Output."""
 
@@ -97,4 +106,4 @@ def tidy_timeline(ax):
     ax.yaxis.label.set_fontsize(8)
 
 
-__all__ = ["FIGURE_WIDTH", "Figure", "in_kernel", "interactive_backend", "tidy_timeline"]
+__all__ = ["FIGURE_WIDTH", "Figure", "in_kernel", "interactive_backend", "tidy_timeline", "toolbar_above"]

@@ -35,6 +35,7 @@ from zero_sim.ui.controls import (
     COMMON_SETTINGS,
     STOPS,
     STYLE,
+    checkbox_layout,
     control_label,
     kind_of,
     knob_default,
@@ -155,8 +156,8 @@ class ScenarioPanel(Panel):
             continuous_update=False, tooltip=COMMON_SETTINGS["bandwidth_gbps"].help)
         self.controls["bandwidth_gbps"].add_class("zs-bandwidth")
         self.controls["bandwidth_override"] = W.Checkbox(
-            value=value is not None, description="override the topology's bottleneck link (* its own speed)",
-            indent=False)
+            value=value is not None, indent=False, layout=checkbox_layout(),
+            description="override the topology's slowest link (* marks its own speed)")
 
     @staticmethod
     def _bandwidth_stops(preset: float, value: float) -> list:

@@ -6,7 +6,8 @@ inches wide with its legend outside the data, and a unit on every axis.  When a 
 draws only some ranks, its title or caption says which ("ranks 0-3 of 8 shown").
 
 matplotlib is imported inside the drawing functions: :class:`~zero_sim.results.SimResult`
-and the CLI reach this module, and a simulation that draws nothing should not load it.
+(whose ``plot_timeline``/``plot_memory`` the package's root points here) and the CLI reach this
+module, and a simulation that draws nothing should not load it.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from __future__ import annotations
 from zero_sim.ui.style import (
     COLORS,
     FIGURE_WIDTH,
+    HOST_COLOR,
+    HOST_LABEL,
     MEMORY_COLORS,
     OP_COLORS,
     STRATEGY_COLORS,
@@ -79,7 +82,8 @@ def plot_timeline(result, ax=None, max_ranks: int = 8, title: str | None = None,
         y = index[lane]
         spans = [(op["start_s"] * 1e3, max(op["end_s"] - op["start_s"], 0) * 1e3) for op in ops]
         ax.broken_barh(spans, (y - height / 2 + offset, height),
-                       facecolors=[op_color(op["name"]) for op in ops], edgecolor="white", linewidth=0.2,
+                       facecolors=[op_color(op["name"], op["stream"]) for op in ops], edgecolor="white",
+                       linewidth=0.2,
                        alpha=alpha)
     ax.set_yticks(range(len(index)))
     ax.set_yticklabels([f"rank {r} {s}" for r, s in index])
@@ -94,8 +98,12 @@ def plot_timeline(result, ax=None, max_ranks: int = 8, title: str | None = None,
         title = f"{title} ({shown})"
     ax.set_title(title, fontsize=10, wrap=True)  # wrapped at the figure's edge, never cut there
     if legend:
-        used = {parse_op_name(name).kind for name in {op["name"] for op in result.ops} if _parses(name)}
-        legend_beside(ax, [Patch(color=c, label=k) for k, c in COLORS.items() if k in used])
+        device_ops = {op["name"] for op in result.ops if op["stream"] != "host"}
+        used = {parse_op_name(name).kind for name in device_ops if _parses(name)}
+        handles = [Patch(color=c, label=k) for k, c in COLORS.items() if k in used]
+        if any(stream == "host" for _rank, stream in index):
+            handles.append(Patch(color=HOST_COLOR, label=HOST_LABEL))
+        legend_beside(ax, handles)
     return ax
 
 

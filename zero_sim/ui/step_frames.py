@@ -11,6 +11,11 @@ topology the simulator accepts):
   comparison keeps (DDP keeps every array whole), so ZeRO-1's optimizer state reads 1/N;
 * **in flight**: the communication buffers allocated now (gradient buckets on their way,
   gathered weights of ZeRO-3 and FSDP), and the activations saved so far, in bytes;
+* **borrowed**: per array, how much of the *other* ranks' quarters of the layer at work the
+  rank holds for a moment: under ZeRO-3 and FSDP a layer's parameters arrive during its
+  all-gather (0 -> 1 as the collective runs), stay while the layer computes, and are freed
+  after; a bucket's full gradients leave during its reduce-scatter (1 -> 0). The share
+  follows the collective's progress, so the picture fills and empties as the step plays;
 * **doing**: the op running on the rank's compute stream and on each comm stream now, with
   its collective's algorithm and the link class that limits it.
 
@@ -43,6 +48,38 @@ class RankMoment:
     compute: str | None  # the op on the compute stream now
     comm: list[dict[str, Any]] = field(default_factory=list)  # collectives now: name, algorithm, bytes
     done: bool = False  # the step has ended on this rank
+    borrowed: dict[str, float] = field(default_factory=dict)  # category -> share of the others' quarters
+
+
+# A layer's weights are whole on a sharding rank while they are gathered and while the layer runs.
+WORKING_PHASES = ("forward", "backward")
+
+
+def _progress(op: dict, t_abs: float) -> float:
+    span = op["end_s"] - op["start_s"]
+    return min(1.0, max(0.0, (t_abs - op["start_s"]) / span)) if span > 0 else 1.0
+
+
+def borrowed_shares(held: dict[str, float], compute: dict | None, comm: list[dict], t_abs: float
+                    ) -> dict[str, float]:
+    """How much of the other ranks' quarters of the layer at work a rank holds at ``t_abs``.
+
+    Only arrays the strategy shards (held < 1) borrow: parameters while a forward/backward
+    all-gather runs (its progress) or a layer computes (whole), gradients while a
+    reduce-scatter runs (what is left to send) or a backward op computes (whole).
+    """
+    computing = compute is not None and compute.get("phase") in WORKING_PHASES
+    shares = {PARAMS: 0.0, GRADS: 0.0}
+    for op in comm:
+        if op["name"].startswith("all_gather") and op.get("phase") in WORKING_PHASES:
+            shares[PARAMS] = max(shares[PARAMS], _progress(op, t_abs))
+        elif op["name"].startswith("reduce_scatter"):
+            shares[GRADS] = max(shares[GRADS], 1.0 - _progress(op, t_abs))
+    if computing:
+        shares[PARAMS] = 1.0
+        if compute.get("phase") == "backward":
+            shares[GRADS] = 1.0
+    return {cat: share if held.get(cat, 1.0) < 0.999 else 0.0 for cat, share in shares.items()}
 
 
 class StrategyTimeline:
@@ -99,13 +136,14 @@ class StrategyTimeline:
         compute = self.running(rank, COMPUTE, t_abs)
         comm = [op for stream in sorted(self._ops.get(rank, {})) if stream != COMPUTE
                 for op in [self.running(rank, stream, t_abs)] if op is not None]
+        borrowed = borrowed_shares(self.held, compute, comm, t_abs) if t_s < self.step_s else {}
         return RankMoment(
             rank=rank, held=dict(self.held), in_flight_bytes=totals[BUFFERS],
             activations_bytes=totals[ACTIVATIONS], total_bytes=sum(totals.values()),
             compute=compute["name"] if compute else None,
             comm=[{"name": op["name"], "algorithm": op["algorithm"], "bytes": op["bytes"], "link": self.link}
                   for op in comm],
-            done=t_s >= self.step_s)
+            done=t_s >= self.step_s, borrowed=borrowed)
 
     def peak_bytes(self) -> int:
         """The most memory any rank held at once during the reported step (every category)."""
@@ -143,4 +181,4 @@ def link_label(topology: str, gpus: int, gpus_per_node: int | None = None) -> st
     return f"{kind} {link.capacity / 1e9:.0f} GB/s{' shared' if link.shared else ''}"
 
 
-__all__ = ["MODEL_STATES", "RankMoment", "StepFrames", "StrategyTimeline", "link_label"]
+__all__ = ["MODEL_STATES", "RankMoment", "borrowed_shares", "StepFrames", "StrategyTimeline", "link_label"]

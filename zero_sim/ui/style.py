@@ -5,7 +5,9 @@ One palette, used by every figure (simulated and measured alike), so a reader le
 * op kinds: forward blue, backward orange, recompute yellow, optimizer green, all_reduce
   red, reduce_scatter purple, all_gather brown, broadcast pink, fetch decisions cyan, waits
   and stalls grey, copies to and from host memory teal (d2h) and olive (h2d), the CPU's
-  update green (:data:`COLORS`);
+  update green (:data:`COLORS`); everything on a rank's *host* lane (the CPU thread that
+  launches the GPU's work: Python, autograd, the launches themselves) light grey
+  (:data:`HOST_COLOR`), named in every timeline's legend;
 * memory categories (:data:`MEMORY_COLORS`);
 * strategies (:data:`STRATEGY_COLORS`, :func:`strategy_color`): a fixed colour per name, so
   a strategy keeps its colour from one chart (or one re-plan) to the next whatever else is
@@ -36,6 +38,8 @@ COLORS = {
     "all_to_all": "#B07AA1", "dequantize": "#9DB469", "secondary": "#C9B79C",
 }
 OP_COLORS = COLORS
+HOST_COLOR = "#CFCFCF"
+HOST_LABEL = "host (the CPU)"  # short: the legend sits beside the chart, inside the figure's width
 MEMORY_COLORS = {"params": "#4C72B0", "grads": "#DD8452", "optimizer": "#55A868",
                  "activations": "#C44E52", "buffers": "#8172B3"}
 # Okabe-Ito colours (distinguishable with the common colour-vision deficiencies), one per strategy.
@@ -51,7 +55,10 @@ def strategy_color(name: str) -> str:
     return _MORE_STRATEGY_COLORS[zlib.crc32(name.encode()) % len(_MORE_STRATEGY_COLORS)]
 
 
-def op_color(name: str) -> str:
+def op_color(name: str, stream: str | None = None) -> str:
+    """An op's colour: its kind's, or the host lane's for anything the CPU thread does."""
+    if stream == "host":
+        return HOST_COLOR
     try:
         return COLORS.get(parse_op_name(name).kind, "#8C8C8C")
     except ValueError:
@@ -76,5 +83,5 @@ def legend_below(ax, handles=None, gap_pt: float = 30, **kw):
     return ax.legend(handles=handles, **kw) if handles is not None else ax.legend(**kw)
 
 
-__all__ = ["COLORS", "FIGURE_WIDTH", "MEMORY_COLORS", "OP_COLORS", "STRATEGY_COLORS", "legend_below",
-           "legend_beside", "op_color", "strategy_color"]
+__all__ = ["COLORS", "FIGURE_WIDTH", "HOST_COLOR", "HOST_LABEL", "MEMORY_COLORS", "OP_COLORS",
+           "STRATEGY_COLORS", "legend_below", "legend_beside", "op_color", "strategy_color"]

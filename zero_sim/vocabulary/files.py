@@ -9,7 +9,9 @@ through :func:`atomic_output` (or :func:`write_json_atomic`, :func:`write_text_a
 * the target, when it exists, must be a regular file: a directory, a symbolic link, a
   device or a FIFO is refused (:class:`OutputPathError`), because renaming over it would
   replace the link or the device node instead of writing where the user meant;
-* a missing parent directory is created;
+* a missing parent directory is created (for files the program lays out itself; a path a
+  user names is checked first by :func:`check_named_output`, which refuses a directory that is
+  not there rather than create it);
 * the bytes go to a temporary file beside the target, created exclusively and without
   following symbolic links, flushed and synced to disk, then renamed over the target in one
   step: a reader sees the old file or the new one;
@@ -111,6 +113,24 @@ def check_output_path(path: str | os.PathLike) -> Path:
         parent = parent.parent
     if parent.exists() and not parent.is_dir():
         raise OutputPathError(f"cannot write {path}: {parent} is not a directory; choose another path")
+    return path
+
+
+def check_named_output(path: str | os.PathLike, directory: bool = False) -> Path:
+    """The rule for every output path a user names on a command line, checked before any work.
+
+    What :func:`check_output_path` refuses, and a directory that is not there: a typo in a
+    directory name is a bad path like any other, refused in one sentence rather than created.
+    ``directory=True`` names a directory to write into (``demo --out``, ``--trace-dir``): that one
+    directory is created when writing, but the directory holding it must exist.  Returns ``path``."""
+    path = Path(path)
+    if directory and path.exists() and not path.is_dir():
+        raise OutputPathError(f"cannot write into {path}: it is not a directory; choose another path")
+    if not directory:
+        check_output_path(path)
+    if not path.parent.is_dir():
+        raise OutputPathError(f"cannot write {path}: the directory {path.parent} does not exist; "
+                              f"create it or choose another path")
     return path
 
 

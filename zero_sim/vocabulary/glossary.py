@@ -102,8 +102,10 @@ SECTIONS: tuple[tuple[str, str, tuple[Entry, ...]], ...] = (
            it many thousands of times; the simulator and the real runs report the time of one
            (steady-state) step.""", "training step"),
         _e("phase", """one of the three parts of a [step](#step), cut where the simulator and the
-           overlay cut them: *forward* runs until the first backward op starts, *backward* until the
-           last backward op ends, *optimizer* from there to the end of the step. The optimizer phase
+           overlay cut them: *forward* runs from a forward op's start until the next backward op
+           starts (once per [micro-batch](#micro-batch) under gradient accumulation), *backward*
+           from there until the next forward op or the last backward op's end, *optimizer* from
+           there to the end of the step. The optimizer phase
            has two parts: `optimizer_wait` (compute idle, waiting for the last gradient
            communication: DDP's final [all-reduces](#all-reduce), ZeRO's
            [reduce-scatters](#reduce-scatter), or [all-gathers](#all-gather) of updated shards) and
@@ -189,8 +191,10 @@ SECTIONS: tuple[tuple[str, str, tuple[Entry, ...]], ...] = (
            forward pass recomputed under [activation checkpointing](#activation-checkpointing), so it
            is higher for the same step. Published figures often quote hardware TFLOP/s.""",
            "TFLOP", "TFLOPS", "FLOP", "model FLOP", "hardware FLOP", anchor="tflops"),
-        _e("MFU", """model FLOPs utilisation: useful [TFLOP/s](#tflops) over the GPU's peak (dense bf16).
-           Well-tuned large-model training reaches 40-60%.""", "model FLOPs utilisation",
+        _e("MFU", """model FLOPs utilisation: the FLOPs the model needs per second (a causal mask's
+           masked half of attention left out, which [TFLOP/s](#tflops) counts as papers do) over
+           the GPU's peak (dense bf16). Well-tuned large-model training reaches 40-60%; no kernel
+           family reaches 100%, so neither does MFU.""", "model FLOPs utilisation",
            case_sensitive=True),
     )),
     ("Strategies", "Ways of training one model on many GPUs, and the words they share.", (
@@ -218,7 +222,25 @@ SECTIONS: tuple[tuple[str, str, tuple[Entry, ...]], ...] = (
         _e("reshard", """free the gathered full parameters again, keeping only the shard. FSDP's
            *reshard after forward* frees them after the forward pass and gathers them again for
            backward: less memory, one more [all-gather](#all-gather).""", "resharding", "resharded",
-           "reshard-after-forward", "reshard after forward"),
+           "reshard-after-forward", "reshard after forward", "reshard_after_forward"),
+        _e("hybrid sharding", """FSDP's *hybrid* mode (HSDP, the `hybrid` knob): [shard](#shard) within each
+           [node](#node) and keep one copy per node, [all-reducing](#all-reduce) gradients across nodes. The
+           slow network carries only the all-reduce; it needs at least two nodes.""", "HSDP",
+           anchor="hybrid"),
+        _e("limit_all_gathers", """FSDP1's rate limiter: at most two layers' gathered parameters in memory at
+           once, so a [prefetch](#prefetch) waits instead of running ahead. Less memory, sometimes a
+           slower step.""", anchor="limit-all-gathers"),
+        _e("copy-in and copy-out", """FSDP's extra copies on the compute stream (the `copies` knob): FSDP1
+           copies each gradient into one flat buffer; FSDP2 copies each gathered layer out into its
+           parameters and each gradient into the reduce-scatter's input; `none` models neither.""",
+           anchor="copies"),
+        _e("per-unit update", """the `update` knob: FSDP updates its shards once every gradient has been
+           reduced (`after_backward`, torch's FSDP), or each wrapped unit's shard as soon as its own
+           [reduce-scatter](#reduce-scatter) lands (`per_unit`), overlapping the update with
+           communication.""", anchor="update"),
+        _e("root unit", """the layers no FSDP wrapped unit holds (embeddings, the final norm and head): the
+           `root` knob keeps them as one flat parameter (`one`, torch's root unit) or one per layer
+           (`per_layer`), each gathered and reduced on its own.""", anchor="root"),
         _e("prefetch", """start the [all-gather](#all-gather) of the next layer's parameters while this
            layer computes, so they are there when needed. Deeper prefetch hides more latency and holds
            more gathered parameters in memory.""", "prefetching", "prefetched"),

@@ -118,7 +118,9 @@ class ComparePanel(ScenarioPanel):
 
     def render(self):
         rows = "".join(
-            f"<tr><td><b>{html.escape(label)}</b></td><td>{html.escape(metrics_text(r.metrics))}</td></tr>"
+            # The label never wraps ("ZeRO-" / "2"); the metrics wrap at spaces beside it.
+            f"<tr><td style='white-space:nowrap;vertical-align:top;padding-right:1em'><b>{html.escape(label)}"
+            f"</b></td><td>{html.escape(metrics_text(r.metrics))}</td></tr>"
             for label, r in self.result.items())
         self.table.value = f"<table>{rows}</table>"
         self.error_box.value = "".join(error_html(f"{k}: {v}") for k, v in self.errors.items())

@@ -15,11 +15,11 @@ from html import escape
 import ipywidgets as W
 from IPython.display import display
 
-from zero_sim.system.workload import RECOMPUTE_MODES
 from zero_sim.ui.controls import STYLE
 from zero_sim.ui.exercise_checks import (
     BUCKET_SIZES_MB,
     FIT_MICRO_BATCHES,
+    FIT_RECOMPUTE,
     FIT_STRATEGIES,
     Verdict,
     check_bucket,
@@ -49,8 +49,7 @@ class Exercise:
         """Judge the controls' values now; say right or wrong, and why, under the buttons."""
         self.verdict = self.judge(**{name: c.value for name, c in self.controls.items()})
         color, word = (RIGHT, "Right.") if self.verdict.right else (WRONG, "Not yet.")
-        why = self.verdict.why.removeprefix("Right: ")
-        self.feedback.value = f"<div style='color:{color}'><b>{word}</b> {escape(why)}</div>"
+        self.feedback.value = f"<div style='color:{color}'><b>{word}</b> {escape(self.verdict.why)}</div>"
         return self.verdict
 
     def reveal(self) -> str:
@@ -70,7 +69,7 @@ def fit_exercise() -> Exercise:
         "Choose a strategy, an activation recompute mode and a micro-batch so that it <b>fits</b>, "
         "and as fast as possible (within 5% of the fastest choice that fits counts as right).",
         {"strategy": W.Dropdown(options=FIT_STRATEGIES, value="ddp", description="strategy", style=STYLE),
-         "recompute": W.Dropdown(options=RECOMPUTE_MODES, value="none", description="recompute", style=STYLE),
+         "recompute": W.Dropdown(options=FIT_RECOMPUTE, value="none", description="recompute", style=STYLE),
          "micro_batch": W.Dropdown(options=FIT_MICRO_BATCHES, value=1, description="micro-batch",
                                    style=STYLE)},
         check_fit)

@@ -29,6 +29,7 @@ from zero_sim.ui.figure import FIGURE_WIDTH, Figure, in_kernel
 from zero_sim.ui.offers import Offers
 from zero_sim.ui.panel import Panel
 from zero_sim.ui.plots import legend_beside, strategy_color
+from zero_sim.ui.tables import readable
 from zero_sim.ui.text import without_flags
 
 
@@ -38,9 +39,10 @@ def _bar(total: int):
 
     return tqdm(total=total, desc="candidates", display=False)
 
-TABLE_COLUMNS = ["strategy", "knobs", "recompute", "outcome", "too_close_to_call", "step_ms",
-                 "exposed_comm_ms", "tokens_per_s", "tokens_per_s_low", "tokens_per_s_high", "mfu",
-                 "reserved_GB", "peak_GB", "model_states_GB", "activations_GB", "error"]
+# The columns the panel's table shows, few enough to fit JupyterLab's width (the whole ranking
+# stays in ``result``), named in words by zero_sim.ui.tables.readable.
+TABLE_COLUMNS = ["strategy", "knobs", "recompute", "outcome", "step_ms", "tokens_per_s", "tokens_per_s_low",
+                 "tokens_per_s_high", "reserved_GB"]
 
 
 class Planner(Panel):
@@ -131,11 +133,11 @@ class Planner(Panel):
         df = self.result
         best = self.best()
         self.summary.value = self._verdict(best)
-        shown = df[[c for c in TABLE_COLUMNS if c in df]].head(self.top)
+        shown = readable(df.head(self.top), TABLE_COLUMNS)
         if in_kernel():
             self.table.clear_output(wait=True)
             with self.table:
-                display(shown.round(2))
+                display(shown)
         self._chart(best)
 
     def _verdict(self, best) -> str:
@@ -190,8 +192,10 @@ class Planner(Panel):
             ax.axvline(ok["capacity_GB"].iloc[0], color="black", linestyle="--", linewidth=1)
             handles.append(Line2D([], [], color="black", linestyle="--", linewidth=1, label="GPU memory"))
         if best is not None:
-            ax.annotate("fastest that fits", (best["reserved_GB"], best["step_ms"]), xytext=(10, 10),
-                        textcoords="offset points", fontsize=8, arrowprops={"arrowstyle": "->"})
+            # Above the dots, on a white box, so the words never sit on a candidate.
+            ax.annotate("fastest that fits", (best["reserved_GB"], best["step_ms"]), xytext=(0, 36),
+                        textcoords="offset points", fontsize=9, ha="center", arrowprops={"arrowstyle": "->"},
+                        bbox={"boxstyle": "round,pad=0.2", "facecolor": "white", "edgecolor": "none"})
         # The chart plots what "fits" compares: the reserved figure against the GPU's memory.
         ax.set_xlabel("reserved memory per GPU (GB): tensors' peak + allocator reserve + context")
         ax.set_ylabel("step time (ms)")

@@ -5,7 +5,10 @@ shows, for each rank:
 
 * three rows of N boxes, one per shard of the parameters, the gradients and the optimizer
   state: a filled box is a shard the rank keeps, the rank's own shard outlined (under DDP
-  every rank keeps every shard; under ZeRO-1 only its own optimizer shard; ...);
+  every rank keeps every shard; under ZeRO-1 only its own optimizer shard; ...). A hatched
+  box is another rank's quarter of the layer at work, held for a moment: under ZeRO-3 and
+  FSDP it fills as the layer's all-gather runs and empties when the layer is done, and a
+  gradient's quarters empty as its reduce-scatter sends them away;
 * a bar of what is **in flight**: communication buffers (gradient buckets on their way,
   weights gathered for the layer about to run) and the activations saved so far, on one
   scale for every column, so a ZeRO-3 rank's gathered layer can be seen to come and go;
@@ -42,6 +45,7 @@ LABELS = {name: strategy.label for name, strategy in STRATEGIES.items()}
 WHOLE = [name for name, strategy in STRATEGIES.items() if not strategy.can.shards(PARAMS)]
 SHARDING = [name for name, strategy in STRATEGIES.items() if strategy.can.shards(PARAMS)]
 ROW_NAMES = {PARAMS: "P", GRADS: "G", OPTIMIZER_STATE: "O"}
+TEXT_PT = 9  # every caption: smaller is hard to read beside the boxes
 
 
 class StepThrough(Panel):
@@ -57,7 +61,7 @@ class StepThrough(Panel):
             "micro_batch": W.Dropdown(options=[1, 2, 4, 8], value=micro_batch, description="micro-batch",
                                       style=STYLE),
             "last": W.ToggleButtons(options=[(LABELS[name], name) for name in SHARDING], value=last,
-                                    description="fully sharded", style={"description_width": "10em"}),
+                                    description="fully sharded", style=STYLE),
         }
         self.time = W.IntSlider(value=0, min=0, max=FRAMES - 1, description="time", style=STYLE,
                                 readout=False, continuous_update=True, layout=W.Layout(width="36em"))
@@ -103,8 +107,9 @@ class StepThrough(Panel):
         """The moment shown, in seconds into the step."""
         return self.result.longest_s * self.time.value / (FRAMES - 1)
 
-    def moment(self) -> dict[str, list[RankMoment]]:
-        return self.result.frame(self.now_s(), RANKS)
+    def moment(self, at_s: float | None = None) -> dict[str, list[RankMoment]]:
+        """Every strategy's ranks at the slider's time, or at ``at_s`` seconds (the slider stays put)."""
+        return self.result.frame(self.now_s() if at_s is None else at_s, RANKS)
 
     def render(self):
         if self.result is None:
@@ -115,9 +120,9 @@ class StepThrough(Panel):
         scale = max(tl.peak_bytes() for tl in self.result.timelines.values())
         for ax, (strategy, ranks) in zip(self._columns, frame.items(), strict=True):
             self._draw_column(ax, strategy, ranks, scale)
-        self.figure.fig.suptitle("each box: a quarter of an array; filled: the rank keeps it (its own "
-                                 "quarter outlined) · bar: memory in flight now, one scale for all",
-                                 fontsize=8, y=0.985)
+        self.figure.fig.suptitle("box: a quarter of an array (P parameters, G gradients, O optimizer); "
+                                 "filled: kept all step; hatched: held for now",
+                                 fontsize=TEXT_PT, y=0.99)
         self.figure.show()
 
     def _draw_column(self, ax, strategy: str, ranks: list[RankMoment], scale: float):
@@ -127,23 +132,15 @@ class StepThrough(Panel):
         n = len(ranks)
         ax.set_xlim(-1.2, n + 0.2)
         ax.set_ylim(-0.6, 4.6 * n)
-        status = "step done" if ranks[0].done else f"step {format_ms(timeline.step_s)}"
-        ax.set_title(f"{LABELS.get(strategy, strategy)} · {status}", fontsize=9,
+        status = "done" if ranks[0].done else format_ms(timeline.step_s)
+        ax.set_title(f"{LABELS.get(strategy, strategy)} · {status}", fontsize=TEXT_PT + 1,
                      color=strategy_color(strategy))
         for i, moment in enumerate(ranks):
             top = 4.6 * (n - 1 - i) + 4.0
-            ax.text(-1.15, top - 0.1, f"rank {moment.rank}", fontsize=7, va="top")
+            ax.text(-0.85, top - 1.6, f"rank {moment.rank}", fontsize=TEXT_PT, va="center", ha="center",
+                    rotation=90)
             for row, cat in enumerate(MODEL_STATES):
-                y = top - 1.0 - row * 0.8
-                ax.text(-0.15, y + 0.3, ROW_NAMES[cat], fontsize=7, ha="right", va="center")
-                kept = round(moment.held[cat] * n)
-                for shard in range(n):
-                    filled = kept >= n or shard == moment.rank % n and kept >= 1
-                    own = shard == moment.rank % n
-                    ax.add_patch(Rectangle((shard, y), 0.9, 0.6,
-                                           facecolor=MEMORY_COLORS[cat] if filled else "white",
-                                           edgecolor="black" if own else "#BBBBBB",
-                                           linewidth=1.2 if own else 0.6))
+                _draw_shards(ax, moment, cat, n, y=top - 1.0 - row * 0.8)
             # In flight: buffers then activations, as a bar across the shard boxes' width.
             y = top - 3.6
             width = n * 0.975
@@ -153,22 +150,42 @@ class StepThrough(Panel):
                 ax.add_patch(Rectangle((left, y), w, 0.5, facecolor=MEMORY_COLORS[cat], edgecolor="none"))
                 left += w
             ax.add_patch(Rectangle((0, y), width, 0.5, facecolor="none", edgecolor="#BBBBBB", linewidth=0.6))
-        first = ranks[0]
-        doing = [f"compute: {first.compute or ('-' if first.done else 'idle')}"]
-        for op in first.comm or [None]:
-            doing += [f"comm: {op['name']}", f"   {op['algorithm']}, {op['link']}"] if op else ["comm: -", ""]
-        doing += [f"in flight {first.in_flight_bytes / GB:.2f} GB",
-                  f"activations {first.activations_bytes / GB:.2f} GB"]
-        ax.text(-1.15, -0.7, "\n".join(doing), fontsize=7, va="top", ha="left")
+        ax.text(-1.15, -0.7, "\n".join(_doing(ranks[0])), fontsize=TEXT_PT, va="top", ha="left")
+
+
+def _draw_shards(ax, moment: RankMoment, cat: str, n: int, y: float) -> None:
+    """One array's N quarters: filled where kept all step, hatched up to the share held for now."""
+    ax.text(-0.15, y + 0.3, ROW_NAMES[cat], fontsize=TEXT_PT, ha="right", va="center")
+    kept = round(moment.held[cat] * n)
+    borrowed = moment.borrowed.get(cat, 0.0)
+    for shard in range(n):
+        own = shard == moment.rank % n
+        filled = kept >= n or own and kept >= 1
+        ax.add_patch(Rectangle((shard, y), 0.9, 0.6, facecolor=MEMORY_COLORS[cat] if filled else "white",
+                               edgecolor="black" if own else "#BBBBBB", linewidth=1.2 if own else 0.6))
+        if not filled and borrowed > 0:
+            ax.add_patch(Rectangle((shard, y), 0.9, 0.6 * borrowed, facecolor="white",
+                                   edgecolor=MEMORY_COLORS[cat], hatch="////", linewidth=0.0))
+
+
+def _doing(first: RankMoment) -> list[str]:
+    """The caption under a column: what rank 0 computes, sends and holds in flight now."""
+    lines = [f"compute: {first.compute or ('-' if first.done else 'idle')}"]
+    for op in first.comm or [None]:
+        lines += [f"comm: {op['name']}", f"  {op['algorithm']}, {op['link']}"] if op else ["comm: -", ""]
+    lines += [f"in flight {first.in_flight_bytes / GB:.2f} GB",
+              f"activations {first.activations_bytes / GB:.2f} GB"]
+    return lines
 
 
 def _legend(fig) -> None:
     """What each colour is, under the columns."""
     handles = [Rectangle((0, 0), 1, 1, facecolor=MEMORY_COLORS[cat])
                for cat in (*MODEL_STATES, BUFFERS, ACTIVATIONS)]
+    handles.append(Rectangle((0, 0), 1, 1, facecolor="white", edgecolor=MEMORY_COLORS[PARAMS], hatch="////"))
     labels = ["parameters", "gradients", "optimizer state", "in flight: buckets, gathered weights",
-              "activations"]
-    fig.legend(handles, labels, loc="lower center", ncols=5, fontsize=7, frameon=False)
+              "activations", "another rank's quarter, held for now"]
+    fig.legend(handles, labels, loc="lower center", ncols=3, fontsize=TEXT_PT, frameon=False)
 
 
 __all__ = ["FRAMES", "RANKS", "StepThrough"]
