@@ -7,6 +7,8 @@ where that state's bytes go: on the wire, in ``memory.grads_bytes``, in the ops 
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from zero_sim import ScenarioError, simulate
@@ -152,3 +154,11 @@ def test_a_deepspeed_config_with_torch_autocast_and_no_half_weights_is_amp():
 
 def test_reduce_dtype_is_a_setting_of_every_strategy_not_a_knob_of_one():
     assert not any(k.name == "reduce_dtype" for s in STRATEGIES.values() for k in s.knobs)
+
+
+def test_plan_searches_under_the_dtypes_given_as_simulate_takes_them(capsys):
+    # plan's flags are simulate's: the two dtypes travel to every candidate it simulates.
+    assert main(["plan", "--model", "gpt2-124m", "--gpus", "8", "--topology", "dgx-h100", "--strategies",
+                 "ddp", "--precision", "amp", "--reduce-dtype", "bf16", "--json"]) == 0
+    fastest = json.loads(capsys.readouterr().out)["summary"]["fastest"]
+    assert (fastest["precision"], fastest["reduce_dtype"]) == ("amp", "bf16")
