@@ -64,3 +64,21 @@ def test_a_measured_layer_table_keeps_its_own_slowest_rank_and_refuses_a_spread_
     assert measured["slowest_rank_factor"] == 1.1 and measured["gpu_spread"] == 0.0
     with pytest.raises(ScenarioError, match="drop --gpu-spread or the calibration"):
         simulate(**RUN, gpus=2, calibration=table, gpu_spread=0.02)
+
+
+def test_pure_data_parallelism_over_efa_keeps_less_per_gpu_the_more_nodes_join():
+    # What a DDP run loses at scale, each from its own model: EFA's rate past two nodes (about 0.6 of
+    # line rate, NVIDIA/nccl #527), the last bucket's all_reduce that nothing hides, and the slowest
+    # of n GPUs setting every rank's pace.
+    run = dict(model="gpt3-350m", strategy="ddp", topology="p4d-efa", micro_batch=4, seq_len=1024)
+    per_gpu = {n: simulate(**run, gpus=n) for n in (8, 16, 256)}
+    one, two, many = (per_gpu[n].metrics["tokens_per_s_per_gpu"] for n in (8, 16, 256))
+    assert many < two < one
+    # Communication-bound past two nodes: with EFA at its two-node rate 32 nodes would keep about
+    # 0.68 of one node's speed per GPU; at 0.6 of line rate they keep well under 0.6.
+    assert many / one < 0.6
+    assert (two - many) > 2 * (one - two)
+    exposed = {n: r.metrics["exposed_comm_s"] for n, r in per_gpu.items()}
+    assert exposed[256] > 6 * exposed[16] > 0  # the last bucket and the slower network show
+    factors = [per_gpu[n].scenario.hardware.slowest_rank_factor for n in (8, 16, 256)]
+    assert factors == sorted(factors) and factors[-1] < 1.06  # grows as the max of n draws: slowly

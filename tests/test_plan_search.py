@@ -14,7 +14,7 @@ from zero_sim.cli import main
 from zero_sim.plan.bounds import MARGIN, bounds
 from zero_sim.plan.executors import default_executor
 from zero_sim.plan.fit_advice import first_change_that_fits
-from zero_sim.plan.search import MEMORY_BOUND, PlanError, rank, search, search_space
+from zero_sim.plan.search import MEMORY_BOUND, PlanError, fp8_variants, rank, search, search_space
 from zero_sim.plan.sweep import run_rows
 
 SMALL = dict(model="gpt2-124m", topology="pcie")
@@ -151,3 +151,55 @@ def test_bandwidth_flags_say_per_nic_or_per_node_and_the_output_shows_each_link(
     assert "nic 12.5 GB/s x 8 = 100 GB/s per node (as given: 800 Gbit/s per node)" in per_node
     with pytest.raises(ScenarioError, match="give one of them"):
         simulate(bandwidth_gbps=100, node_bandwidth_gbps=800)
+
+
+def _queues(p, counted) -> list[float]:
+    from zero_sim.plan.bounds import _comm_seconds, _copy_seconds, _host_seconds
+
+    compute = sum(n * op.seconds for op, n in counted.items("compute"))
+    streams = _comm_seconds(p, counted) | _copy_seconds(p, counted)
+    return [compute, _host_seconds(p, counted), *(streams[k] for k in sorted(streams)),
+            sum(counted.program.resident.values()), sum(counted.times)]
+
+
+@pytest.mark.parametrize("base", [
+    dict(model="gpt2-124m", topology="p4d-efa", gpus=16),
+    dict(model="gpt2-124m", topology="dgx-a100", gpus=16, offload_optimizer="cpu", offload_params="cpu"),
+    dict(model="gpt2-124m", topology="dgx-a100", gpus=16, offload_optimizer="cpu"),
+    dict(model="gpt2-124m", topology="ib-400", gpus=32, precision="fp8", zero_hpz_partition_size=8,
+         zero_quantized_weights=True, zero_quantized_gradients=True),
+])
+def test_a_long_accumulation_is_bounded_from_three_micro_steps_as_from_all_of_them(base):
+    from zero_sim.plan.bounds import BUILT_MICRO_STEPS, _Counted, _counted
+    from zero_sim.plan.candidates import candidates
+    from zero_sim.scenario.pipeline import _program, prepare
+
+    checked = 0
+    for c in fp8_variants(base, candidates(recompute=("none", "full"))):
+        scenario = base | c | {"grad_accum": 7, "micro_batch": 2}
+        if c["strategy"] != "zero3":
+            scenario = {k: v for k, v in scenario.items() if not k.startswith("zero_")}
+        try:
+            p = prepare(**scenario)
+            full = _program(p)
+        except ScenarioError:
+            continue
+        short = _counted(p)
+        assert len(short.program.micro_starts) == BUILT_MICRO_STEPS < 7
+        assert _queues(p, short) == pytest.approx(_queues(p, _Counted(full, [1] * len(full.ops))), rel=1e-12)
+        checked += 1
+    assert checked >= 20
+
+
+def test_with_the_optimizer_on_the_cpu_the_host_thread_bounds_the_step():
+    from zero_sim.plan.bounds import _counted, _host_seconds, step_low_seconds
+    from zero_sim.scenario.pipeline import prepare
+
+    scenario = dict(model="gpt2-350m", topology="dgx-a100", gpus=16, seq_len=1024, strategy="fsdp",
+                    recompute="full", micro_batch=2, grad_accum=2, offload_optimizer="cpu",
+                    offload_params="cpu")
+    p = prepare(**scenario)
+    counted = _counted(p)
+    assert step_low_seconds(p, counted) == _host_seconds(p, counted)  # CPU Adam outlasts the GPU's work
+    simulated = simulate(**scenario).metrics["tokens_per_s"]
+    assert simulated <= bounds(**scenario).tokens_per_s_high * (1 + MARGIN) < 1.3 * simulated

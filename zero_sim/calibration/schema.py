@@ -134,6 +134,7 @@ class NetworkFile(_Strict):
     ll_protocols: bool = True
     line_gbit: _number(lo=1e-6, hi=1e7) | None = None  # each NIC's line rate, where a preset gave it
     achieved: Fraction | None = None  # the fraction of it achieved (nic_gbps = line x nics / 8 x this)
+    beyond_two_nodes: Fraction = 1.0  # what a collective over more than two nodes reaches of nic_gbps
 
 
 class TopologyFile(_Strict):

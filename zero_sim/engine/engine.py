@@ -98,6 +98,7 @@ class Engine:
         self.device.attach(self)
         self.backend.attach(self)
         self._remaining: dict[int, list[int]] = {}  # ops of each step not yet ended, per rank
+        self._group_ranks: dict[tuple[str, int], tuple[int, ...]] = {}
         self.op_seconds: dict[int, float] = {}  # the last step's op durations on the first rank
         self._plan_groups()
 
@@ -276,10 +277,9 @@ class Engine:
         key = (step, op.index, gi)
         rv = self.rendezvous.get(key)
         if rv is None:
-            members = process_groups(self.topo, op.group)[gi]
-            expected = sum(1 for r in members if r in self.rank_set) if self.explicit else 1
-            rv = self.rendezvous[key] = _Rendezvous(env, expected)
-            rv.ranks = tuple(r for r in members if r in self.rank_set)
+            ranks = self._members(op.group, gi)
+            rv = self.rendezvous[key] = _Rendezvous(env, len(ranks) if self.explicit else 1)
+            rv.ranks = ranks
         rv.arrived += 1
         if rv.arrived == rv.expected:
             del self.rendezvous[key]
@@ -295,6 +295,14 @@ class Engine:
         self.comm_busy[rank] -= 1
         self.device.collective_ended(rank, key)
         self._finish(rank, step, op, rv.start, env.now, plan)
+
+    def _members(self, group: str, gi: int) -> tuple[int, ...]:
+        """The simulated ranks of group ``gi`` of kind ``group`` (asked at every collective)."""
+        ranks = self._group_ranks.get((group, gi))
+        if ranks is None:
+            members = process_groups(self.topo, group)[gi]
+            ranks = self._group_ranks[(group, gi)] = tuple(r for r in members if r in self.rank_set)
+        return ranks
 
     def _run_plan(self, plan: CollectivePlan, done: simpy.Event, caller: tuple, ranks: tuple[int, ...]):
         for stage in plan.stages:

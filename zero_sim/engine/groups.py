@@ -7,6 +7,8 @@ secondary partition groups of ``zero_hpz_partition_size`` ranks, as DeepSpeed's
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from zero_sim.system.topology import Topology
 
 
@@ -17,7 +19,14 @@ def subgroup_size(kind: str) -> int | None:
 
 
 def process_groups(topo: Topology, kind: str) -> tuple[tuple[int, ...], ...]:
-    n, g = topo.world_size, topo.ranks_per_node
+    """The member lists of every group of ``kind``, in group-index order."""
+    return _groups(topo.world_size, topo.ranks_per_node, kind)
+
+
+# The engine asks for a group's members at every collective: the lists depend only on the world
+# size, the node size and the kind, so each is built once per process.
+@lru_cache(maxsize=256)
+def _groups(n: int, g: int, kind: str) -> tuple[tuple[int, ...], ...]:
     if (k := subgroup_size(kind)) is not None:
         return tuple(tuple(range(start, start + k)) for start in range(0, n, k))
     if kind == "world":

@@ -46,6 +46,7 @@ class FluidNetwork:
         self.env, self.topo = env, topo
         self.active: list[_Flow] = []
         self._alone: dict[tuple, float] = {}
+        self._capacity = {name: link.capacity for name, link in topo.links.items()}  # links are frozen
         self.throttle = None
 
     def _alone_rate(self, loads) -> float:
@@ -69,24 +70,32 @@ class FluidNetwork:
         self._reshare()
         return done
 
-    def _rates(self) -> dict[int, float]:
-        if len(self.active) == 1:
-            rates = {id(self.active[0]): self.active[0].alone_rate}
+    def _rates(self) -> list[float]:
+        """Each active transfer's rate, in the order of ``active``."""
+        active = self.active
+        if len(active) == 1:
+            rates = [active[0].alone_rate]
         else:
             link_load: dict[str, int] = {}
             callers: dict[object, int] = {}
-            for flow in self.active:
+            for flow in active:
                 if flow.loads:
                     callers[flow.caller] = callers.get(flow.caller, 0) + 1
                 for name, load in flow.loads:
                     link_load[name] = link_load.get(name, 0) + load
-            links = self.topo.links
-            rates = {id(f): min((f.cap / (callers[f.caller] if f.caller is not None and f.loads else 1),
-                                 *(links[name].capacity / link_load[name] for name, _ in f.loads)))
-                     for f in self.active}
+            capacity = self._capacity
+            rates = []
+            for f in active:
+                # The least of the caller's cap share and every link's share (min's order of ties).
+                rate = f.cap / (callers[f.caller] if f.caller is not None and f.loads else 1)
+                for name, _ in f.loads:
+                    share = capacity[name] / link_load[name]
+                    if share < rate:
+                        rate = share
+                rates.append(rate)
         if self.throttle is not None:
-            for f in self.active:
-                rates[id(f)] *= self.throttle(f.ranks, bool(f.loads))
+            throttle = self.throttle
+            rates = [rate * throttle(f.ranks, bool(f.loads)) for f, rate in zip(active, rates, strict=True)]
         return rates
 
     def reshare(self) -> None:
@@ -96,12 +105,10 @@ class FluidNetwork:
 
     def _reshare(self) -> None:
         now = self.env.now
-        rates = self._rates()
-        for flow in self.active:
+        for flow, rate in zip(self.active, self._rates(), strict=True):
             if flow.rate:
                 flow.remaining = max(0.0, flow.remaining - flow.rate * (now - flow.last))
             flow.last = now
-            rate = rates[id(flow)]
             if rate != flow.rate:
                 flow.rate = rate
                 flow.version += 1

@@ -47,7 +47,7 @@ OP_KINDS = ("compute", "collective", "sync", "host", "copy")
 GROUPS = ("world", "intra", "inter")
 
 
-@dataclass
+@dataclass(slots=True)
 class Op:
     index: int
     name: str
@@ -75,6 +75,7 @@ class Program:
     nvme_resident: dict[str, int] = field(default_factory=dict)  # model states on NVMe drives (ZeRO-Infinity)
     model_flops: float = 0.0  # per rank per step, forward+backward, recompute excluded
     notes: list[str] = field(default_factory=list)  # assumptions the strategy made, for reports
+    micro_starts: list[int] = field(default_factory=list)  # the index of each micro-step's first op
 
     def streams(self) -> list[str]:
         seen: list[str] = []
@@ -91,11 +92,13 @@ class ProgramBuilder:
         self.program = Program(resident={c: 0 for c in MEMORY_CATEGORIES} | (resident or {}))
 
     def _add(self, **kw) -> int:
-        op = Op(index=len(self.program.ops), **kw)
-        for cat, _ in (*op.alloc, *op.free):
-            if cat not in MEMORY_CATEGORIES:
-                raise ValueError(f"unknown memory category {cat!r}")
-        self.program.ops.append(op)
+        ops = self.program.ops
+        op = Op(index=len(ops), **kw)
+        if op.alloc or op.free:
+            for cat, _ in (*op.alloc, *op.free):
+                if cat not in MEMORY_CATEGORIES:
+                    raise ValueError(f"unknown memory category {cat!r}")
+        ops.append(op)
         return op.index
 
     def compute(self, name: str, phase: str, seconds: float, *, layer: int | None = None,

@@ -11,27 +11,42 @@ without changing its answer:
   added (the same rule :mod:`zero_sim.results` applies).  A candidate whose bound exceeds the
   GPU's memory cannot fit, and is not simulated.
 * **time, from below.** A stream runs one op at a time, so a steady step takes at least the sum
-  of its compute ops, and at least the sum of each comm stream's collectives, each taking no
-  less than it would alone on the links (every sibling group running with it, as they do);
-  throughput per GPU is at most the step's tokens over the longer of the two.
+  of its compute ops, at least the sum of each comm stream's collectives, each taking no
+  less than it would alone on the links (every sibling group running with it, as they do),
+  at least the sum of each copy stream's copies at the host link's whole rate (offloading),
+  and at least the host thread's own time: every op's issue cost and the host ops' work (an
+  optimizer on the CPU) one after another; throughput per GPU is at most the step's tokens
+  over the longest of these.
   A candidate whose best possible throughput (all its GPUs together), with :data:`MARGIN` to
   spare (a step's window may clip compute that ran ahead into the step before), is below the
   K-th fastest found so far cannot enter the top K, and is not simulated.
+
+Under gradient accumulation the micro-steps between the first and the last issue the same ops
+(what differs is the first's allocations and the last's gradient sync), so a program of
+:data:`BUILT_MICRO_STEPS` micro-steps is built and its middle one counted for all of them:
+the sums are those of the whole program at a fraction of the building
+(``tests/test_plan_search.py`` compares them with a program built in full for every strategy).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from zero_sim.engine.groups import process_groups
+from zero_sim.engine.program import Program
 from zero_sim.results import allocator_reserve, context_gb
-from zero_sim.scenario.pipeline import _program, prepare
+from zero_sim.scenario.pipeline import _program, check_size, explicit_ranks, prepare, rank_figures
+from zero_sim.settings import ScenarioError
+from zero_sim.strategies.base import StrategyError
 from zero_sim.system.collectives import CollectiveModel
+from zero_sim.system.host_side import copy_loads
 
 # Slack on the time bound: a candidate is pruned only when even this much faster than its bound
 # it would not reach the top K.  Simulated throughput stays below its bound (docs/planning.md
 # gives the largest ratio seen over a varied sample; tests/test_plan_search.py checks one).
 MARGIN = 0.02
+# Micro-steps built to bound a step of more: the first, one in the middle, the last.
+BUILT_MICRO_STEPS = 3
 
 
 @dataclass(frozen=True)
@@ -55,32 +70,109 @@ class Bounds:
         return self.tokens_per_s_high * (1.0 + MARGIN) < kth_best_tokens_per_s
 
 
-def _comm_seconds(p, program) -> dict[str, float]:
+@dataclass(frozen=True)
+class _Counted:
+    """A program and how many times each of its ops occurs in the step it stands for."""
+
+    program: Program
+    times: list[int]
+
+    def items(self, kind: str):
+        return ((op, n) for op, n in zip(self.program.ops, self.times, strict=True) if op.kind == kind)
+
+
+def _counted(p) -> _Counted:
+    """The candidate's program, with a long gradient accumulation built as three micro-steps whose
+    middle one stands for every middle micro-step; refused in the sentence :func:`simulate` gives."""
+    k = p.settings.grad_accum
+    if k <= BUILT_MICRO_STEPS:
+        program = _program(p)
+        return _Counted(program, [1] * len(program.ops))
+    try:
+        program = p.strategy.build(replace(p.ctx, grad_accum=BUILT_MICRO_STEPS))
+    except StrategyError as exc:
+        raise ScenarioError(str(exc)) from None
+    first, middle_end = program.micro_starts[1], program.micro_starts[2]
+    middle = k - BUILT_MICRO_STEPS + 1
+    check_size(p.settings, len(p.workload.layers), len(program.ops) + (middle - 1) * (middle_end - first))
+    return _Counted(program, [middle if first <= i < middle_end else 1 for i in range(len(program.ops))])
+
+
+def _comm_seconds(p, counted: _Counted) -> dict[str, float]:
     """Each comm stream's collectives, each at its time alone on the links (every group of it at once)."""
     model = CollectiveModel(p.topology, p.settings.backend, p.settings.algorithm, p.calibration)
     busy: dict[str, float] = {}
-    for op in program.ops:
-        if op.kind == "collective":
+    alone: dict[tuple, float] = {}  # a program repeats each collective per layer and micro-step
+    for op, n in counted.items("collective"):
+        key = (op.collective, op.nbytes, op.group)
+        seconds = alone.get(key)
+        if seconds is None:
             plan = model.plan(op.collective, op.nbytes, process_groups(p.topology, op.group))
-            busy[op.stream] = busy.get(op.stream, 0.0) + plan.isolated_time(p.topology)
+            seconds = alone[key] = plan.isolated_time(p.topology)
+        # The collective's own kernels (ZeRO++'s quantization) hold its stream after the transfer.
+        busy[op.stream] = busy.get(op.stream, 0.0) + n * (seconds + op.seconds)
     return busy
+
+
+def _copy_seconds(p, counted: _Counted) -> dict[str, float]:
+    """Each copy stream's copies, each at the host link's whole rate (shared with the GPUs behind the
+    same uplink when one rank stands for them, as the engine shares it)."""
+    collapsed = not explicit_ranks(p.settings)
+    capacity = {name: link.capacity for name, link in p.topology.links.items()}
+    busy: dict[str, float] = {}
+    for op, n in counted.items("copy"):
+        if op.nbytes > 0:
+            loads = copy_loads(p.topology, 0, op.stream, collapsed)
+            rate = min(capacity[name] / load for name, load in loads)
+            busy[op.stream] = busy.get(op.stream, 0.0) + n * op.nbytes / rate
+    return busy
+
+
+def _host_seconds(p, counted: _Counted) -> float:
+    """The host thread's own time: every op's issue cost, and the work of host ops (an optimizer on
+    the CPU), one after another."""
+    default = p.settings.host_overhead_us * 1e-6
+    return sum(n * (max(0.0, default if op.host_s is None else op.host_s)
+                    + (op.seconds if op.kind == "host" else 0.0))
+               for op, n in zip(counted.program.ops, counted.times, strict=True))
+
+
+def _slowdown(p) -> float:
+    """How much a GPU's compute slows while communication is in flight on its rank (the engine's
+    plain GPU device); 0 where a CPU calibration's shared cores time the rank instead."""
+    figures = rank_figures(p)
+    shared = (figures.collective_cpu_s, figures.comm_rate_while_computing,
+              figures.comm_bytes_rate_while_computing)
+    plain_gpu = p.gpu.name != "CPU" and shared == (0.0, 1.0, 1.0)
+    return figures.overlap_slowdown if plain_gpu else 0.0
+
+
+def step_low_seconds(p, counted: _Counted) -> float:
+    """A steady step's time from below: the longest of the rank's queues.  Compute that runs while a
+    collective is in flight goes at ``1 / (1 + slowdown)`` of its pace, and some collective is in
+    flight for at least the busiest comm stream's time, so the compute stream needs its work plus
+    ``slowdown / (1 + slowdown)`` of that time."""
+    compute = sum(n * op.seconds for op, n in counted.items("compute"))
+    comm = max(_comm_seconds(p, counted).values(), default=0.0)
+    slowdown = _slowdown(p)
+    queues = [compute + comm * slowdown / (1.0 + slowdown), comm, *_copy_seconds(p, counted).values(),
+              _host_seconds(p, counted)]
+    return max(queues)
 
 
 def bounds(**scenario) -> Bounds:
     """The bounds of one ``simulate()`` scenario; refusals raise as :func:`zero_sim.simulate` does."""
     p = prepare(**scenario)
-    program = _program(p)
+    counted = _counted(p)
     s, workload = p.settings, p.workload
     saved = sum(layer.checkpointed_activation_bytes for layer in workload.layers)
-    peak_low = sum(program.resident.values()) + saved
+    peak_low = sum(counted.program.resident.values()) + saved
     reserve = allocator_reserve(workload.recompute, s.allocator_reserve)
     reserved_low = peak_low * (1.0 + reserve) + context_gb(p.gpu.name, s.cuda_context_gb) * 1e9
-    compute = sum(op.seconds for op in program.ops if op.kind == "compute")
-    busiest = max(_comm_seconds(p, program).values(), default=0.0)
-    step_low = max(compute, busiest)
+    step_low = step_low_seconds(p, counted)
     tokens = workload.tokens_per_micro_batch * s.grad_accum  # per GPU per step
     high = tokens / step_low if step_low > 0 else float("inf")
     return Bounds(reserved_low, float(p.gpu.hbm_bytes), high, s.gpus)
 
 
-__all__ = ["MARGIN", "Bounds", "bounds"]
+__all__ = ["BUILT_MICRO_STEPS", "MARGIN", "Bounds", "bounds"]

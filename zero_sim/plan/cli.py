@@ -155,7 +155,8 @@ def _progress(args, total: int):
         return None, None
     from tqdm import tqdm
 
-    bar = tqdm(total=total, desc="candidates", unit="candidate", file=sys.stderr)
+    # Shown only once the plan has run two seconds: a quick answer prints without a bar's flicker.
+    bar = tqdm(total=total, desc="candidates", unit="candidate", file=sys.stderr, delay=2)
     return bar, (lambda done, _total: bar.update(done - bar.n))
 
 

@@ -1,7 +1,7 @@
 """A planning search at scale: every candidate bounded, only those that could rank simulated.
 
 The space (:func:`search_space`): the planner's strategy and knob candidates
-(:func:`zero_sim.plan.planner.candidates`: each strategy at its defaults and with each main knob
+(:func:`zero_sim.plan.candidates.candidates`: each strategy at its defaults and with each main knob
 varied, under each recompute mode) x GPU counts x micro-batches, with the gradient
 accumulation that makes up the global batch when one is fixed.
 
@@ -27,8 +27,8 @@ from typing import Any
 import pandas as pd
 
 from zero_sim.plan.bounds import bounds
+from zero_sim.plan.candidates import FITS, NO_FIT, REFUSED, candidates, knobs_label, ranked
 from zero_sim.plan.executors import map_on
-from zero_sim.plan.planner import FITS, NO_FIT, REFUSED, candidates, knobs_label, ranked
 from zero_sim.plan.sweep import INTERVAL_COLUMNS, Progress, run_rows
 from zero_sim.scenario import ScenarioError
 from zero_sim.strategies import accepting
@@ -132,6 +132,8 @@ def search(space: list[dict], top: int = 10, executor: Any = None, progress: Pro
         if progress is not None:
             progress(len(rows) + len(settled), len(space))
     with_intervals(rows, simulated, top, executor)
+    if progress is not None:
+        progress(len(space), len(space))  # the rest settled by their bounds
     return rank(pd.DataFrame(rows + settled), top)
 
 

@@ -110,7 +110,8 @@ COMMON: tuple[Setting, ...] = (
             "a named codebase runs (see `zero-sim stacks`; CPU ranks default to ideal); settings given "
             "explicitly win", str, section="training"),
     Setting("attention", None, "attention kernel: flash (FlashAttention-2 / SDPA: no s x s "
-            "scores kept), flash1 (FlashAttention v1 or its Triton port: as flash, slower) or eager "
+            "scores kept), flash1 (FlashAttention v1 or its Triton port: as flash, slower), cudnn "
+            "(cuDNN's fused attention as Transformer Engine runs it: as flash, faster on Hopper) or eager "
             "(softmax over materialized scores); default: the stack's", str, ATTENTION_IMPLS,
             section="workload"),
     Setting("elementwise", None, "norms and rotary embeddings: fused (one HBM round trip "

@@ -248,6 +248,7 @@ class Step:
         """``grad_accum`` micro-steps, then the optimizer, as one program."""
         for micro in range(self.ctx.grad_accum):
             self.micro = micro
+            self.b.program.micro_starts.append(len(self.b.program.ops))
             self.micro_step()
         self.optimizer()
         self.loop_overhead()

@@ -14,7 +14,10 @@ and NCCL runs the (algorithm, protocol) pair with the smallest ``t``, as its tun
   (``wire = E / 0.5``), LL128 8 of every 128 (``E / 0.92``, NCCL's figure), Simple the data
   alone but in chunks that fill a pipeline first: ``wire = E + min(E, Q)``, ``Q`` the fabric's
   ``pipeline_mb``, so a message smaller than the pipeline moves at half speed and a larger one
-  pays a fixed fill.  LL128 runs on NVLink fabrics only; EFA v1 carries Simple only.
+  pays a fixed fill.  LL128 runs on NVLink fabrics only; EFA v1 carries Simple only.  Over more
+  than two nodes the wire bytes are divided by the network's ``beyond_two_nodes`` (EFA v1 reaches
+  about 0.6 of line rate from three nodes on, against 0.93 on two: NVIDIA/nccl #527;
+  topology_presets.py).
 * ``base_p`` is the fabric's fitted fixed cost (``Fabric.protocol_us``), ``hop_p`` a step's
   latency: the links' latencies along the step (the Simple figure) times NCCL's ratio for the
   protocol and link class (NVLink 0.6/1.9/3.4 us, PCIe 1.0/2.5/5.7, network 2.7/4.0/14).
@@ -271,6 +274,8 @@ class CollectiveModel:
             wire = edge_bytes / proto.efficiency
             if proto is SIMPLE:
                 wire += min(edge_bytes, fab.pipeline_mb * 1e6)
+            if nodes > 2 and network is not None:
+                wire /= network.beyond_two_nodes  # a network's drop past two nodes (Network)
             stage = Stage(base + hops, wire, loads)
             plans.append(CollectivePlan(kind, nbytes, n, algo, self.backend, (stage,), sent, proto.name))
         return plans

@@ -58,7 +58,7 @@ class GPU:
 # (torch-performance-test-data issue #79), B200 bf16 squares 1024..8192 (pytorch/ao PR #2427).
 # Fitted fills: V100 14.3 us, A100 14.3 us, H100 12.8 us, B200 4.8 us; GPUs with no sweep take
 # their generation's (Hopper 13) or 14 us.
-# flash_max: FA2 figures (hardware.py, FLASH_CURVES): A100 205/312 = 0.657, H100 344/989 = 0.348.  B200:
+# flash_max: FA2 figures (attention_kernels.FLASH_CURVES): A100 205/312 = 0.657, H100 344/989 = 0.348.  B200:
 # FlashAttention-4 (CuTe DSL) fwd 1535 and bwd 1360 TFLOP/s at seqlen 8k, head dim 128
 # (flash-attention PR #2280) -> 1406 fwd+bwd -> 0.640 at long sequences.  GPUs with no
 # attention benchmark here take A100's ratio to its GEMMs (0.657 / 0.869 = 0.756) times their

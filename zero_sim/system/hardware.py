@@ -29,8 +29,9 @@ The per-op model sums three kinds of kernels, run one after another on the compu
   sequence length as ``s / (s + s0)``; backward does 2.5x the forward FLOPs
   (FlashAttention-2's count) at 0.86 of the forward's efficiency.  ``flash`` is FlashAttention-2
   and later (torch SDPA's flash backend from torch 2.2); ``flash1`` is FlashAttention v1 or its
-  Triton port, which reach about 0.41 of FA2's rate on the same figures.  Eager attention runs the
-  full ``attention_flops`` as two batched GEMMs (four in backward) that write and read the
+  Triton port, which reach about 0.41 of FA2's rate on the same figures; ``cudnn`` is cuDNN's
+  fused attention (Transformer Engine), 1.6x FA2's rate on Hopper and FA2's elsewhere.  Eager
+  attention runs the full ``attention_flops`` as two batched GEMMs (four in backward) that write and read the
   ``s x s`` scores through HBM; the softmax between them is in ``memory_bytes``.
 * Memory-bound kernels (norms, activations, residuals, rotary, softmax over eager scores,
   loss): ``memory_bytes / (HBM bandwidth * elementwise fraction)``, the fraction eager PyTorch's
@@ -58,10 +59,17 @@ The GPUs' figures, with their sources, are in :mod:`zero_sim.system.gpus` and do
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from zero_sim.system.attention_kernels import (
+    FLASH_BWD_FLOPS,
+    FLASH_BWD_OVER_FWD,
+    FLASH_CURVES,
+    cudnn_over_fa2,
+    flash_forward,
+    head_dim_factor,
+)
 from zero_sim.system.gpus import GPU
 
 # --- the per-op model's shared constants --------------------------------------------------
@@ -74,42 +82,6 @@ GEMMS_PER_BLOCK = 4
 DEFAULT_GEMM_SIZE = 4096
 # Backward of a GEMM: input gradient and weight gradient, each as many FLOPs as the forward.
 GEMM_BWD_FLOPS = 2.0
-# FlashAttention's backward does 2.5x its forward's FLOPs (five matmuls to the forward's two;
-# FlashAttention-2 paper, Sec. 4.1, and benchmarks/benchmark_flash_attention.py: bwd = 2.5 fwd).
-FLASH_BWD_FLOPS = 2.5
-# Backward over forward efficiency of FlashAttention: 63% vs 73% of A100 peak at best
-# (FlashAttention-2 paper, abstract and Sec. 4.1); 264 vs 308 TFLOP/s on an H100 at seqlen 2k,
-# head dim 64 (Dao-AILab/flash-attention PR #2688's benchmark_flash_attention.py output).
-FLASH_BWD_OVER_FWD = 0.86
-@dataclass(frozen=True)
-class FlashCurve:
-    """One FlashAttention implementation's forward+backward rate: ``over_fa2`` x the GPU's
-    ``flash_max`` at long sequences, times ``causal_factor`` under a causal mask and the head-dim
-    factor (``head_dim_64`` at 64, linear in log2 up to 1 at 128), times ``s / (s + s0)``."""
-
-    over_fa2: float
-    s0_noncausal: float
-    s0_causal: float
-    causal_factor: float
-    head_dim_64: float
-
-
-FLASH_CURVES = {
-    # FlashAttention-2, fitted to its forward+backward figures (A100 80GB SXM4 and H100 SXM5, head
-    # dim 64 and 128, seqlen 512..16k; flash-attention README, assets/flash2_{a100,h100}_fwd_bwd_
-    # benchmark.png): s0 with rms error 0.8% without and 1.1% with a causal mask; causal kernels
-    # reach 0.94-0.97 of the non-causal rate at long sequences; head dim 64 reaches 0.87 of head dim
-    # 128's rate (A100 0.868, H100 0.874).
-    "flash": FlashCurve(1.0, 190.0, 520.0, 0.95, 0.87),
-    # FlashAttention v1 (flash-attn 1.x) and its Triton port (flash_attn_triton.py, which
-    # llm-foundry ran as attn_impl "triton"), the kernels of 2022-23, fitted the same way to the
-    # "FlashAttention" bars of the same two figures (rms error 5% over 48 bars): at long sequences
-    # 0.41 of FlashAttention-2's rate on both GPUs (A100 84/205, H100 139/344, head dim 128, no
-    # mask), saturating at shorter sequences and faster at head dim 64 than at 128.  The A100
-    # figure's Triton bars lie within 15% of FA1's; the H100 figure has none, so the port takes
-    # FA1's rate there.
-    "flash1": FlashCurve(0.41, 60.0, 270.0, 0.946, 1.197),
-}
 # Backward of a memory-bound op takes this many times its forward: the median backward/forward
 # time ratio of Liger-Kernel's PyTorch baselines at 16M-67M elements (benchmark/data/
 # all_benchmark_data.csv; A100 Llama RMSNorm chain 2.60-2.61; H100 ReLU^2 2.37-2.44, add + RMSNorm
@@ -316,8 +288,10 @@ class ComputeModel:
         curve, s = FLASH_CURVES[impl], max(seq_len, 1)
         s0 = curve.s0_causal if causal else curve.s0_noncausal
         both = profile.flash_max * curve.over_fa2 * (curve.causal_factor if causal else 1.0)
-        both *= _head_dim_factor(head_dim, curve.head_dim_64) * s / (s + s0)
-        fwd = _flash_forward(both)
+        if impl == "cudnn":
+            both *= cudnn_over_fa2(self.gpu.name)
+        both *= head_dim_factor(head_dim, curve.head_dim_64) * s / (s + s0)
+        fwd = flash_forward(both)
         return fwd if direction == "fwd" else fwd * FLASH_BWD_OVER_FWD
 
     def kernel_ceilings(self, attention: str = "flash") -> dict[str, float]:
@@ -335,7 +309,9 @@ class ComputeModel:
             return {"gemm": gemm, "attention": profile.gemm_max}
         curve = FLASH_CURVES[attention]
         both = profile.flash_max * curve.over_fa2 * max(1.0, curve.head_dim_64)
-        return {"gemm": gemm, "attention": _flash_forward(both)}
+        if attention == "cudnn":  # cuDNN's fused attention outruns FA2 on Hopper, as its time does
+            both *= cudnn_over_fa2(self.gpu.name)
+        return {"gemm": gemm, "attention": flash_forward(both)}
 
     def attention_seconds(self, direction: str, work: Any) -> float:
         flops = work.attention_flops
@@ -386,19 +362,6 @@ class ComputeModel:
     @property
     def calibrated(self) -> bool:
         return bool(self.layer_seconds)
-
-
-def _flash_forward(both: float) -> float:
-    """FlashAttention's forward efficiency from its forward+backward one: fwd + 2.5 x bwd FLOPs at
-    efficiencies e and 0.86 e take as long as 3.5 at ``both``."""
-    return both * (1.0 + FLASH_BWD_FLOPS / FLASH_BWD_OVER_FWD) / (1.0 + FLASH_BWD_FLOPS)
-
-
-def _head_dim_factor(head_dim: int, at_64: float) -> float:
-    """FlashAttention's rate relative to head dim 128: ``at_64`` at 64, linear in log2 between."""
-    if head_dim <= 0 or head_dim >= 128:
-        return 1.0
-    return max(0.5, 1.0 + (at_64 - 1.0) * math.log2(128 / head_dim))
 
 
 def _score_elements(work: Any) -> float:

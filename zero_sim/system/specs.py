@@ -68,6 +68,9 @@ class Network:
     # fraction of it achieved (nic_gbps = line_gbit x nics / 8 x achieved); None: stated as is.
     line_gbit: float | None = None
     achieved: float | None = None
+    # What a collective spanning more than two nodes reaches of ``nic_gbps`` (fitted at two nodes):
+    # 1 where no multi-node curve says otherwise; EFA v1's is in topology_presets.py.
+    beyond_two_nodes: float = 1.0
 
 
 @dataclass(frozen=True)

@@ -123,9 +123,12 @@ STACKS: dict[str, Stack] = {s.name: s for s in (
                    "step_host_ms": "the DeepSpeed engine's step: overflow and gradient-norm checks read on "
                                    "the host, clipping and the optimizer: 2 ms taken"}),
     Stack("megatron", "Megatron-LM / NeMo with Transformer Engine: fused attention (FlashAttention or "
-          "cuDNN), fused norms, rotary and bias-activation kernels", "flash", "fused",
+          "cuDNN), fused norms, rotary and bias-activation kernels", "cudnn", "fused",
           EAGER_KERNEL_HOST_US, 1.0,
-          sources={"attention": "Transformer Engine's DotProductAttention (FlashAttention-2 or cuDNN fused)",
+          sources={"attention": "Transformer Engine's DotProductAttention runs cuDNN's FusedAttention on "
+                                "Hopper and newer: its backend selection disables FlashAttention 'to give "
+                                "FusedAttention preference on Hopper+' (transformer_engine/pytorch/attention/"
+                                "dot_product_attention/utils.py, get_attention_backend)",
                    "elementwise": "TE LayerNorm/RMSNorm kernels, apply_rope_fusion, bias-SwiGLU/GeLU fusion",
                    "kernel_host_us": "eager PyTorch launching fewer, fused kernels: 10 us per op taken",
                    "step_host_ms": _STEP,

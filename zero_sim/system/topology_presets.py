@@ -43,12 +43,25 @@ B200_NVSWITCH = Fabric("nvswitch", 690.0, 1.7, nvls_efficiency=0.74,
 #     curve is NVLS-bound above 256 MB), 104 us fitted to the 2 x p5 curve's 64 KB-128 MB.
 #   RoCE and GPUDirect-TCPX(O): 0.9 and 5 / 10 us, assumed (no published curve fitted; flagged in docs).
 IB_EFF, EFA_EFF, ETH_EFF = 0.96, 0.93, 0.90
+# EFA v1 beyond two nodes: the 0.93 above is a two-node figure, where NCCL's tree pairs the two
+# nodes and each NIC streams to one peer.  From three nodes on, the same NICs reach about 0.6 of
+# line rate: p4dn.24xlarge all_reduce_perf at 1 GB, 57.2 GB/s busbw on 2 nodes, 31.8 on 3, 29.6 on
+# 4, of 4 x 100 Gb/s = 50 GB/s (NVIDIA/nccl issue #527); p3dn 100 Gb/s, 10 GB/s on 2 nodes and 6-8
+# GB/s on 8 to 32 (NVIDIA/nccl #235, aws/aws-ofi-nccl #19).  0.61 of line rate / 0.93 = 0.66.
+# NCCL's own tuner makes the same break (src/graph/tuning.cc: ``bw = nNodes <= 2 ? bwIntra :
+# bwInter``).  InfiniBand and EFA v2 keep their figure: no published curve beyond two nodes shows a
+# drop (NVIDIA/nccl #812's 192 GB/s is a multi-node DGX A100 ring).
+EFA_V1_BEYOND_TWO_NODES = 0.66
 
 
 def _net(kind: str, gbit_per_nic: float, nics: int, efficiency: float, latency_us: float,
-         ll_protocols: bool = True) -> Network:
+         ll_protocols: bool = True, beyond_two_nodes: float = 1.0) -> Network:
     return Network(kind, round(gbit_per_nic * nics / 8 * efficiency, 3), latency_us, nics, ll_protocols,
-                   gbit_per_nic, efficiency)
+                   line_gbit=gbit_per_nic, achieved=efficiency, beyond_two_nodes=beyond_two_nodes)
+
+
+# p4d/p4de: 4 x 100 Gb/s EFA v1, Simple protocol only, the drop beyond two nodes above.
+_EFA_V1 = _net("efa", 100, 4, EFA_EFF, 37.7, ll_protocols=False, beyond_two_nodes=EFA_V1_BEYOND_TWO_NODES)
 
 
 def _nvswitch_node(name: str, description: str, fabric: Fabric, network: Network | None, gpu: str,
@@ -89,12 +102,12 @@ PRESETS: dict[str, TopologySpec] = {
         "half the NICs of a DGX H100"),
     "p4d-efa": _nvswitch_node(
         "p4d-efa", "AWS p4d.24xlarge: 8 A100-40GB on NVSwitch; EFA 4 x 100 Gb/s (one NIC per two GPUs)",
-        A100_NVSWITCH, _net("efa", 100, 4, EFA_EFF, 37.7, ll_protocols=False), "A100-40GB",
+        A100_NVSWITCH, _EFA_V1, "A100-40GB",
         "EFA fitted to 2 x p4de all_reduce_perf (aws-samples/awsome-distributed-training, nccl-tests "
         "README: 78.3 GB/s busbw at 2 GB, 161 us at 8 B); AWS spec 4 x 100 Gb/s; NVSwitch as dgx-a100"),
     "p4de-efa": _nvswitch_node(
         "p4de-efa", "AWS p4de.24xlarge: 8 A100-80GB on NVSwitch; EFA 4 x 100 Gb/s",
-        A100_NVSWITCH, _net("efa", 100, 4, EFA_EFF, 37.7, ll_protocols=False), "A100-80GB",
+        A100_NVSWITCH, _EFA_V1, "A100-80GB",
         "EFA fitted to 2 x p4de all_reduce_perf (aws-samples/awsome-distributed-training, nccl-tests "
         "README); AWS spec 4 x 100 Gb/s EFA"),
     "p5-efa": _nvswitch_node(

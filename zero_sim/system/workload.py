@@ -25,8 +25,9 @@ from zero_sim.system.elementwise import DEFAULT_ELEMENTWISE, ELEMENTWISE_BYTES, 
 
 # flash: FlashAttention-2 or later / torch SDPA's flash backend; flash1: FlashAttention v1 or its Triton
 # port (2022-23 code, e.g. llm-foundry's attn_impl "triton"), the same memory, about 0.41 of FA2's rate;
-# eager: softmax(QK^T)V in torch ops.
-ATTENTION_IMPLS = ("flash", "flash1", "eager")
+# cudnn: cuDNN's fused attention, what Transformer Engine runs (the same memory as flash, faster on
+# Hopper: zero_sim.system.hardware); eager: softmax(QK^T)V in torch ops.
+ATTENTION_IMPLS = ("flash", "flash1", "cudnn", "eager")
 # FlashAttention (Dao et al. 2022) is what torch's scaled_dot_product_attention runs for bf16 on
 # Ampere and newer GPUs, the setting of every preset here: it is the default.
 DEFAULT_ATTENTION = "flash"
@@ -68,7 +69,7 @@ class Work:
     seq_len: int = 0
     heads: int = 0
     head_dim: int = 0
-    attention: str = DEFAULT_ATTENTION  # "flash" (FlashAttention-2 / SDPA), "flash1" (FA1) or "eager"
+    attention: str = DEFAULT_ATTENTION  # "flash" (FA2 / SDPA), "flash1" (FA1), "cudnn" (TE) or "eager"
     # GEMM FLOPs op-level checkpointing re-runs in backward: the projections whose outputs it drops.
     unsaved_matmul_flops: float = 0.0
     causal: bool = True  # a causal mask: flash attention computes only the unmasked half

@@ -116,7 +116,7 @@ class Planner(Panel):
         s = self.settings()
         self.progress = _bar(len(candidates(None, self.recompute)))
         self.widget.children[1].children = (self.button, self.progress.container)
-        self.result = plan(**s, recompute=self.recompute, progress=self.progress)
+        self.result = plan(**s, recompute=self.recompute, progress=self.progress, top=self.top)
         self.progress.close()
         errors = self.result["error"]
         self.error = None if errors.isna().any() else f"no candidate could be simulated: {errors.iloc[0]}"
