@@ -132,10 +132,20 @@ def test_lightning_fsdp_gathers_fp32_and_reduces_bf16_as_its_bf16_mixed_policy()
     assert (s["precision"], s["param_dtype"], s["reduce_dtype"]) == ("amp", "fp32", "bf16")
 
 
-def test_megatron_accumulates_in_fp32_for_every_strategy():
+def test_lightnings_fsdp_policy_goes_with_its_precision_not_with_another_given():
+    # A run given bf16 weights (Lightning's bf16-true) has no fp32 gathers of bf16-mixed's policy.
+    s = simulate(**SMALL, strategy="fsdp", stack="lightning", precision="mixed").scenario.to_dict()
+    assert (s["precision"], s["param_dtype"], s["reduce_dtype"]) == ("mixed", None, None)
+
+
+def test_megatron_accumulates_in_fp32_for_every_strategy_without_a_bf16_copy():
     for strategy in ("ddp", "zero1"):
-        s = simulate(**SMALL, strategy=strategy, stack="megatron").scenario.to_dict()
-        assert s["grad_accum_dtype"] == "fp32"
+        r = simulate(**SMALL, strategy=strategy, stack="megatron")
+        assert r.scenario.to_dict()["grad_accum_dtype"] == "fp32"
+        # Megatron's hook adds each bf16 .grad into main_grad and drops it: 4 bytes, not 4 + 2.
+        assert r.metrics["memory"]["grads_bytes"] == pytest.approx(4 * r.metrics["params"], rel=1e-3)
+    # Its DDP reduces from main_grad itself: no second copy of the gradients as buckets.
+    assert simulate(**SMALL, strategy="ddp", stack="megatron").scenario.to_dict()["gradient_as_bucket_view"]
 
 
 def test_a_deepspeed_config_sets_the_reduce_and_accumulation_dtypes():

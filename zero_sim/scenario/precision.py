@@ -18,7 +18,9 @@ Beside fp32 gradients a framework may keep the two-byte ``.grad`` backward write
 ``BF16_Optimizer`` does: it adds each bf16 gradient into its fp32 buffer and zeroes it rather than
 freeing it, so a strategy of the DeepSpeed library that holds gradients whole holds both.  Megatron's
 and nanotron's accumulation hooks add into the fp32 buffer and drop the ``.grad`` (Megatron's fused
-accumulation writes straight into it), so under a PyTorch-library strategy the copy is a transient.
+accumulation writes straight into it), so under a PyTorch-library strategy, or a stack whose trainer
+accumulates in such a hook (``megatron``, whose distributed optimizer ``zero1`` stands for), the copy
+is a transient.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from zero_sim.settings import ScenarioError
 from zero_sim.strategies import PRECISIONS
 from zero_sim.strategies.base import DTYPE_BYTES, Precision, Strategy
 from zero_sim.strategies.capabilities import DEEPSPEED
+from zero_sim.system.stacks import get_stack
 
 
 def precision_of(s: CommonSettings, strategy: Strategy) -> Precision:
@@ -44,7 +47,8 @@ def precision_of(s: CommonSettings, strategy: Strategy) -> Precision:
             raise ScenarioError(f"--grad-accum-dtype {s.grad_accum_dtype} is narrower than the fp32 "
                                 f"weights of --precision {s.precision}, whose gradients are fp32; use fp32 "
                                 "or drop it")
-        kept = held > precision.param_bytes and strategy.can.library == DEEPSPEED
+        kept = (held > precision.param_bytes and strategy.can.library == DEEPSPEED
+                and not get_stack(s.stack).hook_accumulates)
         precision = replace(precision, grad_bytes=held, grad_copy_bytes=precision.param_bytes if kept else 0)
     if s.optimizer_k is not None:
         precision = replace(precision, optimizer_bytes=int(s.optimizer_k))

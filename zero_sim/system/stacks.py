@@ -54,6 +54,11 @@ class Stack:
     param_dtype: str | None = None  # FSDP's MixedPrecision policy: gathered weights (fsdp only)
     reduce_dtype: str | None = None  # and reduced gradients (fsdp only)
     grad_accum_dtype: str | None = None  # what the trainer accumulates gradients in (every strategy)
+    gradient_as_bucket_view: bool | None = None  # DDP reduces from the gradients' own buffer (ddp only)
+    # Gradients accumulated in fp32 by the trainer's own hook, which adds each half-precision .grad
+    # into the fp32 buffer and drops it (Megatron's main_grad): no copy kept beside them, whatever the
+    # strategy (zero_sim.scenario.precision).
+    hook_accumulates: bool = False
     sources: dict[str, str] = field(default_factory=dict)
 
     def settings(self) -> dict[str, object]:
@@ -61,7 +66,8 @@ class Stack:
         values = {"attention": self.attention, "elementwise": self.elementwise,
                   "kernel_host_us": self.kernel_host_us, "step_host_ms": self.step_host_ms,
                   "copies": self.copies, "precision": self.precision, "param_dtype": self.param_dtype,
-                  "reduce_dtype": self.reduce_dtype, "grad_accum_dtype": self.grad_accum_dtype}
+                  "reduce_dtype": self.reduce_dtype, "grad_accum_dtype": self.grad_accum_dtype,
+                  "gradient_as_bucket_view": self.gradient_as_bucket_view}
         return {k: v for k, v in values.items() if v is not None}
 
 
@@ -134,8 +140,11 @@ STACKS: dict[str, Stack] = {s.name: s for s in (
                    "step_host_ms": _STEP,
                    "grad_accum_dtype": "Megatron-LM's validate_args sets "
                                        "accumulate_allreduce_grads_in_fp32 whenever --bf16 is given: "
-                                       "main_grad buffers in fp32, reduced in fp32"},
-          grad_accum_dtype="fp32"),
+                                       "main_grad buffers in fp32, reduced in fp32",
+                   "gradient_as_bucket_view": "Megatron's DistributedDataParallel reduces its buckets "
+                                              "straight from the contiguous main_grad buffer that the "
+                                              "gradients are views of: no second copy"},
+          grad_accum_dtype="fp32", gradient_as_bucket_view=True, hook_accumulates=True),
     Stack("hf-trainer", "Hugging Face Trainer or Accelerate: SDPA attention, eager norms and rotary, FSDP1, "
           "AMP (autocast over fp32 weights), a loss check read on the host every step", "flash", "eager",
           12.0, 3.0,
@@ -189,10 +198,13 @@ DEFAULT_STACK = "pytorch-eager"
 CPU_STACK = "ideal"
 # Settings a stack fills only for some strategies: FSDP's knobs and its MixedPrecision policy
 # (``copies`` and ``param_dtype`` are the fsdp strategy's knobs; a stack's ``reduce_dtype`` is that
-# policy's, though --reduce-dtype applies to every strategy), and autocast where PyTorch runs the model.
+# policy's, though --reduce-dtype applies to every strategy), DDP's bucket view, and autocast where
+# PyTorch runs the model.
 FSDP_SETTINGS = ("copies", "param_dtype", "reduce_dtype")
+DDP_SETTINGS = ("gradient_as_bucket_view",)
 PYTORCH_SETTINGS = ("precision",)
-
+# A stack's FSDP dtypes are the policy of its precision: a run given another precision has its own.
+POLICY_SETTINGS = ("param_dtype", "reduce_dtype")
 
 class StackError(ValueError):
     """An unknown stack name; the message lists the known ones."""
@@ -209,13 +221,17 @@ def get_stack(name: str) -> Stack:
 def apply_stack(stack: Stack, given: dict[str, object], strategy_knobs: set[str],
                 library: str = PYTORCH) -> tuple[dict, list[str]]:
     """The settings with the stack's values filled in where none was given, and a note for each
-    given value that contradicts the stack.  FSDP's settings are filled only for a strategy with
-    FSDP's knobs, the precision only for one whose library is PyTorch (``library``)."""
+    given value that contradicts the stack.  FSDP's and DDP's settings are filled only for a strategy
+    with their knobs, the precision only for one whose library is PyTorch (``library``), and FSDP's
+    dtypes only where the stack's precision is the one run."""
     filled, notes = dict(given), []
+    other_precision = stack.precision is not None and given.get("precision") not in (None, stack.precision)
     for key, value in stack.settings().items():
         if key in FSDP_SETTINGS and "copies" not in strategy_knobs:
             continue
-        if key in PYTORCH_SETTINGS and library != PYTORCH:
+        if key in DDP_SETTINGS and key not in strategy_knobs:
+            continue
+        if (key in PYTORCH_SETTINGS and library != PYTORCH) or (key in POLICY_SETTINGS and other_precision):
             continue
         mine = given.get(key)
         if mine is None:
