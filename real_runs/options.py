@@ -15,14 +15,11 @@ from pathlib import Path
 
 from zero_sim.vocabulary import REAL_STRATEGIES
 from zero_sim.vocabulary.buckets import DEFAULT_BUCKET_MB
+from zero_sim.vocabulary.real_strategies import NO_LORA
 
 from .lora_targets import DEFAULT_ALPHA, DEFAULT_TARGETS, MAX_RANK, BadTarget, parse_targets
 from .precision import DEFAULT_PRECISION, PRECISIONS
 from .presets import PRESETS
-
-# Strategies that cannot train with frozen weights, and why (one sentence each).
-NO_LORA = {"fsdp-qwz": "fsdp-qwz gathers int8 shards of every weight and has no frozen-weight layout yet; "
-                       "fine-tune with LoRA under fsdp instead."}
 
 
 class BadInput(Exception):

@@ -18,7 +18,8 @@ The pieces, each a deliberate choice:
   and the same adapters train (:mod:`zero_sim.system.lora`); the workload read off the module is
   given the real GPT's shape, which names the projections the adapters sit beside.
 * **strategy**: each real implementation maps to the simulated strategy and knobs that
-  describe what it does (:data:`REAL_TO_SIM`).  Where they differ, the mapping says so.
+  describe what it does (:data:`zero_sim.vocabulary.real_strategies.REAL_TO_SIM`).  Where they
+  differ, the mapping says so.
 * **machine**: a CPU run is ``gpu=CPU``, ``backend=gloo``; the topology is the emulated
   cluster's when the run has a ``cluster`` block, else ``cpu-gloo`` (loopback).  A CUDA run
   is ``backend=nccl`` on the GPU preset its stamp names (``run.json`` ``gpu.name``, see
@@ -41,30 +42,7 @@ from zero_sim.system.gpt_layers import GPTShape, gpt_workload
 from zero_sim.system.lora import DEFAULT_TARGETS
 from zero_sim.system.workload import Layer, Workload
 from zero_sim.vocabulary.buckets import DEFAULT_BUCKET_MB
-
-# The hand-written FSDP's schedule (real_runs.strategies.fsdp), as the simulated fsdp's knobs.
-FSDP_KNOBS = {"wrap": "blocks", "root": "per_layer", "reshard_after_forward": True,
-              "backward_prefetch": "pre", "forward_prefetch": True, "limit_all_gathers": False,
-              "update": "per_unit", "copies": "none"}
-
-# real strategy -> (simulated strategy, knobs, what the mapping leaves out)
-REAL_TO_SIM: dict[str, tuple[str, dict, str]] = {
-    "ddp": ("ddp", {"gradient_as_bucket_view": True}, ""),
-    "ddp-torch": ("ddp", {"gradient_as_bucket_view": True}, "torch DDP with gradient_as_bucket_view=True"),
-    "zero1": ("zero1", {"zero1_reduce": "all_reduce"}, "the real ZeRO-1 all-reduces whole buckets (3 Psi)"),
-    "zero2": ("zero2", {"zero2_launch": "hook"}, ""),
-    "zero2-step": ("zero2", {"zero2_launch": "step", "bucket_mb": 0.0}, ""),
-    "zero2-hook": ("zero2", {"zero2_launch": "hook", "bucket_mb": 0.0}, ""),
-    "fsdp": ("fsdp", FSDP_KNOBS,
-              "the real FSDP keeps embeddings and head gathered from forward to backward, as FSDP's root "
-              "unit, but as two flat buffers, each padded, gathered and reduced on its own"),
-    "fsdp-qwz": ("fsdp", FSDP_KNOBS,
-                 "the real run gathers int8 weights and a scale per 4,096 (a quarter of fp32's bytes, a half "
-                 "of bf16's); the simulated fsdp gathers them in their own precision"),
-    "fsdp-torch": ("fsdp", {"wrap": "blocks", "reshard_after_forward": True, "copies": "fsdp2"},
-                   "FSDP2's collectives are not recorded in the real run, only its compute"),
-}
-BUCKETED = {"ddp", "ddp-torch", "zero1", "zero2"}
+from zero_sim.vocabulary.real_strategies import BUCKETED_REAL, REAL_TO_SIM
 
 # Emulated cluster shape (real_runs.cluster) -> topology preset that models it.
 CLUSTER_TOPOLOGY = {"uniform": "emu-uniform", "two-nodes": "emu-two-nodes", "shared-bus": "emu-shared-bus"}
@@ -146,7 +124,7 @@ def scenario_for_run(run: dict, calibration=None) -> tuple[dict, Workload]:
         raise ReplayError(f"unknown real strategy {strategy!r}; expected one of {', '.join(REAL_TO_SIM)}")
     sim_strategy, knobs, _ = REAL_TO_SIM[strategy]
     knobs = dict(knobs)
-    if strategy in BUCKETED:
+    if strategy in BUCKETED_REAL:
         knobs["bucket_mb"] = float(run.get("bucket_mb", DEFAULT_BUCKET_MB))
     micro = gb // world
     cluster = run.get("cluster")

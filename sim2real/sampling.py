@@ -36,8 +36,8 @@ import math
 import random
 from dataclasses import dataclass
 
-BUCKETED_REAL = ("ddp", "ddp-torch", "zero1", "zero2")
-SAMPLED_STRATEGIES = ("ddp", "ddp-torch", "zero1", "zero2", "zero2-step", "zero2-hook", "fsdp")
+from zero_sim.vocabulary.real_strategies import BUCKETED_REAL, SAMPLED_STRATEGIES
+
 SAMPLED_MODELS = ("tiny", "small", "medium")
 SAMPLED_SHAPES = ("uniform", "two-nodes", "shared-bus")
 SAMPLED_RANKS = (2, 3, 4)

@@ -319,7 +319,7 @@ def _demo(args) -> int:
     check_named_output(out, directory=True)
     check_output_path(trace)
     picture_format(plot)
-    result = simulate(model="gpt2-124m", strategy="ddp", gpus=8, topology="pcie", micro_batch=8)
+    result = simulate(model="gpt2-124m", gpus=8, topology="pcie", micro_batch=8)
     result.to_chrome_trace(trace)
     _save_plot(result, plot)
     print(_human(result.metrics))

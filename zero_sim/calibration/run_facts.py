@@ -12,8 +12,14 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-# The real runs' strategies that keep the whole optimizer state on every rank; the rest shard it.
-UNSHARDED_OPTIMIZER = ("ddp", "ddp-torch")
+from zero_sim.strategies import get_strategy
+from zero_sim.vocabulary import OPTIMIZER_STATE
+from zero_sim.vocabulary.real_strategies import REAL_TO_SIM
+
+# The real runs' strategies that keep the whole optimizer state on every rank (those replayed as a
+# simulated strategy that does not shard it); the rest shard it.
+UNSHARDED_OPTIMIZER = tuple(real for real, (simulated, _, _) in REAL_TO_SIM.items()
+                            if not get_strategy(simulated).can.shards(OPTIMIZER_STATE))
 
 
 @dataclass(frozen=True)

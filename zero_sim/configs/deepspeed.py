@@ -33,10 +33,10 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from zero_sim.configs import ConfigError, ConfigReading, check_spelling, load_mapping, validated
+from zero_sim.strategies import declaring
+from zero_sim.strategies.capabilities import DEEPSPEED
 from zero_sim.vocabulary import GRADS, PARAMS
 from zero_sim.vocabulary.model_states import sharded
-
-STAGES = {1: "zero1", 2: "zero2", 3: "zero3"}
 
 # DeepSpeed key -> simulate() keyword, for stage 3 (both in elements).
 STAGE3_SIZES = {
@@ -303,12 +303,14 @@ def _zeropp(zero: _Zero, written: dict, stage: int, reading: ConfigReading) -> N
 
 def _zero(zero: _Zero, written: dict, source: str, precision: str, reading: ConfigReading) -> None:
     """``zero`` is the validated section, ``written`` the keys as the file has them."""
-    if zero.stage not in STAGES:
+    # The registered strategy that declares DeepSpeed's stage (strategies/capabilities.py).
+    strategy = declaring(DEEPSPEED, stage=zero.stage)
+    if strategy is None:
         raise ConfigError(f"zero_optimization.stage {zero.stage} in {source} is not simulated: stages 1, 2 "
                           f"and 3 are (stage 0, DeepSpeed's own data parallelism, all-reduces after "
                           f"backward; use --strategy ddp for torch DDP)")
     stage = zero.stage
-    reading.set("strategy", STAGES[stage], "zero_optimization.stage", stage)
+    reading.set("strategy", strategy.name, "zero_optimization.stage", stage)
     if stage == 3 and "reduce_scatter" in written:
         reading.ignore("zero_optimization.reduce_scatter", "stage 3 always reduce-scatters its gradients")
     _offload(zero, source, reading)

@@ -32,6 +32,12 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from zero_sim.configs import ConfigError, ConfigReading, load_mapping, validated
+from zero_sim.strategies import declaring
+from zero_sim.strategies.capabilities import PYTORCH
+from zero_sim.vocabulary import PARAMS
+
+# The registered strategy that ``fully_shard`` is: PyTorch's, sharding the weights (its capabilities).
+FULLY_SHARD = declaring(PYTORCH, shards=PARAMS).name
 
 # torch's dtype names (with or without "torch.") -> the simulator's.
 DTYPES = {"bfloat16": "bf16", "bf16": "bf16", "float16": "fp16", "half": "fp16", "fp16": "fp16",
@@ -112,7 +118,7 @@ def read_fsdp(config) -> ConfigReading:
     data, source = load_fsdp_file(config)
     fs = validated(_FullyShard, data, source)
     reading = ConfigReading(source)
-    reading.set("strategy", "fsdp", "fully_shard")
+    reading.set("strategy", FULLY_SHARD, "fully_shard")
     reading.set("copies", "fsdp2", "fully_shard (per-parameter sharding copies gathers and gradients)")
     if fs.mesh is not None:
         _mesh(fs.mesh, reading)

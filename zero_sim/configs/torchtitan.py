@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from zero_sim.configs import ConfigError, ConfigReading, check_spelling
-from zero_sim.configs.fsdp import DTYPES
+from zero_sim.configs.fsdp import DTYPES, FULLY_SHARD
 from zero_sim.configs.torchtitan_float8 import read_float8
 from zero_sim.system.stacks import STACKS
 
@@ -84,7 +84,7 @@ def read_torchtitan(config) -> ConfigReading:
     """Read a torchtitan job configuration (a dict, or the path of its TOML file)."""
     data, source = load_toml(config)
     reading = ConfigReading(source)
-    reading.set("strategy", "fsdp", "torchtitan (FSDP2)")
+    reading.set("strategy", FULLY_SHARD, "torchtitan (FSDP2)")
     reading.set("stack", "torchtitan", "torchtitan (its defaults: zero_sim.system.stacks)")
     reading.set("copies", "fsdp2", "torchtitan (FSDP2's per-parameter copies)")
     check_spelling(data, KNOWN_SECTIONS | NO_EFFECT_SECTIONS, source, "[", "section", "]")

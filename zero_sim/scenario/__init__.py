@@ -8,7 +8,6 @@ The modules, in the order a call to :func:`simulate` meets them:
   the software stack's settings filled in);
 * :mod:`~zero_sim.scenario.machine`: the machine a scenario runs on (topology, spread, compute
   model, who prices the host's launches, precision, FP8);
-* :mod:`~zero_sim.scenario.offload`: which offloading the settings ask for and the host's figures;
 * :mod:`~zero_sim.scenario.types`: the typed, frozen ``Scenario`` a result carries;
 * :mod:`~zero_sim.scenario.pipeline`: ``resolve``, ``prepare`` and ``simulate`` themselves.
 """

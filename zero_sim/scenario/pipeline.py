@@ -7,11 +7,11 @@ The steps, each a function below: :func:`resolve` checks the keywords against th
 settings in :mod:`zero_sim.scenario.settings`, each strategy's knobs beside it) into frozen
 :class:`~zero_sim.scenario.settings.CommonSettings`; :func:`prepare` builds the workload, the
 machine (:mod:`zero_sim.scenario.machine`: topology, compute model, host costs, precision), what
-is offloaded (:mod:`zero_sim.scenario.offload`) and the strategy's context, refusing what cannot
-be simulated in one sentence; then the strategy's program runs on the engine, and the result
-carries the typed :class:`~zero_sim.scenario.types.Scenario` it was simulated with. A knob given
-to a strategy that does not take it is refused with a sentence naming the strategies it belongs
-to.
+is offloaded (:func:`zero_sim.strategies.features.offload_plan`) and the strategy's context,
+refusing what cannot be simulated in one sentence; then the strategy's program runs on the
+engine, and the result carries the typed :class:`~zero_sim.scenario.types.Scenario` it was
+simulated with. A knob given to a strategy that does not take it is refused with a sentence naming
+the strategies it belongs to.
 """
 
 from __future__ import annotations
@@ -42,7 +42,6 @@ from zero_sim.scenario.machine import (
     step_host_s,
     topology_for,
 )
-from zero_sim.scenario.offload import offload_plan
 from zero_sim.scenario.precision import precision_note, precision_of
 from zero_sim.scenario.settings import (
     COMMON,
@@ -56,6 +55,7 @@ from zero_sim.scenario.types import Scenario
 from zero_sim.settings import ScenarioError, check_settings
 from zero_sim.strategies import Context, all_knobs, get_strategy
 from zero_sim.strategies.base import Strategy, StrategyError
+from zero_sim.strategies.features import offload_plan
 from zero_sim.system.collectives import CollectiveModel
 from zero_sim.system.gpt_layers import gpt_workload
 from zero_sim.system.gpus import GPUS

@@ -180,6 +180,8 @@ COMMON: tuple[Setting, ...] = (
 SHAPE_SETTINGS = {"layers": "n_layer", "hidden": "d_model", "heads": "n_head", "kv_heads": "kv_heads",
                   "ffn_hidden": "ffn_hidden", "vocab": "vocab"}
 COMMON_NAMES = {s.name for s in COMMON}
+# The strategy simulated when none is named: the schema's one default, read where a panel starts.
+DEFAULT_STRATEGY = next(s.default for s in COMMON if s.name == "strategy")
 
 
 

@@ -27,6 +27,15 @@ def get_strategy(name: str) -> Strategy:
     return STRATEGIES[name]
 
 
+def declaring(library: str, *, stage: int | None = None, shards: str | None = None) -> Strategy | None:
+    """The first registered strategy of ``library`` at ZeRO ``stage`` or sharding the model state
+    ``shards`` (``Strategy.can``), None where none is: how a configuration file's reader finds the
+    strategy it describes without naming one."""
+    return next((s for s in STRATEGIES.values() if s.can.library == library
+                 and (stage is None or s.can.stage == stage) and (shards is None or s.can.shards(shards))),
+                None)
+
+
 def accepting(feature: str) -> list[str]:
     """The strategies that accept the plug-in ``feature`` (``Strategy.can``), in registry order."""
     return [name for name, strategy in STRATEGIES.items() if strategy.can.accepts(feature)]
@@ -42,4 +51,4 @@ def all_knobs() -> dict[str, list[tuple[str, Knob]]]:
 
 
 __all__ = ["Context", "Knob", "Precision", "PRECISIONS", "STRATEGIES", "Strategy", "StrategyError",
-           "accepting", "all_knobs", "get_strategy"]
+           "accepting", "all_knobs", "declaring", "get_strategy"]

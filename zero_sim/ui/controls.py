@@ -23,7 +23,7 @@ import ipywidgets as W
 
 from zero_sim.plan.sweep import sweep
 from zero_sim.scenario import ScenarioError
-from zero_sim.scenario.settings import COMMON
+from zero_sim.scenario.settings import COMMON, DEFAULT_STRATEGY
 from zero_sim.settings import Setting
 from zero_sim.strategies import STRATEGIES, all_knobs, get_strategy
 from zero_sim.system.model_presets import PRESETS as MODELS
@@ -219,7 +219,8 @@ def setting_control(name: str, value=None, strategy: str | None = None) -> W.Val
     """A control for a common setting (``COMMON``) or a knob (of ``strategy`` when it has one of that
     name), starting at ``value``."""
     if name == "strategy":
-        return W.Dropdown(options=list(STRATEGIES), value=value or "ddp", description="strategy", style=STYLE)
+        return W.Dropdown(options=list(STRATEGIES), value=value or DEFAULT_STRATEGY, description="strategy",
+                          style=STYLE)
     if name == "model":
         names = sorted(MODELS, key=lambda m: MODELS[m].params())
         return W.Dropdown(options=names, value=value or "gpt2-124m", description="model", style=STYLE)
@@ -260,7 +261,8 @@ def sweep_with_bar(scenarios, description: str = "simulating"):
 
 
 __all__ = [
-    "COMMON_SETTINGS", "DEFAULT", "LABELS", "STOPS", "STYLE", "control_label", "error_html", "format_gb",
+    "COMMON_SETTINGS", "DEFAULT", "DEFAULT_STRATEGY", "LABELS", "STOPS", "STYLE", "control_label",
+    "error_html", "format_gb",
     "format_ms", "kind_of", "knob_default", "make_control", "metrics_html", "metrics_text", "optimizer_text",
     "read_control", "read_value", "set_control", "setting_control", "setting_of", "stop_options",
     "strategy_knob_names", "sweep_with_bar", "wide_layout", "widget_value", "with_stop",

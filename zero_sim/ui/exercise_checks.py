@@ -28,7 +28,8 @@ from functools import cache
 
 from zero_sim.published.ranking import MIN_DIFFERENCE
 from zero_sim.scenario import simulate
-from zero_sim.strategies import STRATEGIES
+from zero_sim.strategies import STRATEGIES, declaring
+from zero_sim.strategies.capabilities import DEEPSPEED, PYTORCH
 
 FIT_SCENARIO = {"model": "gpt-7.5b", "gpus": 8, "topology": "dgx-a100", "gpu": "A100-40GB"}
 FIT_STRATEGIES = tuple(STRATEGIES)
@@ -36,10 +37,12 @@ FIT_STRATEGIES = tuple(STRATEGIES)
 # out because the notebook never introduces it, and an unexplained choice teaches nothing.
 FIT_RECOMPUTE = ("none", "selective", "full")
 FIT_MICRO_BATCHES = (1, 2, 4, 8)
-BUCKET_SCENARIO = {"model": "gpt2-124m", "strategy": "ddp", "gpus": 8, "topology": "pcie", "micro_batch": 8}
+# Buckets are DDP's (PyTorch's, stage 0); the slowdown is ZeRO-3's (DeepSpeed's, stage 3).
+BUCKET_SCENARIO = {"model": "gpt2-124m", "strategy": declaring(PYTORCH, stage=0).name, "gpus": 8,
+                   "topology": "pcie", "micro_batch": 8}
 BUCKET_SIZES_MB = (1, 2, 5, 10, 25, 50, 100, 200, 500)
-SLOWDOWN_SCENARIO = {"model": "gpt2-1.5b", "strategy": "zero3", "gpus": 16, "topology": "p4d-efa",
-                     "micro_batch": 4}
+SLOWDOWN_SCENARIO = {"model": "gpt2-1.5b", "strategy": declaring(DEEPSPEED, stage=3).name, "gpus": 16,
+                     "topology": "p4d-efa", "micro_batch": 4}
 FAST_NODE_GBPS, SLOW_NODE_GBPS = 1600, 100
 SLOWDOWN_TOLERANCE = 0.25
 

@@ -33,6 +33,7 @@ from zero_sim.links import bottleneck_gbps
 from zero_sim.strategies import all_knobs
 from zero_sim.ui.controls import (
     COMMON_SETTINGS,
+    DEFAULT_STRATEGY,
     STOPS,
     STYLE,
     checkbox_layout,
@@ -121,7 +122,7 @@ class ScenarioPanel(Panel):
         super().__init__()
         values = dict(values)
         self.fixed = dict(fixed or {})
-        self.strategy = values.get("strategy", "ddp")
+        self.strategy = values.get("strategy", DEFAULT_STRATEGY)
         for name in settings:
             if name == "bandwidth_gbps":
                 self._bandwidth_controls(values.get("bandwidth_gbps"), values)

@@ -18,6 +18,7 @@ from zero_sim.plan.sweep import summary_row
 from zero_sim.scenario import ScenarioError, simulate
 from zero_sim.strategies import all_knobs
 from zero_sim.ui.controls import (
+    DEFAULT_STRATEGY,
     error_html,
     kind_of,
     knob_default,
@@ -44,7 +45,7 @@ class ComparePanel(ScenarioPanel):
     def __init__(self, variants: Mapping[str, Mapping[str, Any]],
                  settings: Iterable[str] = ("gpus", "bandwidth_gbps"), knobs: Iterable[str] = (),
                  max_ranks: int = 1, figsize=None, auto: bool = True, **values):
-        values.setdefault("strategy", "ddp")
+        values.setdefault("strategy", DEFAULT_STRATEGY)
         # Before the controls: what each control offers is asked of every variant.
         self.variants = {label: dict(v) for label, v in variants.items()}
         self.max_ranks = max_ranks

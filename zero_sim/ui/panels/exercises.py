@@ -68,7 +68,8 @@ def fit_exercise() -> Exercise:
         "<b>Exercise 1.</b> A 7.5-billion-parameter model must train on one node of 8 A100-40GB GPUs. "
         "Choose a strategy, an activation recompute mode and a micro-batch so that it <b>fits</b>, "
         "and as fast as possible (within 5% of the fastest choice that fits counts as right).",
-        {"strategy": W.Dropdown(options=FIT_STRATEGIES, value="ddp", description="strategy", style=STYLE),
+        {"strategy": W.Dropdown(options=FIT_STRATEGIES, value=FIT_STRATEGIES[0], description="strategy",
+                                style=STYLE),
          "recompute": W.Dropdown(options=FIT_RECOMPUTE, value="none", description="recompute", style=STYLE),
          "micro_batch": W.Dropdown(options=FIT_MICRO_BATCHES, value=1, description="micro-batch",
                                    style=STYLE)},

@@ -52,7 +52,7 @@ class StepThrough(Panel):
     """Play one step of DDP, ZeRO-1, ZeRO-2 and ZeRO-3 (or FSDP) on 4 ranks, shard by shard."""
 
     def __init__(self, model: str = "gpt2-124m", topology: str = "pcie", micro_batch: int = 2,
-                 last: str = "zero3", figsize=(FIGURE_WIDTH, 6.0), auto: bool = True):
+                 last: str = SHARDING[0], figsize=(FIGURE_WIDTH, 6.0), auto: bool = True):
         super().__init__()
         self.controls = {
             "model": W.Dropdown(options=sorted(MODELS), value=model, description="model", style=STYLE),

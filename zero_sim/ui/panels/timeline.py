@@ -14,7 +14,7 @@ from pathlib import Path
 import ipywidgets as W
 
 from zero_sim.scenario import ScenarioError, simulate
-from zero_sim.ui.controls import error_html, metrics_html
+from zero_sim.ui.controls import DEFAULT_STRATEGY, error_html, metrics_html
 from zero_sim.ui.figure import FIGURE_WIDTH, Figure, tidy_timeline
 from zero_sim.ui.panel import ScenarioPanel, control_grid
 
@@ -32,7 +32,7 @@ class TimelineExplorer(ScenarioPanel):
     def __init__(self, settings: Iterable[str] = SETTINGS, knobs: Iterable[str] | str = "all",
                  max_ranks: int = 4, trace_dir: str | Path = "out", figsize=(FIGURE_WIDTH, 6.2),
                  auto: bool = True, **values):
-        values.setdefault("strategy", "ddp")
+        values.setdefault("strategy", DEFAULT_STRATEGY)
         values.setdefault("topology", "pcie")
         values.setdefault("gpus", 8)
         super().__init__(settings, values, knobs)
