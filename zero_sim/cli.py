@@ -126,6 +126,8 @@ def _human(m: dict, given: dict | None = None) -> str:
     lines += _host_bound(m)
     lines.append(f"  cluster         {m['cluster']}")
     lines += [f"  assumed         {note}" for note in m.get("stack_notes", [])]
+    if m.get("precision"):
+        lines.append(f"  assumed         {m['precision']}")
     if m.get("fp8"):
         lines.append(f"  assumed         {m['fp8']['summary']}")
     if m.get("zeropp"):

@@ -40,8 +40,9 @@ from zero_sim.system.workload import RECOMPUTE_MODES
 # The size budget of one search: at about 3 ms a candidate to bound, a larger one takes minutes.
 MAX_CANDIDATES = 20_000
 ZEROPP = ("zero_quantized_weights", "zero_hpz_partition_size", "zero_quantized_gradients")
-SHARED = ("model", "params", "seq_len", "topology", "gpu", "stack", "precision", "bandwidth_gbps",
-          "node_bandwidth_gbps", "calibration", "lora_rank", "lora_targets", "lora_base", "peft_config",
+SHARED = ("model", "params", "seq_len", "topology", "gpu", "stack", "precision", "reduce_dtype",
+          "grad_accum_dtype", "bandwidth_gbps", "node_bandwidth_gbps", "calibration", "lora_rank",
+          "lora_targets", "lora_base", "peft_config",
           "offload_optimizer", "offload_params", "host_memory_gb", *SHAPE_SETTINGS)
 
 

@@ -40,10 +40,10 @@ from zero_sim.scenario.machine import (
     host_pricing,
     is_modelled_gpu,
     measured_figure,
-    precision_of,
     step_host_s,
     topology_for,
 )
+from zero_sim.scenario.precision import precision_note, precision_of
 from zero_sim.scenario.settings import (
     COMMON,
     COMMON_NAMES,
@@ -254,8 +254,8 @@ def _prepare(reading, workload: Workload | None, kwargs: dict) -> Prepared:
     compute = compute_model(s, gpu, calibration)
     compute.fp8 = fp8_for(s, gpu, workload, calibration, strategy)
     modelled_gpu = is_modelled_gpu(gpu, calibration)
-    offload, topo = offload_plan(s, strategy, knobs, topo, gpu.name, precision_of(s))
-    ctx = Context(workload, s.gpus, topo.ranks_per_node, compute, precision_of(s), s.grad_accum,
+    offload, topo = offload_plan(s, strategy, knobs, topo, gpu.name, precision_of(s, strategy))
+    ctx = Context(workload, s.gpus, topo.ranks_per_node, compute, precision_of(s, strategy), s.grad_accum,
                   s.host_overhead_us * 1e-6, knobs,
                   host=host_pricing(workload, s, calibration, modelled_gpu),
                   step_host_s=step_host_s(s, calibration, modelled_gpu),
@@ -382,6 +382,8 @@ def _result(p: Prepared, program: Program, run: RunOutput, scenario: Scenario,
         metrics["lora"] = f"r={s.lora_rank} on {s.lora_targets or DEFAULT_TARGETS}{base}"
     # Under --precision fp8, what ran in float8 and the sources of its rates (zero_sim.system.fp8).
     metrics["fp8"] = p.compute.fp8.record() if p.compute.fp8 is not None else None
+    # The dtypes a precision mode or --reduce-dtype / --grad-accum-dtype set, in one line; None by default.
+    metrics["precision"] = precision_note(s, p.ctx.precision)
     # ZeRO++'s parts assumed (zero3 only), in one line; None when off.
     metrics["zeropp"] = ZeroPP.from_knobs(p.knobs).describe(
         p.topology.nodes, p.workload.params, p.ctx.precision.param_bytes) or None

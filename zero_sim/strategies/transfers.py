@@ -109,7 +109,7 @@ class WeightTransfers:
         for k, size in enumerate(sizes):
             last = k == len(sizes) - 1
             free = ((BUFFERS, bucket.oversize_bytes),) if bucket.oversize_bytes and last else ()
-            ops.append(s.b.collective(REDUCE_SCATTER, name, size * s.p.grad_bytes, BACKWARD, layer=layer,
+            ops.append(s.b.collective(REDUCE_SCATTER, name, size * s.p.travel_bytes, BACKWARD, layer=layer,
                                       deps=(bucket.last_op,), free=free, after_compute=after_compute))
         return ops
 
