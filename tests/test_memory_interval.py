@@ -14,7 +14,7 @@ import pytest
 
 from zero_sim import simulate
 from zero_sim.cli import main
-from zero_sim.memory_interval import (
+from zero_sim.intervals.memory import (
     DOES_NOT_FIT,
     FITS,
     RATIO_HIGH,

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from zero_sim.confidence import interval_line
+from zero_sim.intervals.speed import interval_line
 from zero_sim.plan.cli import plan_args, run_plan
 from zero_sim.plan.fit_advice import as_flags, fit_advice
 from zero_sim.scenario import ScenarioError, simulate
@@ -184,7 +184,7 @@ def _host_bound(m: dict) -> list[str]:
 
 
 def _verdict(mem: dict) -> str:
-    """The three-way verdict first (``fit_verdict``: fits, tight, does not fit; memory_interval.py),
+    """The three-way verdict first (``fit_verdict``: fits, tight, does not fit; intervals/memory.py),
     then the estimate it rests on: the reserved peak against capacity with its 80% interval, and the
     tensors' peak beside it."""
     low, high = (b / 1e9 for b in mem["reserved_interval_bytes"])

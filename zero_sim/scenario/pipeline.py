@@ -20,7 +20,6 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from zero_sim.calibration import Calibration, CalibrationError
-from zero_sim.confidence import confidence_fields
 from zero_sim.configs import ConfigError
 from zero_sim.configs.read import read_config
 from zero_sim.engine.cpu_device import CpuDevice
@@ -30,7 +29,9 @@ from zero_sim.engine.program import Program
 from zero_sim.engine.retime import Timeline, timeline_of
 from zero_sim.engine.run_types import EngineConfig, RunOutput, Straggler
 from zero_sim.engine.shared_cores import SharedCores
-from zero_sim.memory_interval import with_interval
+from zero_sim.intervals.memory import with_interval
+from zero_sim.intervals.sampling import Setting
+from zero_sim.intervals.speed import confidence_fields
 from zero_sim.results import SimResult, allocator_reserve, compute_metrics, context_gb
 from zero_sim.scenario.inputs import canonical_names, with_stack
 from zero_sim.scenario.machine import (
@@ -67,7 +68,6 @@ from zero_sim.system.model_presets import PRESETS, human_params, preset, synthes
 from zero_sim.system.topology import PRESETS as TOPOLOGIES
 from zero_sim.system.workload import Workload, WorkloadError
 from zero_sim.system.zeropp import ZeroPP
-from zero_sim.uncertainty import Setting
 from zero_sim.vocabulary import PARAMS
 
 
@@ -345,7 +345,7 @@ def _scenario(p: Prepared, figures: RankFigures) -> Scenario:
 
 def _interval_inputs(p: Prepared, program: Program, run: RunOutput,
                      engine: Engine) -> tuple[Timeline, Setting]:
-    """The recorded step to re-time and what the inputs' spreads depend on (zero_sim.uncertainty)."""
+    """The recorded step to re-time and what the inputs' spreads depend on (zero_sim.intervals.sampling)."""
     s = p.settings
     timeline = timeline_of(program, run.op_seconds, s.steps, s.host_overhead_us * 1e-6,
                            engine.backend.always_after_compute)
@@ -363,7 +363,7 @@ def _result(p: Prepared, program: Program, run: RunOutput, scenario: Scenario,
     # Offloaded states: where they live, what updates them, and whether the nodes' RAM holds them.
     if p.ctx.offload is not None:
         p.ctx.offload.results(metrics, program, p.topology, run)
-    # How sure "it fits" is: reserved memory's 80% interval and the three-way verdict (memory_interval.py).
+    # How sure "it fits" is: reserved memory's 80% interval and the verdict (zero_sim.intervals.memory).
     metrics["memory"] = with_interval(metrics["memory"])
     modelled = is_modelled_gpu(p.gpu, p.calibration)
     metrics |= confidence_fields(metrics, scenario, p.gpu.peak_flops, modelled, *(interval or (None, None)),

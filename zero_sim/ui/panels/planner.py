@@ -207,7 +207,7 @@ class Planner(Panel):
 
 
 def _interval_bars(ax, rows, color) -> None:
-    """Each fitting candidate's likely step time (the 80% interval, zero_sim.confidence) as a bar."""
+    """Each fitting candidate's likely step time (the 80% interval, zero_sim.intervals.speed) as a bar."""
     if "step_ms_low" not in rows or rows["step_ms_low"].isna().all():
         return
     below = (rows["step_ms"] - rows["step_ms_low"]).clip(lower=0)
