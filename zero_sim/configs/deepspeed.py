@@ -311,7 +311,8 @@ def _zero(zero: _Zero, written: dict, source: str, precision: str, reading: Conf
                           f"backward; use --strategy ddp for torch DDP)")
     stage = zero.stage
     reading.set("strategy", strategy.name, "zero_optimization.stage", stage)
-    if stage == 3 and "reduce_scatter" in written:
+    # A stage that shards the weights has no all-reduce to choose: it always reduce-scatters.
+    if sharded(stage, PARAMS) and "reduce_scatter" in written:
         reading.ignore("zero_optimization.reduce_scatter", "stage 3 always reduce-scatters its gradients")
     _offload(zero, source, reading)
     for key, what in NOT_MODELLED.items():
