@@ -57,7 +57,8 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--precision", choices=tuple(PRECISIONS), default=DEFAULT_PRECISION,
-                   help="fp32, or bf16 weights and gradients with fp32 master weights and Adam state")
+                   help="fp32; bf16 weights and gradients with fp32 master weights and Adam state; or amp "
+                        "(fp32 weights, the forward under torch.autocast in bf16)")
     p.add_argument("--bucket-mb", type=float, default=DEFAULT_BUCKET_MB,
                    help="gradient bucket cap (ddp, zero1, zero2); at the default the first bucket is 1 MiB")
     p.add_argument("--lr", type=float, default=1e-3)

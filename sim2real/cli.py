@@ -27,7 +27,7 @@ from tqdm import tqdm
 
 from real_runs.cluster import SHAPES, ClusterUnavailable, Stopped, stopping_on_signals, unavailable_reason
 from real_runs.launch import RunFailed
-from real_runs.precision import PRECISIONS, default_precision
+from real_runs.precision import TIMED, default_precision
 from sim2real import measure
 from sim2real import validate as v
 from sim2real.gpu_grid import gpu_grid
@@ -57,7 +57,7 @@ def _calibrate_args(cal) -> None:
     cal.add_argument("--max-bytes", default="32M", help="largest collective in the sweep")
     cal.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                      help="measure gloo ranks on this CPU, or one rank per GPU over NCCL")
-    cal.add_argument("--precision", choices=tuple(PRECISIONS), default=None,
+    cal.add_argument("--precision", choices=TIMED, default=None,
                      help="precision the layers are timed in (default: fp32 on cpu, bf16 on cuda)")
     cal.add_argument("--nccl-tests", type=Path, action="append", default=[],
                      help="import an nccl-tests output file instead of measuring "
@@ -190,7 +190,7 @@ def _validate_args(val) -> None:
     val.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                      help="cuda: run the GPU grid on this box's GPUs over NCCL in bf16 (every strategy, "
                           "N = 1, 2, 4 ... G, buckets 25 and 4 MB, gpt2-124m and gpt2-350m)")
-    val.add_argument("--precision", choices=tuple(PRECISIONS), default=None,
+    val.add_argument("--precision", choices=TIMED, default=None,
                      help="the runs' precision (default: fp32 on cpu, bf16 on cuda)")
 
 

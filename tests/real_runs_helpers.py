@@ -31,7 +31,8 @@ RUN = dict(model="nano", global_batch=8, seq_len=32, steps=2, seed=3, lr=1e-3, b
 def reference(model: str, global_batch_: int, seq_len: int, steps: int, seed: int, lr: float,
               precision: str = "fp32") -> dict:
     """Plain single-process training on the whole global batch: the ground truth.  In bf16,
-    the textbook recipe: a bf16 model, and torch's AdamW on fp32 master copies of its weights."""
+    the textbook recipe: a bf16 model, and torch's AdamW on fp32 master copies of its weights.
+    Under amp, torch.amp's: an fp32 model whose forward runs under torch.autocast in bf16."""
     torch.set_num_threads(1)
     cfg = PRESETS[model]
     net = build_model(cfg, seed)
@@ -43,7 +44,9 @@ def reference(model: str, global_batch_: int, seq_len: int, steps: int, seed: in
     for step in range(steps):
         x, y = global_batch(cfg, seed, step, global_batch_, seq_len)
         net.zero_grad()
-        net(x, y).backward()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "amp"):
+            loss = net(x, y)
+        loss.backward()
         for m, w in zip(masters, weights, strict=True):
             m.grad = w.grad.float()
         opt.step()

@@ -12,8 +12,8 @@ import pytest
 
 from zero_sim import simulate
 from zero_sim.cli import main
-from zero_sim.confidence import interval_line, makes_progress
 from zero_sim.engine.retime import retime, timeline_of
+from zero_sim.intervals.speed import interval_line, makes_progress
 from zero_sim.plan.search import search
 from zero_sim.scenario import pipeline
 from zero_sim.system import input_spreads

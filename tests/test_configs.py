@@ -91,8 +91,8 @@ def test_a_flag_given_beside_the_file_wins_and_the_note_says_so():
      "train_micro_batch_size_per_gpu"),
     ({"zero_optimization": {"stage": 1}, "train_batch_size": 100},
      "is not micro-batch 8 x gradient accumulation"),
-    ({"zero_optimization": {"stage": 1}, "bf16": {"enabled": True}, "communication_data_type": "fp32"},
-     "differs from the gradients' dtype"),
+    ({"zero_optimization": {"stage": 1}, "bf16": {"enabled": True}, "communication_data_type": "int3"},
+     "is not a dtype DeepSpeed accepts"),
     ([1, 2], "must be a path or a dict"),
 ])
 def test_what_cannot_be_simulated_as_written_is_refused_with_one_sentence(config, sentence):

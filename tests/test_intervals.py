@@ -8,7 +8,7 @@ import json
 import pytest
 
 from zero_sim import simulate
-from zero_sim.confidence import interval_line
+from zero_sim.intervals.speed import interval_line
 from zero_sim.published.fit import coverage, interval, refit, summary
 from zero_sim.published.judge import Judged
 from zero_sim.published.ranking import rank_pairs

@@ -245,7 +245,7 @@ def test_params_7_5e9_from_python_and_the_command_line():
     (["--hidden", "1000"], "--hidden 1000 is not divisible by --heads 12"),
     (["--layers", "0"], "--layers must be a positive integer"),
     (["--ffn-hidden", "-4"], "--ffn-hidden must be a positive integer"),
-    (["--attention", "sdpa"], "invalid choice: 'sdpa' (choose from 'flash', 'flash1', 'eager')"),
+    (["--attention", "sdpa"], "invalid choice: 'sdpa' (choose from 'flash', 'flash1', 'cudnn', 'eager')"),
     (["--allocator-reserve", "2"], "--allocator-reserve must be between 0 and 1"),
     (["--cuda-context-gb", "-1"], "--cuda-context-gb must be a non-negative number"),
     (["--efficiency", "0"], "--efficiency must be in (0, 1]"),
@@ -261,7 +261,8 @@ def test_the_efficiency_default_is_the_per_op_model():
     assert resolve().settings.efficiency is None  # a float keeps the old flat roofline
     with pytest.raises(ScenarioError, match="--efficiency must be in"):
         simulate(efficiency=1.5)
-    with pytest.raises(ScenarioError, match="--attention must be one of flash, flash1, eager, got 'sdpa'"):
+    choices = "flash, flash1, cudnn, eager"
+    with pytest.raises(ScenarioError, match=f"--attention must be one of {choices}, got 'sdpa'"):
         simulate(attention="sdpa")
 
 

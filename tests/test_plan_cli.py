@@ -38,7 +38,7 @@ def test_every_setting_plan_shares_with_simulate_is_the_same_flag():
 def test_plan_gains_the_schemas_choices():
     plan = flags_of("plan")
     assert "nvme" in plan["--offload-optimizer"].choices and "nvme" in plan["--offload-params"].choices
-    assert set(plan["--precision"].choices) == {"mixed", "fp32", "fp8"}
+    assert set(plan["--precision"].choices) == {"mixed", "fp32", "fp8", "amp"}
 
 
 def test_plans_list_flags_keep_their_meaning_and_zeropp_its_flags():

@@ -13,7 +13,7 @@ from zero_sim import ScenarioError, simulate
 from zero_sim.cli import main
 from zero_sim.plan.bounds import MARGIN, bounds
 from zero_sim.plan.executors import default_executor
-from zero_sim.plan.fit_advice import first_change_that_fits
+from zero_sim.plan.fit_advice import fit_advice
 from zero_sim.plan.search import MEMORY_BOUND, PlanError, fp8_variants, rank, search, search_space
 from zero_sim.plan.sweep import run_rows
 
@@ -122,18 +122,23 @@ def test_when_nothing_fits_the_plan_says_what_would(capsys):
                  "--strategies", "ddp", "--micro-batch", "1"]) == 0
     out = capsys.readouterr().out
     assert "nothing fits: the leanest candidate (ddp" in out
-    assert "it would fit with --strategy fsdp --recompute full" in out
+    assert "it would fit with --strategy " in out
 
 
-def test_simulate_answers_first_and_says_the_first_change_that_fits(capsys):
+def test_simulate_answers_first_then_lists_settings_that_fit_fastest_first(capsys):
     scenario = dict(model="llama2-13b", strategy="ddp", gpus=8, topology="dgx-a100", micro_batch=1)
-    assert first_change_that_fits(scenario)[0] == "--strategy fsdp --recompute full"
+    advice = fit_advice(scenario)
+    assert advice and all(a["settings"].get("strategy", "ddp") != "ddp" or "gpus" in a["settings"]
+                          for a in advice)  # DDP holds the whole model on 8 GPUs: only sharding fits
+    speeds = [a["tokens_per_s_per_gpu"] for a in advice]
+    assert speeds == sorted(speeds, reverse=True)
     assert main(["simulate", "--model", "llama2-13b", "--gpus", "8", "--micro-batch", "1", "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["fit_advice"]["change"] == "--strategy fsdp --recompute full"
+    assert json.loads(capsys.readouterr().out)["fit_advice"][0]["settings"] == advice[0]["settings"]
     assert main(["simulate", "--model", "llama2-13b", "--gpus", "8", "--micro-batch", "1"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[1].startswith("  DOES NOT FIT by ")
-    assert lines[2].startswith("  to fit          --strategy fsdp")
+    assert lines[2].startswith("  to fit          ") and "GB to spare:" in lines[2]
+    assert lines[3].strip().startswith("zero-sim simulate --model llama2-13b ")
 
 
 def test_preset_names_are_matched_without_case_and_near_misses_named():

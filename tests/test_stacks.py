@@ -32,7 +32,7 @@ def test_the_default_stack_is_eager_pytorch_and_every_output_says_so(capsys):
 def test_a_stack_fills_what_it_bundles_and_a_given_setting_wins_with_a_note():
     titan = resolve(strategy="fsdp", stack="torchtitan")
     assert titan.settings.elementwise == "eager"
-    assert (titan.knobs.copies, titan.knobs.reduce_dtype) == ("fsdp2", "fp32")
+    assert (titan.knobs.copies, titan.settings.reduce_dtype) == ("fsdp2", "fp32")
     mine = resolve(strategy="fsdp", stack="torchtitan", elementwise="fused", copies="fsdp1")
     assert (mine.settings.elementwise, mine.knobs.copies) == ("fused", "fsdp1")
     assert "overridden: elementwise=fused (stack torchtitan has eager)" in mine.stack_notes

@@ -263,13 +263,17 @@ def test_pasting_nccl_tests_output_fits_latency_and_bandwidth():
 # ----------------------------------------------------------------------------- planner panel
 
 
-def test_the_planner_puts_the_fastest_fitting_candidate_first():
+def test_the_planner_puts_first_a_fitting_candidate_near_the_fastest_with_the_most_room():
+    """Within 5% of the fastest speeds are too close to call, so the one with most memory to spare
+    (its whole 80% interval inside the GPU first) is put first."""
     planner = Planner(model="gpt2-350m", gpus=8, topology="dgx-a100", micro_batch=4, recompute=("none",))
     df = planner.result
     best = planner.best()
     assert best is not None and bool(best["fits"])
     fitting = df[df["fits"]]
-    assert best["tokens_per_s"] == pytest.approx(fitting["tokens_per_s"].max())
+    assert best["tokens_per_s"] >= 0.95 * fitting["tokens_per_s"].max()
+    rivals = df[df["too_close_to_call"] & (df["fit_verdict"] == best["fit_verdict"])]
+    assert best["spare_GB"] == pytest.approx(rivals["spare_GB"].max(), abs=0.05)
     assert planner.progress.n == planner.progress.total  # the bar ran over every candidate
     # Planning is long work, so it runs when the reader presses "plan", not on every control.
     planner.controls["gpus"].value = 16

@@ -23,14 +23,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from zero_sim.confidence import interval_line
+from zero_sim.intervals.speed import interval_line
 from zero_sim.plan.cli import plan_args, run_plan
-from zero_sim.plan.fit_advice import first_change_that_fits
+from zero_sim.plan.fit_advice import as_flags, fit_advice
 from zero_sim.scenario import ScenarioError, simulate
 from zero_sim.scenario.settings import COMMON
 from zero_sim.settings import add_flag
@@ -94,7 +95,8 @@ def _demo_args(demo) -> None:
     demo.add_argument("--out", type=Path, default=Path("out"))
 
 
-def _human(m: dict) -> str:
+def _human(m: dict, given: dict | None = None) -> str:
+    """The metrics as text; ``given`` (the settings given) makes each fit suggestion's command."""
     mem = m["memory"]
     ov = m["comm_overlap_fraction"]
     ph = m["phases"]
@@ -103,7 +105,7 @@ def _human(m: dict) -> str:
         f"{m['strategy']} · {m['model']} ({m['params']:,} params{_trained(m)}) · "
         f"{m['gpus']} x {m['gpu']} on {m['topology']} · stack {m['stack']}",
         f"  {_verdict(mem)}",
-        *_advice(m),
+        *_advice(m, given or {}),
         f"  step            {m['step_time_s'] * 1e3:10.2f} ms   ({m['tokens_per_s']:,.0f} tokens/s, "
         f"{m['tokens_per_s_per_gpu']:,.0f} per GPU, {m['tflops_per_gpu']:.1f} TFLOP/s per GPU{mfu})",
         *([f"  likely range    {interval}"] if (interval := interval_line(m)) else []),
@@ -114,7 +116,8 @@ def _human(m: dict) -> str:
         f"  phases          forward {ph['forward_s'] * 1e3:.2f} ms + backward {ph['backward_s'] * 1e3:.2f} ms"
         f" + optimizer {ph['optimizer_s'] * 1e3:.2f} ms",
         _optimizer_phase(m),
-        f"  memory          model states {mem['model_states_bytes'] / 1e9:.2f} GB, activations "
+        f"  memory          {mem['fit_verdict'].replace('_', ' ')}; model states "
+        f"{mem['model_states_bytes'] / 1e9:.2f} GB, activations "
         f"{mem['activations_bytes'] / 1e9:.2f} GB, buffers {mem['buffers_bytes'] / 1e9:.2f} GB, "
         f"peak {mem['peak_bytes'] / 1e9:.2f} GB of tensors, "
         f"{mem['reserved_peak_bytes'] / 1e9:.2f} reserved of {mem['capacity_bytes'] / 1e9:.1f} GB",
@@ -123,6 +126,8 @@ def _human(m: dict) -> str:
     lines += _host_bound(m)
     lines.append(f"  cluster         {m['cluster']}")
     lines += [f"  assumed         {note}" for note in m.get("stack_notes", [])]
+    if m.get("precision"):
+        lines.append(f"  assumed         {m['precision']}")
     if m.get("fp8"):
         lines.append(f"  assumed         {m['fp8']['summary']}")
     if m.get("zeropp"):
@@ -179,16 +184,22 @@ def _host_bound(m: dict) -> list[str]:
 
 
 def _verdict(mem: dict) -> str:
-    """Whether it fits, first: the reserved peak (what must fit) against capacity, the tensors'
-    peak beside it."""
-    held = (f"{mem['reserved_peak_bytes'] / 1e9:.2f} GB reserved of {mem['capacity_bytes'] / 1e9:.1f} GB "
-            f"(tensors' peak {mem['peak_bytes'] / 1e9:.2f} GB)")
-    if mem["fits"]:
-        spare = (mem["capacity_bytes"] - mem["reserved_peak_bytes"]) / 1e9
-        return f"FITS with {spare:.2f} GB to spare: {held}"
+    """The three-way verdict first (``fit_verdict``: fits, tight, does not fit; intervals/memory.py),
+    then the estimate it rests on: the reserved peak against capacity with its 80% interval, and the
+    tensors' peak beside it."""
+    low, high = (b / 1e9 for b in mem["reserved_interval_bytes"])
+    held = (f"{mem['reserved_peak_bytes'] / 1e9:.2f} GB reserved (80%: {low:.1f}-{high:.1f}) of "
+            f"{mem['capacity_bytes'] / 1e9:.1f} GB (tensors' peak {mem['peak_bytes'] / 1e9:.2f} GB)")
+    spare = (mem["capacity_bytes"] - mem["reserved_peak_bytes"]) / 1e9
     if not mem.get("host_fits", True) and mem["shortfall_bytes"] == 0:
         return (f"DOES NOT FIT in host memory by {mem['host_shortfall_bytes'] / 1e9:.1f} GB per node "
                 f"(offloaded states); on the GPU: {held}")
+    if mem["fit_verdict"] == "fits":
+        return f"FITS with {spare:.2f} GB to spare: {held}"
+    if mem["fit_verdict"] == "tight":
+        estimate = (f"fits with {spare:.2f} GB to spare" if mem["fits"]
+                    else f"{mem['shortfall_bytes'] / 1e9:.2f} GB over")
+        return f"TIGHT (the 80% interval crosses the GPU's memory; the estimate {estimate}): {held}"
     return f"DOES NOT FIT by {mem['shortfall_bytes'] / 1e9:.2f} GB: {held}"
 
 
@@ -197,14 +208,21 @@ def _trained(m: dict) -> str:
     return "" if trained == m["params"] else f", {trained:,} trainable: LoRA {m['lora']}"
 
 
-def _advice(m: dict) -> list[str]:
+def _advice(m: dict, given: dict) -> list[str]:
+    """The suggestions that fit, fastest first, each as the command to paste: the settings ``given``
+    with the suggestion's applied."""
     if m["memory"]["fits"] or "fit_advice" not in m:
         return []
-    advice = m["fit_advice"]
-    if advice is None:
-        return ["  to fit          no change tried (recompute, smaller micro-batch, sharding, up to 16x the "
-                "GPUs, a larger GPU) fits"]
-    return [f"  to fit          {advice['change']} ({advice['spare_gb']:.1f} GB to spare)"]
+    if not m["fit_advice"]:
+        return ["  to fit          no change tried (recompute, smaller micro-batch, another sharded "
+                "strategy, offload, up to 16x the GPUs) fits"]
+    lines = []
+    for k, advice in enumerate(m["fit_advice"]):
+        lead = "  to fit          " if k == 0 else " " * 18
+        lines += [f"{lead}{advice['tokens_per_s_per_gpu']:,.0f} tokens/s per GPU, "
+                  f"{advice['spare_gb']:.1f} GB to spare:",
+                  " " * 20 + shlex.join(["zero-sim", "simulate", *as_flags(given | advice["settings"])])]
+    return lines
 
 
 def _simulate(args) -> int:
@@ -220,10 +238,8 @@ def _simulate(args) -> int:
         check_output_path(args.trace_dir / "rank-0.pt.trace.json")
     result = simulate(**kwargs)
     if not result.metrics["memory"]["fits"]:
-        # The answer a user needs next: the first change (in zero_sim.plan.fit_advice's order) that fits.
-        change = first_change_that_fits({k: v for k, v in kwargs.items() if v is not None})
-        result.metrics["fit_advice"] = (None if change is None
-                                        else {"change": change[0], "spare_gb": change[1]})
+        # The answer a user needs next: settings that fit, simulated, fastest first (plan/fit_advice.py).
+        result.metrics["fit_advice"] = fit_advice({k: v for k, v in kwargs.items() if v is not None})
     wrote = []
     if args.trace:
         result.to_chrome_trace(args.trace)
@@ -237,7 +253,8 @@ def _simulate(args) -> int:
         files = write_rank_traces(result, args.trace_dir)
         wrote.append(f"wrote {len(files)} per-rank traces to {args.trace_dir} (read them with HTA's "
                      f"TraceAnalysis or open one at ui.perfetto.dev)")
-    print(json.dumps(result.metrics) if args.json else _human(result.metrics))
+    given = {k: v for k, v in kwargs.items() if v is not None}
+    print(json.dumps(result.metrics) if args.json else _human(result.metrics, given))
     # With --json, stdout stays one JSON object; where the files went is said on stderr.
     for line in wrote:
         print(line, file=sys.stderr if args.json else sys.stdout)

@@ -19,7 +19,7 @@ from zero_sim.vocabulary.files import write_json_atomic
 from ..gpu_stamp import gpu_stamp
 from ..launch import RunFailed, run_module
 from ..options import ArgParser, BadInput, check_preset
-from ..precision import DEFAULT_PRECISION, PRECISIONS
+from ..precision import DEFAULT_PRECISION, TIMED
 from ..presets import PRESETS
 from ..processes import leave_rank
 from .collectives import SWEEP_COLLECTIVES, collective_sweep, format_table, parse_bytes
@@ -51,7 +51,7 @@ def make_parser() -> argparse.ArgumentParser:
     la.add_argument("--micro-batch", type=int, default=4, help="sequences per rank")
     la.add_argument("--seq-len", type=int, default=None)
     la.add_argument("--iters", type=int, default=5)
-    la.add_argument("--precision", choices=tuple(PRECISIONS), default=DEFAULT_PRECISION,
+    la.add_argument("--precision", choices=TIMED, default=DEFAULT_PRECISION,
                     help="the weights' precision; bf16 also times the fp32-master update bf16 runs make")
     la.add_argument("--out", default=None)
     return p

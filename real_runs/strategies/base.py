@@ -19,6 +19,7 @@ owns chunk ``r``.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 
@@ -40,6 +41,7 @@ from zero_sim.vocabulary import (
 )
 from zero_sim.vocabulary.buckets import bucket_caps, fill_buckets
 
+from ..precision import PRECISIONS
 from ..record import Pending, Recorder
 
 # torch 2.13 renamed the flat collectives; older versions only have the old names.
@@ -274,7 +276,7 @@ class Strategy:
         rec = self.rec
         self.zero_grad()
         rec.phase = FORWARD
-        with rec.saved_activations():
+        with rec.saved_activations(), self.autocast(x):
             loss = self.forward(x, y)
         rec.phase = BACKWARD
         loss.backward()  # layer 0's backward is closed inside it (see _loss_hook)
@@ -283,6 +285,15 @@ class Strategy:
         self.step()
         self.record_model_states()
         return loss.detach()
+
+    def autocast(self, x: torch.Tensor):
+        """The forward's precision context: ``torch.autocast`` in the precision's dtype under ``amp``
+        (the weights stay fp32; each op on autocast's list casts them as it runs), else none.  The
+        backward runs outside it, as torch.amp's recipe has it."""
+        dtype = PRECISIONS[self.precision].autocast
+        if dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=x.device.type, dtype=getattr(torch, dtype))
 
     def record_model_states(self) -> None:
         for cat, nbytes in self.model_state_bytes().items():

@@ -11,7 +11,9 @@ Names, units and defaults are DeepSpeed's (``deepspeed/runtime/config.py`` and
   in elements for stage 3, as do the ``stage3_*`` sizes.
 * ``overlap_comm`` defaults to off for stages 1 and 2 and on for stage 3, as DeepSpeed sets it.
 * ``bf16.enabled`` or ``fp16.enabled`` is mixed precision (2 + 2 + 12 bytes per parameter);
-  neither is fp32.
+  neither, with ``amp.enabled`` or ``torch_autocast.enabled``, is ``amp`` (fp32 weights under
+  autocast, 4 + 4 + 8); none of them is fp32.  ``communication_data_type`` is ``--reduce-dtype`` and
+  ``data_types.grad_accum_dtype`` ``--grad-accum-dtype``.
 * ``train_batch_size`` must equal micro-batch x accumulation x ranks, as DeepSpeed requires;
   it is checked once the rank count is known (:func:`check_batch`).
 
@@ -89,6 +91,7 @@ NOT_MODELLED = {
 # Top-level keys read here (NO_EFFECT's are known too): a key close to one of them is a misspelling.
 KNOWN_TOP = {"train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "train_batch_size", "optimizer",
              "zero_optimization", "bf16", "fp16", "bfloat16", "communication_data_type", "gradient_clipping",
+             "amp", "torch_autocast", "data_types",
              "scheduler", "steps_per_print", "wall_clock_breakdown", "zero_allow_untested_optimizer"}
 ADAM_FAMILY = {"adam", "adamw", "fusedadam", "deepspeedcpuadam", "cpuadam", "lamb", "fusedlamb"}
 
@@ -105,6 +108,10 @@ class _Offload(_Loose):
     device: Literal["none", "cpu", "nvme"] = "none"
     pin_memory: bool = False
     ratio: float = 1.0  # offload_optimizer only: the share of the update run on the CPU (ZeRO-Offload++)
+
+
+class _DataTypes(_Loose):
+    grad_accum_dtype: str | None = None
 
 
 class _Optimizer(_Loose):
@@ -138,7 +145,10 @@ class _DeepSpeed(_Loose):
     bf16: _Switch | None = None
     bfloat16: _Switch | None = None
     fp16: _Switch | None = None
+    amp: _Switch | None = None  # apex AMP over fp32 weights
+    torch_autocast: _Switch | None = None  # torch.autocast over fp32 weights
     communication_data_type: str | None = None
+    data_types: _DataTypes | None = None
     optimizer: _Optimizer | None = None
     zero_optimization: _Zero = _Zero()
 
@@ -165,7 +175,8 @@ def read_deepspeed(config) -> ConfigReading:
     _optimizer(ds.optimizer, source, reading)
     _zero(ds.zero_optimization, data.get("zero_optimization", {}), source, precision, reading)
     handled = {"train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "train_batch_size",
-               "optimizer", "zero_optimization", "bf16", "fp16", "bfloat16", "communication_data_type"}
+               "optimizer", "zero_optimization", "bf16", "fp16", "bfloat16", "communication_data_type",
+               "amp", "torch_autocast", "data_types"}
     for key in data:
         if key in NO_EFFECT:
             reading.ignore(key, NO_EFFECT[key])
@@ -201,22 +212,46 @@ def _turned_on(key: str, value: Any) -> bool:
 
 
 def _precision(ds: _DeepSpeed, reading: ConfigReading) -> str:
-    """Mixed when bf16 or fp16 is enabled (fp16's loss scaling costs no modelled time), else fp32."""
+    """Mixed when bf16 or fp16 is enabled (fp16's loss scaling costs no modelled time); else amp when
+    ``amp`` (apex) or ``torch_autocast`` is, over fp32 weights; else fp32.  ``communication_data_type``
+    is what gradients travel in and ``data_types.grad_accum_dtype`` what they are accumulated in
+    (DeepSpeed's defaults for both: the model's dtype under ZeRO, ``engine.get_data_types``)."""
     half = any(section is not None and section.enabled for section in (ds.bf16, ds.bfloat16, ds.fp16))
-    precision = "mixed" if half else "fp32"
-    switches = [f"{name}.enabled" for name in ("bf16", "bfloat16", "fp16") if getattr(ds, name) is not None]
-    reading.set("precision", precision, "bf16/fp16.enabled", keys=switches or ("bf16/fp16.enabled",))
+    autocast = any(section is not None and section.enabled for section in (ds.amp, ds.torch_autocast))
+    precision = "mixed" if half else "amp" if autocast else "fp32"
+    sections = ("bf16", "bfloat16", "fp16", "amp", "torch_autocast")
+    switches = [f"{name}.enabled" for name in sections if getattr(ds, name) is not None]
+    key = "bf16/fp16.enabled" if half or not autocast else "amp/torch_autocast.enabled"
+    reading.set("precision", precision, key, keys=switches or (key,))
     for name in ("bf16", "bfloat16", "fp16"):
         for extra in sorted(getattr(getattr(ds, name), "model_extra", None) or {}):
             reading.ignore(f"{name}.{extra}", "loss scaling and its tuning cost no modelled time")
-    comm = ds.communication_data_type
-    if comm is not None:
-        expected = {"mixed": ("bf16", "fp16", "bfloat16", "float16"), "fp32": ("fp32", "float32")}[precision]
-        if comm not in expected:
-            raise ConfigError(f"communication_data_type {comm!r} in {reading.source} differs from the "
-                              f"gradients' dtype, which the simulator sends; remove it to simulate")
-        reading.ignore("communication_data_type", "the same dtype as the gradients, which is what is sent")
+    for name in ("amp", "torch_autocast"):
+        for extra in sorted(getattr(getattr(ds, name), "model_extra", None) or {}):
+            reading.ignore(f"{name}.{extra}", "autocast's op lists and apex's opt level are not modelled; "
+                           "the weights are fp32, the matmuls in half precision")
+    if ds.communication_data_type is not None:
+        comm = _dtype_name(ds.communication_data_type, "communication_data_type", reading.source)
+        reading.set("reduce_dtype", comm, "communication_data_type", ds.communication_data_type)
+    accum = ds.data_types.grad_accum_dtype if ds.data_types is not None else None
+    if accum is not None:
+        name = _dtype_name(accum, "data_types.grad_accum_dtype", reading.source)
+        if name == "fp32" or precision != "mixed":  # a half dtype under half weights is the default
+            reading.set("grad_accum_dtype", "bf16" if name == "fp16" else name, "data_types.grad_accum_dtype",
+                        accum)
+        else:
+            reading.ignore("data_types.grad_accum_dtype", "the weights' own dtype, DeepSpeed's default")
     return precision
+
+
+def _dtype_name(value: str, key: str, source: str) -> str:
+    """DeepSpeed's spellings of a dtype (``fp32``, ``float32``, ``bfp16``, ...) as the simulator's."""
+    names = {"fp32": "fp32", "float32": "fp32", "float": "fp32", "bf16": "bf16", "bfloat16": "bf16",
+             "bfp16": "bf16", "fp16": "fp16", "float16": "fp16", "half": "fp16"}
+    if value.lower() not in names:
+        raise ConfigError(f"{key} {value!r} in {source} is not a dtype DeepSpeed accepts (fp32, bf16 or "
+                          "fp16)")
+    return names[value.lower()]
 
 
 def _optimizer(section: _Optimizer | None, source: str, reading: ConfigReading) -> None:
@@ -276,7 +311,8 @@ def _zero(zero: _Zero, written: dict, source: str, precision: str, reading: Conf
                           f"backward; use --strategy ddp for torch DDP)")
     stage = zero.stage
     reading.set("strategy", strategy.name, "zero_optimization.stage", stage)
-    if stage == 3 and "reduce_scatter" in written:
+    # A stage that shards the weights has no all-reduce to choose: it always reduce-scatters.
+    if sharded(stage, PARAMS) and "reduce_scatter" in written:
         reading.ignore("zero_optimization.reduce_scatter", "stage 3 always reduce-scatters its gradients")
     _offload(zero, source, reading)
     for key, what in NOT_MODELLED.items():
@@ -287,7 +323,7 @@ def _zero(zero: _Zero, written: dict, source: str, precision: str, reading: Conf
     # DeepSpeed's default: on for stage 3 (the one that shards the weights), off for stages 1 and 2.
     overlap = zero.overlap_comm if zero.overlap_comm is not None else sharded(stage, PARAMS)
     reading.set("overlap_comm", overlap, "zero_optimization.overlap_comm")
-    grad_bytes = 2 if precision == "mixed" else 4
+    grad_bytes = 2 if precision == "mixed" else 4  # amp's gradients are fp32, as its weights
     if sharded(stage, PARAMS):
         for key, name in STAGE3_SIZES.items():
             if key in written:

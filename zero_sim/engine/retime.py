@@ -1,7 +1,7 @@
 """One simulated step re-timed with every op's time scaled, for many samples at once.
 
 An interval propagated through the simulator needs the step time under many draws of its
-inputs (:mod:`zero_sim.uncertainty`).  Re-running the discrete-event engine per draw is too
+inputs (:mod:`zero_sim.intervals.sampling`).  Re-running the discrete-event engine per draw is too
 slow, so the engine runs once and records what each op took in the last step
 (``RunOutput.op_seconds``); :func:`retime` then replays the program with each op's time
 multiplied by its sampled factor, every sample at once as a numpy array, under the engine's
@@ -19,7 +19,7 @@ What the replay keeps from the simulation rather than redoing: how links were sh
 much compute slowed beside NCCL (each op's recorded time carries them, then scaled), straggler
 stalls (left out), waiting for other ranks at a collective (every rank is taken to run as the
 first simulated one, as the symmetric engine does), and gloo's two calls in flight per stream
-(replayed one at a time; :mod:`zero_sim.uncertainty` scales the replay to the simulated step).
+(replayed one at a time; :mod:`zero_sim.intervals.sampling` scales the replay to the simulated step).
 With every factor 1 it gives the simulated step back; tests/test_confidence_propagated.py
 checks that.
 """

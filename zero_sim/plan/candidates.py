@@ -71,12 +71,29 @@ def _isnan(v) -> bool:
 
 def ranked(df: pd.DataFrame) -> pd.DataFrame:
     """The table in rank order: what fits first, fastest first; rows too close to the fastest
-    marked; rows numbered from 1."""
+    marked and ordered by room to spare (:func:`room_first`); rows numbered from 1."""
     df = df.sort_values(["fits", "tokens_per_s"], ascending=[False, False], na_position="last")
     df["too_close_to_call"] = too_close_to_call(df)
+    df = room_first(df)
     df.index = range(1, len(df) + 1)
     df.index.name = "rank"
     return df
+
+
+def room_first(df: pd.DataFrame) -> pd.DataFrame:
+    """Near-ties broken toward room to spare: the candidates too close to call (the top rows) in the
+    order of their memory verdict (the whole 80% interval fits before one that is tight), then the
+    most memory to spare, then speed.  Their speeds are within run-to-run noise; an out-of-memory is
+    not."""
+    close = df["too_close_to_call"]
+    if close.sum() < 2 or "spare_GB" not in df:
+        return df
+    order = {"fits": 0, "tight": 1}
+    verdict = df.get("fit_verdict", pd.Series(None, index=df.index))
+    top = df[close].assign(_verdict=[order.get(v, 2) for v in verdict[close]],
+                           _spare=df.loc[close, "spare_GB"].round(1))  # 0.1 GB: same memory, then speed
+    top = top.sort_values(["_verdict", "_spare", "tokens_per_s"], ascending=[True, False, False])
+    return pd.concat([top.drop(columns=["_verdict", "_spare"]), df[~close]])
 
 
 def too_close_to_call(df: pd.DataFrame) -> pd.Series:
@@ -94,4 +111,4 @@ def too_close_to_call(df: pd.DataFrame) -> pd.Series:
 
 
 __all__ = ["FITS", "NO_FIT", "PLANNER_SKIPS", "REFUSED", "candidates", "knobs_label", "ranked",
-           "too_close_to_call"]
+           "room_first", "too_close_to_call"]

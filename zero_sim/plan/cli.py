@@ -27,7 +27,7 @@ import sys
 import pandas as pd
 
 from zero_sim.plan.executors import dask_executor, default_executor
-from zero_sim.plan.fit_advice import first_change_that_fits
+from zero_sim.plan.fit_advice import as_flags, fit_advice
 from zero_sim.plan.planner import FITS, REFUSED
 from zero_sim.plan.search import MICRO_BATCHES, SIMULATED, PlanError, search, search_space
 from zero_sim.scenario import resolve
@@ -40,8 +40,9 @@ from zero_sim.system.workload import RECOMPUTE_MODES
 # The size budget of one search: at about 3 ms a candidate to bound, a larger one takes minutes.
 MAX_CANDIDATES = 20_000
 ZEROPP = ("zero_quantized_weights", "zero_hpz_partition_size", "zero_quantized_gradients")
-SHARED = ("model", "params", "seq_len", "topology", "gpu", "stack", "precision", "bandwidth_gbps",
-          "node_bandwidth_gbps", "calibration", "lora_rank", "lora_targets", "lora_base", "peft_config",
+SHARED = ("model", "params", "seq_len", "topology", "gpu", "stack", "precision", "reduce_dtype",
+          "grad_accum_dtype", "bandwidth_gbps", "node_bandwidth_gbps", "calibration", "lora_rank",
+          "lora_targets", "lora_base", "peft_config",
           "offload_optimizer", "offload_params", "host_memory_gb", *SHAPE_SETTINGS)
 
 
@@ -203,7 +204,15 @@ def _row_text(rank: int, r: dict) -> str:
     accum = int(r.get("grad_accum") or 1)
     return (f"{rank:>4}{close} {r['strategy']:6} {r['gpus']:>5} {r['micro_batch']:>3} {accum:>5} "
             f"{r['tokens_per_s'] / r['gpus']:>10,.0f} {likely:>15} {mfu:>4} {r['step_ms']:>10,.1f} "
-            f"{r['reserved_GB']:>6.1f}/{r['capacity_GB']:<5.1f} {r['exposed_comm_ms']:>9,.1f}  {settings}")
+            f"{r['reserved_GB']:>6.1f}/{r['capacity_GB']:<5.1f} {_margin(r):>11} "
+            f"{r['exposed_comm_ms']:>9,.1f}  {settings}")
+
+
+def _margin(r: dict) -> str:
+    """GB to spare, and ``tight`` where the reserved memory's 80% interval crosses the capacity."""
+    if not _number(r.get("spare_GB")):
+        return "-"
+    return f"{r['spare_GB']:.1f}" + (" tight" if r.get("fit_verdict") == "tight" else "")
 
 
 def _number(value) -> bool:
@@ -235,12 +244,14 @@ def format_plan(table: pd.DataFrame, base: dict, top: int, stack: str) -> str:
                  f"{best['tokens_per_s'] / best['gpus']:,.0f} tokens/s per GPU, "
                  f"{best['reserved_GB']:.1f} of {best['capacity_GB']:.1f} GB reserved")
     lines.append(f"{'rank':>5} {'strat':6} {'gpus':>5} {'mb':>3} {'accum':>5} {'tok/s/GPU':>10} "
-                 f"{'likely (80%)':>15} {'MFU':>4} {'step ms':>10} {'reserved GB':>12} {'exposed ms':>9}  "
+                 f"{'likely (80%)':>15} {'MFU':>4} {'step ms':>10} {'reserved GB':>12} {'spare GB':>11} "
+                 f"{'exposed ms':>9}  "
                  f"settings")
     for rank, r in zip(fitting.index[:top], fitting.head(top).to_dict("records"), strict=True):
         lines.append(_row_text(rank, r))
-    lines.append("≈ within 5% of the fastest: too close to call. Reserved GB (tensors' peak + allocator "
-                 "reserve + context) is what must fit.")
+    lines.append("≈ within 5% of the fastest: too close to call, so those with more memory to spare come "
+                 "first. Reserved GB (tensors' peak + allocator reserve + context) is what must fit; "
+                 "tight: its 80% interval crosses the GPU's memory (docs/memory.md).")
     return "\n".join(lines)
 
 
@@ -286,12 +297,13 @@ def _nothing_fits(table: pd.DataFrame) -> list[str]:
              f"{leanest['recompute']}, micro-batch {leanest['micro_batch']}, {leanest['gpus']} GPUs) needs "
              f"at least {leanest['reserved_GB']:.1f} GB of {leanest['capacity_GB']:.1f} GB"]
     scenario = {k: _plain(v) for k, v in leanest.items() if k in _SCENARIO_KEYS and _present(v)}
-    change = first_change_that_fits(scenario)
-    if change is not None:
-        lines.append(f"it would fit with {change[0]} ({change[1]:.1f} GB to spare)")
+    advice = fit_advice(scenario)
+    if advice:
+        lines.append(f"it would fit with {' '.join(as_flags(advice[0]['settings']))} "
+                     f"({advice[0]['spare_gb']:.1f} GB to spare)")
     else:
-        lines.append("no change tried (recompute, smaller micro-batch, sharding, up to 16x the GPUs, a "
-                     "larger GPU) makes it fit")
+        lines.append("no change tried (recompute, smaller micro-batch, another sharded strategy, offload, up "
+                     "to 16x the GPUs) makes it fit")
     return lines
 
 

@@ -140,8 +140,12 @@ def search(space: list[dict], top: int = 10, executor: Any = None, progress: Pro
 def with_intervals(rows: list[dict], scenarios: list[dict], top: int, executor: Any = None) -> None:
     """The 80% intervals of the rows a plan shows (the ``top`` fastest that fit), simulated again with
     them; every other candidate was simulated without (the interval's re-timing is not free)."""
-    fitting = sorted((i for i, row in enumerate(rows) if row.get("error") is None and row.get("fits")),
-                     key=lambda i: -rows[i]["tokens_per_s"])[:top]
+    fitting = [i for i, row in enumerate(rows) if row.get("error") is None and row.get("fits")]
+    if not fitting:
+        return
+    # The rows shown are those of the table's own order (near-ties broken toward room to spare).
+    order = ranked(pd.DataFrame([rows[i] for i in fitting]).assign(_row=fitting))
+    fitting = [int(i) for i in order["_row"].head(top)]
     for i, again in zip(fitting, run_rows([scenarios[i] for i in fitting], executor=executor), strict=True):
         rows[i].update({key: again.get(key) for key in INTERVAL_COLUMNS})
 

@@ -50,7 +50,7 @@ def summary_row(result) -> dict:
         "optimizer_update_ms": m["phases"]["optimizer_update_s"] * 1e3,
         "tflops_per_gpu": m["tflops_per_gpu"],
         "tokens_per_s": m["tokens_per_s"],
-        "tokens_per_s_low": band[0],  # the 80% interval (zero_sim.confidence); None where none applies
+        "tokens_per_s_low": band[0],  # the 80% interval (zero_sim.intervals.speed); None where none applies
         "tokens_per_s_high": band[1],
         "mfu": m.get("mfu"),
         "comm_GB": m["comm_volume_bytes"] / GB,
@@ -61,6 +61,9 @@ def summary_row(result) -> dict:
         "peak_GB": mem["peak_bytes"] / GB,  # the tensors' peak (torch.cuda.max_memory_allocated)
         "reserved_GB": mem["reserved_peak_bytes"] / GB,  # what must fit: the one definition of "fits"
         "capacity_GB": mem["capacity_bytes"] / GB,
+        "spare_GB": (mem["capacity_bytes"] - mem["reserved_peak_bytes"]) / GB,  # the margin
+        "reserved_high_GB": mem["reserved_interval_bytes"][1] / GB,  # the 80% interval's top
+        "fit_verdict": mem["fit_verdict"],  # fits, tight or does_not_fit (zero_sim.intervals.memory)
         "fits": mem["fits"],
     }
 

@@ -166,7 +166,7 @@ def refit(points: list[dict] | None = None) -> dict:
         "leave_one_source_out": {mode: summary(e) for mode, e in errors.items()},
         "coverage": {KNOWN_STACK: coverage(rows, errors["stack"]),
                      DEFAULT_STACK_GROUP: coverage(rows, errors["default"])},
-        # The intervals predictions carry (propagated, zero_sim.uncertainty), overhead fitted without
+        # The intervals predictions carry (propagated, zero_sim.intervals.sampling), overhead fitted without
         # the point's source: the share of points whose published figure lies inside, per mode.
         "propagated_coverage": {mode: sum(v) / len(v) if v else None for mode, v in inside.items()},
         "without_overhead": {mode: summary([r.raw[mode] for r in rows]) for mode in errors},

@@ -51,7 +51,10 @@ OUTLIER = 0.30
 # default: the run's shape, cluster and strategy settings, nothing of its software; stack: those
 # plus the stack its source implies; configured: every setting the point states.
 MODES = ("default", "stack", "configured")
-STACK_SETTINGS = frozenset({"stack"}.union(*(s.settings() for s in STACKS.values())))
+# A run's numerics (its precision, FSDP's gathered dtype) and DDP's bucket view are the run's, stated by
+# its source, though stacks fill them too: kept whatever the mode.
+RUN_SETTINGS = frozenset({"precision", "param_dtype", "gradient_as_bucket_view"})
+STACK_SETTINGS = frozenset({"stack"}.union(*(s.settings() for s in STACKS.values()))) - RUN_SETTINGS
 
 
 def scenario_for(point: dict, mode: str = "configured") -> dict:

@@ -19,7 +19,7 @@ as ``now`` beside the frozen ``first_seen`` (:mod:`zero_sim.published.first_seen
 
 Each point is predicted as configured (every setting it states, its stack included), the way a
 user who knows the run would ask; the metric's interval is the one ``simulate`` prints
-(:mod:`zero_sim.confidence`).
+(:mod:`zero_sim.intervals.speed`).
 """
 
 from __future__ import annotations

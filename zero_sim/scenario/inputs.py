@@ -37,7 +37,7 @@ def with_stack(kwargs: dict) -> tuple[dict, tuple[str, ...]]:
         strategy = get_strategy(kwargs.get("strategy") or COMMON_DEFAULTS["strategy"])
     except (StackError, StrategyError, TypeError):
         return kwargs, ()  # resolve() refuses the value in its own words
-    filled, overridden = apply_stack(stack, kwargs, {k.name for k in strategy.knobs})
+    filled, overridden = apply_stack(stack, kwargs, {k.name for k in strategy.knobs}, strategy.can.library)
     filled["stack"] = stack.name
     return filled, (f"stack: {stack.name} ({stack.summary})", *overridden)
 

@@ -8,13 +8,10 @@ simulate with one :class:`~zero_sim.settings.ScenarioError` sentence.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from zero_sim.calibration import Calibration
 from zero_sim.scenario.settings import CommonSettings
 from zero_sim.settings import ScenarioError
-from zero_sim.strategies import PRECISIONS
-from zero_sim.strategies.base import Precision, Strategy
+from zero_sim.strategies.base import Strategy
 from zero_sim.strategies.capabilities import FP8_ALL_GATHER
 from zero_sim.system.fp8 import Fp8Training, fp8_training
 from zero_sim.system.gpu_spread import GPU_SPEED_SIGMA, slowest_gpu_factor
@@ -132,13 +129,6 @@ def step_host_s(s: CommonSettings, calibration: Calibration | None, modelled_gpu
     if modelled_gpu:
         return (s.step_host_ms or 0.0) * 1e-3
     return measured_figure(calibration, "step_host_s") or 0.0
-
-
-def precision_of(s: CommonSettings) -> Precision:
-    precision = PRECISIONS[s.precision]
-    if s.optimizer_k is not None:
-        precision = replace(precision, optimizer_bytes=int(s.optimizer_k))
-    return precision
 
 
 def fp8_for(s: CommonSettings, gpu, workload: Workload, calibration: Calibration | None,

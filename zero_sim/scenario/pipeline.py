@@ -20,7 +20,6 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from zero_sim.calibration import Calibration, CalibrationError
-from zero_sim.confidence import confidence_fields
 from zero_sim.configs import ConfigError
 from zero_sim.configs.read import read_config
 from zero_sim.engine.cpu_device import CpuDevice
@@ -30,6 +29,9 @@ from zero_sim.engine.program import Program
 from zero_sim.engine.retime import Timeline, timeline_of
 from zero_sim.engine.run_types import EngineConfig, RunOutput, Straggler
 from zero_sim.engine.shared_cores import SharedCores
+from zero_sim.intervals.memory import with_interval
+from zero_sim.intervals.sampling import Setting
+from zero_sim.intervals.speed import confidence_fields
 from zero_sim.results import SimResult, allocator_reserve, compute_metrics, context_gb
 from zero_sim.scenario.inputs import canonical_names, with_stack
 from zero_sim.scenario.machine import (
@@ -39,10 +41,10 @@ from zero_sim.scenario.machine import (
     host_pricing,
     is_modelled_gpu,
     measured_figure,
-    precision_of,
     step_host_s,
     topology_for,
 )
+from zero_sim.scenario.precision import precision_note, precision_of
 from zero_sim.scenario.settings import (
     COMMON,
     COMMON_NAMES,
@@ -66,7 +68,6 @@ from zero_sim.system.model_presets import PRESETS, human_params, preset, synthes
 from zero_sim.system.topology import PRESETS as TOPOLOGIES
 from zero_sim.system.workload import Workload, WorkloadError
 from zero_sim.system.zeropp import ZeroPP
-from zero_sim.uncertainty import Setting
 from zero_sim.vocabulary import PARAMS
 
 
@@ -253,8 +254,8 @@ def _prepare(reading, workload: Workload | None, kwargs: dict) -> Prepared:
     compute = compute_model(s, gpu, calibration)
     compute.fp8 = fp8_for(s, gpu, workload, calibration, strategy)
     modelled_gpu = is_modelled_gpu(gpu, calibration)
-    offload, topo = offload_plan(s, strategy, knobs, topo, gpu.name, precision_of(s))
-    ctx = Context(workload, s.gpus, topo.ranks_per_node, compute, precision_of(s), s.grad_accum,
+    offload, topo = offload_plan(s, strategy, knobs, topo, gpu.name, precision_of(s, strategy))
+    ctx = Context(workload, s.gpus, topo.ranks_per_node, compute, precision_of(s, strategy), s.grad_accum,
                   s.host_overhead_us * 1e-6, knobs,
                   host=host_pricing(workload, s, calibration, modelled_gpu),
                   step_host_s=step_host_s(s, calibration, modelled_gpu),
@@ -344,7 +345,7 @@ def _scenario(p: Prepared, figures: RankFigures) -> Scenario:
 
 def _interval_inputs(p: Prepared, program: Program, run: RunOutput,
                      engine: Engine) -> tuple[Timeline, Setting]:
-    """The recorded step to re-time and what the inputs' spreads depend on (zero_sim.uncertainty)."""
+    """The recorded step to re-time and what the inputs' spreads depend on (zero_sim.intervals.sampling)."""
     s = p.settings
     timeline = timeline_of(program, run.op_seconds, s.steps, s.host_overhead_us * 1e-6,
                            engine.backend.always_after_compute)
@@ -362,6 +363,8 @@ def _result(p: Prepared, program: Program, run: RunOutput, scenario: Scenario,
     # Offloaded states: where they live, what updates them, and whether the nodes' RAM holds them.
     if p.ctx.offload is not None:
         p.ctx.offload.results(metrics, program, p.topology, run)
+    # How sure "it fits" is: reserved memory's 80% interval and the verdict (zero_sim.intervals.memory).
+    metrics["memory"] = with_interval(metrics["memory"])
     modelled = is_modelled_gpu(p.gpu, p.calibration)
     metrics |= confidence_fields(metrics, scenario, p.gpu.peak_flops, modelled, *(interval or (None, None)),
                                  needed_flops=p.workload.needed_flops() * s.grad_accum)
@@ -379,6 +382,8 @@ def _result(p: Prepared, program: Program, run: RunOutput, scenario: Scenario,
         metrics["lora"] = f"r={s.lora_rank} on {s.lora_targets or DEFAULT_TARGETS}{base}"
     # Under --precision fp8, what ran in float8 and the sources of its rates (zero_sim.system.fp8).
     metrics["fp8"] = p.compute.fp8.record() if p.compute.fp8 is not None else None
+    # The dtypes a precision mode or --reduce-dtype / --grad-accum-dtype set, in one line; None by default.
+    metrics["precision"] = precision_note(s, p.ctx.precision)
     # ZeRO++'s parts assumed (zero3 only), in one line; None when off.
     metrics["zeropp"] = ZeroPP.from_knobs(p.knobs).describe(
         p.topology.nodes, p.workload.params, p.ctx.precision.param_bytes) or None

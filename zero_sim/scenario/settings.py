@@ -13,6 +13,7 @@ import os
 
 from zero_sim.settings import Setting, settings_record
 from zero_sim.strategies import PRECISIONS, STRATEGIES
+from zero_sim.strategies.base import DTYPE_BYTES
 from zero_sim.system.collectives import ALGORITHMS, BACKENDS
 from zero_sim.system.gpus import GPUS
 from zero_sim.system.model_presets import parse_count
@@ -70,13 +71,19 @@ COMMON: tuple[Setting, ...] = (
             "evenly over its NICs (instead of --bandwidth-gbps)", float, gt=0, le=1e8, section="cluster"),
     Setting("backend", "nccl", "collective library", str, tuple(BACKENDS), section="cluster"),
     Setting("algorithm", "auto", "collective algorithm", str, ALGORITHMS, section="cluster"),
-    Setting("precision", "mixed", "mixed (bf16 + fp32 Adam, K=12), fp32 (K=8) or fp8 (mixed, with the "
+    Setting("precision", "mixed", "mixed (bf16 + fp32 Adam, K=12), fp32 (K=8), amp (torch.autocast: fp32 "
+            "weights cast to bf16 each forward, fp32 gradients, K=8) or fp8 (mixed, with the "
             "blocks' linear GEMMs on FP8 tensor cores: torchao float8, tensorwise scaling; docs/fp8.md)", str,
             tuple(PRECISIONS), section="training"),
     Setting("fp8_all_gather", False, "with --precision fp8 and --strategy fsdp: FSDP2 gathers the float8 "
             "linear weights at 1 byte an element, scales precomputed once a step (torchtitan's "
             "enable_fsdp_float8_all_gather with precompute_float8_dynamic_scale_for_fsdp)", bool,
             section="training"),
+    Setting("reduce_dtype", None, "dtype gradients are reduced in, any strategy (default: as held; fsdp: "
+            "its param_dtype)", str, tuple(DTYPE_BYTES), section="training"),
+    Setting("grad_accum_dtype", None, "dtype gradients are held and accumulated in (default: the "
+            "precision's); fp32 under bf16 weights also keeps the bf16 gradients backward writes", str,
+            ("bf16", "fp32"), section="training"),
     Setting("optimizer_k", None, "bytes of optimizer state per parameter (overrides the precision's K)", int,
             ge=0, le=1024, section="training"),
     Setting("lora_rank", None, "fine-tune with LoRA adapters of this rank: every model weight frozen, "

@@ -23,7 +23,8 @@ the same moments as the real runs' hooks:
   (zero_sim.strategies.states); ``optimizer()``: the update.
 
 Also shared: :class:`Precision` (bytes per parameter of weights, gradients and optimizer
-state; mixed-precision Adam is 2 + 2 + 12, the ZeRO paper's K = 12).  A rank's padded share of a
+state; mixed-precision Adam is 2 + 2 + 12, the ZeRO paper's K = 12), from
+:mod:`zero_sim.strategies.precision`.  A rank's padded share of a
 buffer (``shard``) is the layer of states'.
 """
 
@@ -35,6 +36,7 @@ from typing import Any
 from zero_sim.engine.program import Program, ProgramBuilder
 from zero_sim.settings import Setting, settings_record
 from zero_sim.strategies.capabilities import PYTORCH, Capabilities
+from zero_sim.strategies.precision import DTYPE_BYTES, PRECISIONS, Precision  # noqa: F401 (re-exported)
 from zero_sim.strategies.states import ModelStates, Placement, zero_states
 from zero_sim.system.hardware import ComputeModel
 from zero_sim.system.host_costs import HostCosts, MeasuredHostCosts
@@ -42,8 +44,10 @@ from zero_sim.system.workload import Layer, Workload
 from zero_sim.vocabulary import (
     ACTIVATIONS,
     BACKWARD,
+    BUFFERS,
     FORWARD,
     OPTIMIZER,
+    amp_cast,
     bwd,
     fp8_cast,
     fwd,
@@ -56,24 +60,6 @@ Alloc = tuple[tuple[str, int], ...]  # (memory category, bytes) pairs an op allo
 
 class StrategyError(ValueError):
     """A knob value the strategy cannot use; the message says how to fix it."""
-
-
-@dataclass(frozen=True)
-class Precision:
-    name: str
-    param_bytes: int
-    grad_bytes: int
-    optimizer_bytes: int  # K: bytes of optimizer state per parameter (fp32 master + Adam m, v)
-
-
-PRECISIONS = {
-    "mixed": Precision("mixed", 2, 2, 12),  # bf16 weights and grads, fp32 master/m/v (ZeRO paper)
-    "fp32": Precision("fp32", 4, 4, 8),  # fp32 everything, Adam m and v (what CPU runs use)
-    # bf16 mixed precision with the blocks' linear GEMMs in float8 (zero_sim.system.fp8): the weights,
-    # gradients and optimizer state are mixed precision's (torchao keeps bf16/fp32 parameters and
-    # casts to float8 per GEMM).
-    "fp8": Precision("fp8", 2, 2, 12),
-}
 
 
 # A strategy's knob is a setting like any other: one schema (zero_sim.settings) checks both.
@@ -140,6 +126,15 @@ class Context:
         nbytes = fp8.cast_bytes(layer, direction, shard_ranks, self.workload.recompute == "full")
         return self.compute.elementwise_time(nbytes)
 
+    def amp_cast_numel(self, layer: Layer) -> int:
+        """Elements autocast casts before ``layer``'s forward under ``--precision amp``: the weights of
+        the GEMMs it runs (autocast's lower-precision list holds linear and matmul, not an embedding
+        lookup or a norm), taken as every weight of a block or the head, a tied head's included."""
+        if self.precision.compute_bytes is None or layer.kind not in ("block", "head"):
+            return 0
+        tied = self.workload.layers[layer.reads_layer].numel if layer.reads_layer is not None else 0
+        return layer.numel + tied
+
     def recompute_seconds(self, layer: Layer) -> float:
         """The forward again (full), the attention core alone (selective), or half the
         projections and every memory-bound op (op)."""
@@ -198,7 +193,7 @@ class Step:
         p = self.p
         return zero_states(self.stage, self.n, self.shard_units(), self.trainable_units(),
                            self.gradient_units(), p.param_bytes, p.grad_bytes, p.optimizer_bytes,
-                           self.w.weight_bytes(p.param_bytes))
+                           self.w.weight_bytes(p.param_bytes), p.grad_copy_bytes)
 
     def resident(self) -> dict[str, int]:
         """Bytes per category the GPU holds across steps."""
@@ -233,6 +228,11 @@ class Step:
     def optimizer(self) -> None:
         """Update every layer (compute-stream order already puts it after backward)."""
         self.update_layers(())
+
+    def computed_weight_bytes(self) -> int:
+        """Bytes an element of the weights a layer computes with, before autocast: as held (FSDP: as
+        gathered, its ``param_dtype``)."""
+        return self.p.param_bytes
 
     def note(self) -> str:
         """One line on the assumptions made, for reports."""
@@ -278,10 +278,11 @@ class Step:
         ctx = self.ctx
         for layer in self.w.layers:
             deps = self.fp8_casts(layer, FORWARD, self.before_forward(layer))
+            deps, casts = self.amp_casts(layer, deps)
             op = self.b.compute(
                 fwd(layer.index), FORWARD, ctx.fwd_seconds(layer), layer=layer.index, deps=deps,
                 alloc=((ACTIVATIONS, layer.checkpointed_activation_bytes),), flops=layer.fwd_flops,
-                free=self.forward_frees(layer), host_s=ctx.forward_host_s(layer))
+                free=self.forward_frees(layer) + casts, host_s=ctx.forward_host_s(layer))
             self.after_forward(layer, op)
 
     def backward(self) -> None:
@@ -312,6 +313,19 @@ class Step:
             return deps
         self.b.compute(fp8_cast(layer.index), phase, seconds, layer=layer.index, deps=deps)
         return ()
+
+    def amp_casts(self, layer: Layer, deps: tuple[int, ...]) -> tuple[tuple[int, ...], Alloc]:
+        """Under ``--precision amp``, ``amp_cast L<i>`` on the compute stream before the layer's forward:
+        one cast kernel per weight, reading fp32 and writing bf16; the bf16 copies are buffers until
+        the forward is done (the memory they free).  Returns the forward's deps and that free."""
+        numel, held = self.ctx.amp_cast_numel(layer), self.computed_weight_bytes()
+        if not numel or held == self.p.compute_bytes:  # weights already in the compute dtype: no cast
+            return deps, ()
+        written = numel * self.p.compute_bytes
+        seconds = self.ctx.compute.copy_time(numel * held + written)
+        self.b.compute(amp_cast(layer.index), FORWARD, seconds, layer=layer.index, deps=deps,
+                       alloc=((BUFFERS, written),))
+        return (), ((BUFFERS, written),)
 
     def update_layers(self, deps: tuple[int, ...], share: float = 1.0, layers=None) -> list[int]:
         """One ``opt L<i>`` per layer (every layer by default) on the compute stream, updating

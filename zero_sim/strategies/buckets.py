@@ -69,6 +69,7 @@ class GradientBuckets:
     def __init__(self, ctx: Context):
         self.plan = gradient_buckets(ctx)
         self.grad_bytes = ctx.precision.grad_bytes
+        self.travel_bytes = ctx.precision.travel_bytes  # what a reduction sends (--reduce-dtype)
         self.overlap = getattr(ctx.knobs, "overlap_comm", True)  # DDP has no such knob: always beside
         self._filled_by: dict[int, list[Bucket]] = {}  # layer -> the buckets its backward completes
         for bucket in self.plan:
@@ -91,7 +92,7 @@ class GradientBuckets:
     def reduce(self, b: ProgramBuilder, kind: str, bucket: Bucket, label: str, deps: tuple[int, ...],
                alloc: Alloc = (), free: Alloc = ()) -> int:
         """Issue ``<kind> <label>`` over the bucket's gradients after ``deps``."""
-        op = b.collective(kind, f"{kind} {label}", self.nbytes(bucket), BACKWARD,
+        op = b.collective(kind, f"{kind} {label}", bucket.numel * self.travel_bytes, BACKWARD,
                           layer=bucket.ready_after_layer, deps=deps, alloc=alloc, free=free)
         self.reductions[bucket.index] = op
         if not self.overlap:

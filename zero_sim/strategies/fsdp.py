@@ -42,8 +42,9 @@ reduce-scatters use the node's GPUs only, then each node's gradient shard is all
 with the same shard on the other nodes (``comm:inter``, a second stream on another
 process group, sharing links with the first).  Memory is sharded over ``G`` GPUs, not N.
 
-Mixed precision: ``param_dtype`` sets the bytes gathered per element, ``reduce_dtype``
-the bytes reduced (default: the precision's).
+Mixed precision: ``param_dtype`` sets the bytes gathered per element; the bytes reduced are
+``--reduce-dtype``'s (a setting of every strategy, held by the precision), by default
+``param_dtype``'s, as ``MixedPrecision`` defaults its ``reduce_dtype`` to its ``param_dtype``.
 
 ``copies``: the memory-bound copies torch's FSDP makes on the compute stream, beside the
 collectives.  ``fsdp1`` (the default, ``FullyShardedDataParallel``): gathers land in the
@@ -89,7 +90,7 @@ What each collective waits for (torch 2.13.0, ``torch/distributed/fsdp/_runtime_
 
 from __future__ import annotations
 
-from zero_sim.strategies.base import Alloc, Context, Knob, Step, Strategy, StrategyError
+from zero_sim.strategies.base import DTYPE_BYTES, Alloc, Context, Knob, Step, Strategy, StrategyError
 from zero_sim.strategies.capabilities import FP8_ALL_GATHER, PYTORCH, Capabilities, PlacementRule
 from zero_sim.strategies.float8_gather import unit_gathers
 from zero_sim.strategies.fsdp_units import Unit, wrap_units
@@ -108,8 +109,6 @@ from zero_sim.vocabulary import (
     wait,
 )
 
-DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
-
 
 class FSDPStep(Step):
     """Gather a unit when its first layer computes, free it after its last, reduce-scatter its
@@ -122,9 +121,10 @@ class FSDPStep(Step):
         self.group = "intra" if self.hybrid else "world"
         if self.hybrid:  # HSDP: states are sharded over the node's G GPUs and replicated across nodes
             self.n = ctx.gpus_per_node
-        param_dtype, reduce_dtype = ctx.knobs.param_dtype, ctx.knobs.reduce_dtype
+        param_dtype = ctx.knobs.param_dtype
         self.gather_bytes = DTYPE_BYTES[param_dtype] if param_dtype else p.param_bytes
-        self.reduce_bytes = DTYPE_BYTES[reduce_dtype] if reduce_dtype else self.gather_bytes
+        # MixedPrecision's reduce_dtype defaults to its param_dtype; --reduce-dtype sets it (Precision).
+        self.reduce_bytes = self.gather_bytes if p.reduce_bytes is None else p.reduce_bytes
         self.reshard = ctx.knobs.reshard_after_forward
         self.copies = ctx.knobs.copies
         self.units = wrap_units(ctx, ctx.knobs.wrap, ctx.knobs.root)
@@ -242,6 +242,9 @@ class FSDPStep(Step):
                 self.gather(nxt, BACKWARD, deps=(op,))
         self.reduce(u, op)
 
+    def computed_weight_bytes(self) -> int:
+        return self.gather_bytes  # MixedPrecision's param_dtype: bf16 gathers leave autocast nothing to cast
+
     def reduce(self, u: Unit, op: int) -> None:
         """Reduce-scatter within the group, after the unit's backward (the post-backward stream waits
         on the compute stream); with ``hybrid`` the shard is then all-reduced across nodes on a
@@ -304,6 +307,7 @@ class FSDPStep(Step):
             return
         if self.ctx.knobs.limit_all_gathers:
             self.rate_limit(u, phase)
+        deps += self.copied_out(phase)
         first_of_forward = phase == FORWARD and not any(p == FORWARD for p, _ in self.gathers)
         if self.host_moves is not None:  # CPUOffloadPolicy: the shard is copied up before it is gathered
             deps += (self.host_moves.params_up(u.label, shard(u.numel, self.n), self.gather_bytes, phase,
@@ -323,6 +327,20 @@ class FSDPStep(Step):
         if older in self.freed_by:
             self.b.sync(wait("free " + layer_collective(ALL_GATHER, order[k - 2].label)), phase,
                         (self.freed_by[older],))
+
+    def copied_out(self, phase: str) -> tuple[int, ...]:
+        """FSDP2's prefetch depth (``_fully_shard/_fsdp_param_group.py``, ``wait_for_unshard``): the
+        all-gather streams wait on the event recorded after a unit's copy-out
+        (``_wait_all_gather_streams_on_event``).  In forward that event is kept in the
+        ``AllGatherState`` and waited on by the next unit's ``wait_for_unshard``, after that unit's
+        own gather was issued: a gather follows the copy-out of the unit before the previous one.  In
+        backward the wait comes at once, before the prefetch: a gather follows the last copy-out.
+        FSDP1 has no such wait; ``limit_all_gathers`` is its bound."""
+        if self.copies != "fsdp2":
+            return ()
+        done = [op for (p, _), op in self.copied.items() if p == phase]
+        back = 2 if phase == FORWARD else 1
+        return (done[-back],) if len(done) >= back else ()
 
     def copy_out(self, u: Unit, phase: str) -> None:
         """Under ``fsdp2``, split the unit's gather of this pass into its parameters on the compute
@@ -374,8 +392,6 @@ class FSDP(Strategy):
         Knob("limit_all_gathers", True, "at most two gathered units at once (FSDP1 rate limiter)", bool),
         Knob("hybrid", False, "shard within a node, all-reduce across nodes (HSDP)", bool),
         Knob("param_dtype", None, "dtype of gathered weights (default: the precision's)", str,
-             tuple(DTYPE_BYTES)),
-        Knob("reduce_dtype", None, "dtype of reduced gradients (default: param_dtype)", str,
              tuple(DTYPE_BYTES)),
         Knob("copies", "fsdp1", "copies on the compute stream: fsdp1 (gradients into the flat gradient), "
              "fsdp2 (each gather out into the parameters, gradients into the reduce-scatter input) or none",

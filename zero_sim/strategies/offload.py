@@ -157,7 +157,8 @@ class OffloadedTransfers(WeightTransfers):
         if not self.host.params:
             return ()
         elements = sum(shard(self.s.size[key], self.s.n) for key in keys)
-        return (self.host.params_up(keys[0][0], elements, self.s.p.param_bytes, phase, layer=keys[0][0]),)
+        return (self.host.params_up(keys[0][0], elements, self.s.p.param_bytes, phase, layer=keys[0][0],
+                                    deps=self.s.room),)
 
     def reduce(self, bucket: Bucket, index: int, layer: int, sizes: list[int],
                after_compute: bool) -> list[int]:

@@ -91,17 +91,24 @@ class ModelStates:
 
 def zero_states(stage: int, n: int, weights: tuple[int, ...], trained: tuple[int, ...],
                 grads: tuple[int, ...], param_bytes: int, grad_bytes: int, optimizer_bytes: int,
-                whole_weight_bytes: float) -> ModelStates:
+                whole_weight_bytes: float, grad_copy_bytes: int = 0) -> ModelStates:
     """The states the ZeRO rule gives ``stage`` over ``n`` ranks: weights cut from ``weights``
     buffers (held as stored, ``whole_weight_bytes``, below the stage that shards them), gradients
-    from ``grads`` and optimizer state from the ``trained`` buffers."""
+    from ``grads`` and optimizer state from the ``trained`` buffers.
+
+    Gradients held whole carry ``grad_copy_bytes`` more an element: the copy in the weights' dtype
+    a framework keeps beside gradients it accumulates in fp32 (:class:`~zero_sim.strategies.base.Precision`);
+    sharded, that copy is the unsharded buffer waiting for its reduction, a transient."""
     def state(category: str, units: tuple[int, ...], nbytes: int) -> State:
         return State(category, units, nbytes, n, sharded(stage, category))
 
     w = state(PARAMS, weights, param_bytes)
     if not w.is_sharded:  # weights held whole are stored as they are (a QLoRA base in 4-bit)
         w = replace(w, units=(), stored_bytes=whole_weight_bytes)
-    return ModelStates(w, state(GRADS, grads, grad_bytes), state(OPTIMIZER_STATE, trained, optimizer_bytes))
+    g = state(GRADS, grads, grad_bytes)
+    if not g.is_sharded and grad_copy_bytes:
+        g = replace(g, dtype_bytes=grad_bytes + grad_copy_bytes)
+    return ModelStates(w, g, state(OPTIMIZER_STATE, trained, optimizer_bytes))
 
 
 class HostMoves(Protocol):

@@ -57,6 +57,9 @@ class ShardedWeights:
     size: dict[Key, int]
     persistent: int  # elements of the tensors held whole on every rank
     host: HostMoves | None = None  # the placement's copies, when states live off the GPU
+    # The compute whose release last freed gathered memory: a gather's buffer is that memory, so it
+    # starts after it (ZeRO3Step.freed_room, docs/memory.md).
+    room: tuple[int, ...] = ()
 
     @property
     def p(self) -> Precision:
@@ -83,7 +86,7 @@ class WeightTransfers:
         s, layer = self.s, keys[0][0]
         nbytes = sum(s.size[key] for key in keys) * s.p.param_bytes
         op = s.b.collective(ALL_GATHER, layer_collective(ALL_GATHER, layer), nbytes, phase, layer=layer,
-                            deps=self.before_gather(keys, phase), alloc=((BUFFERS, nbytes),),
+                            deps=s.room + self.before_gather(keys, phase), alloc=((BUFFERS, nbytes),),
                             after_compute=after_compute)
         return [(keys, op)]
 
@@ -106,7 +109,7 @@ class WeightTransfers:
         for k, size in enumerate(sizes):
             last = k == len(sizes) - 1
             free = ((BUFFERS, bucket.oversize_bytes),) if bucket.oversize_bytes and last else ()
-            ops.append(s.b.collective(REDUCE_SCATTER, name, size * s.p.grad_bytes, BACKWARD, layer=layer,
+            ops.append(s.b.collective(REDUCE_SCATTER, name, size * s.p.travel_bytes, BACKWARD, layer=layer,
                                       deps=(bucket.last_op,), free=free, after_compute=after_compute))
         return ops
 

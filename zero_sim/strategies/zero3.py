@@ -34,7 +34,14 @@ the defaults are ``config.py``'s, ``DeepSpeedZeroConfig``):
   forward to backward and gathers nothing in backward.
 * **host throttle** (``fetch_sub_module``, its wait on outstanding events): after waiting on a gathered
   tensor the host records an
-  event; with more than two outstanding it blocks on the oldest.
+  event on the allgather stream; with more than two outstanding it blocks on the oldest.  That
+  event follows the gather, not the compute, so it does not bound what is gathered ahead.
+* **the gather window** (what bounds memory; docs/memory.md): the prefetch budget above is
+  ``max_live_params`` minus the elements gathered (``__n_available_params``, counted on the host).
+  The GPU keeps to that count because a released tensor's memory is reused only after the compute
+  that used it (``free_param``, ``partition_parameters.py``, ``record_stream`` on the compute
+  stream), so here a gather starts after the compute whose release last freed gathered memory
+  (``freed_room``): the layer computing plus the prefetch window, not the whole model.
 * **persistence** (``persistence_threshold``, read by the parameter coordinator's constructor,
   ``DeepSpeedZeRoOffload.__init__`` in ``parameter_offload.py``): tensors of at most
   ``param_persistence_threshold`` elements stay whole on every rank and are never gathered.
@@ -144,8 +151,8 @@ class ZeRO3Step(Step):
     def __init__(self, ctx: Context, stage: int = 0):
         super().__init__(ctx, stage)
         # How this build's bytes travel: plainly, or as a feature the settings turn on has them.
-        self.moves = transfers(ShardedWeights(self.b, ctx, self.n, self.size, self.persistent,
-                                                  self.host_moves))
+        self.shared = ShardedWeights(self.b, ctx, self.n, self.size, self.persistent, self.host_moves)
+        self.moves = transfers(self.shared)
 
     def gathered_keys(self, layer: Layer) -> list[Key]:
         """The partitioned tensors ``layer`` uses: its own, plus any it reads (tied weights)."""
@@ -244,10 +251,20 @@ class ZeRO3Step(Step):
         return ((BUFFERS, oversize * self.p.grad_bytes),) if oversize else ()
 
     def after_forward(self, layer: Layer, op: int) -> None:
+        self.freed_room(op)
         self.moves.released(self.released, layer.index, FORWARD)
+
+    def freed_room(self, op: int) -> None:
+        """The memory a release frees is handed to a later gather only once the compute that used it
+        has run: ``free_param`` records the gathered tensor on the compute stream (``record_stream``),
+        so the caching allocator reuses the block after that compute.  Gathers issued from here on
+        start after ``op``: what is gathered at once stays the window DeepSpeed counts."""
+        if self.released:
+            self.shared.room = (op,)
 
     def after_backward(self, layer: Layer, op: int) -> None:
         """Each gradient goes into the bucket; one that would overflow it first reduces the bucket."""
+        self.freed_room(op)
         self.moves.released(self.released, layer.index, BACKWARD)
         for t in reversed(layer.tensors):
             if t.numel == 0 or not t.trainable:  # a frozen weight has no gradient to reduce

@@ -118,13 +118,13 @@ class ZeroPlusPlus(WeightTransfers):
         name = layer_collective(ALL_GATHER, layer)
         if not self.parts.quantized_weights:
             return b.collective(ALL_GATHER, name, numel * pb, phase, group=group, layer=layer,
-                                alloc=((BUFFERS, numel * pb),), after_compute=after_compute)
+                                deps=s.room, alloc=((BUFFERS, numel * pb),), after_compute=after_compute)
         # Each rank quantizes what it holds of these weights: its shard, or its secondary slice.
         shard = sum(-(-s.size[key] // ranks) for key in keys)
         data, scales = quantized_gather_bytes(shard, ranks)
         seconds = s.ctx.compute.elementwise_time(quantize_weight_bytes(shard, pb))
         b.collective(ALL_GATHER, name, data, phase, group=group, layer=layer, alloc=((BUFFERS, int(data)),),
-                     after_compute=after_compute, seconds=seconds)
+                     deps=s.room, after_compute=after_compute, seconds=seconds)  # ZeRO3Step.freed_room
         op = b.collective(ALL_GATHER, name, scales, phase, group=group, layer=layer,
                           alloc=((BUFFERS, int(scales)),), after_compute=False)
         self.quantized[op] = (numel, data + scales)

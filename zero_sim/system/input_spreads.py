@@ -1,6 +1,6 @@
 """How far each uncertain input of a prediction may be from the value the simulator uses.
 
-A prediction's interval is propagated from these (:mod:`zero_sim.uncertainty`): each input is a
+A prediction's interval is propagated from these (:mod:`zero_sim.intervals.sampling`): each input is a
 factor on the time of the ops it governs, log-normal and **centred on the simulator's own
 value** (its median is 1), so the simulated step stays the middle of what the inputs allow.
 Each spread is stated as the half-range ``h`` of an 80% range: the factor lies within

@@ -16,7 +16,7 @@ The same refit records how the published runs scattered around their predictions
 leave-one-source-out relative errors, in two groups: runs predicted knowing their stack, and
 runs predicted at the default stack, with the distribution-free 80% range they span.  That
 range is reported by ``zero-sim validate --published`` beside the coverage of the intervals
-predictions carry, which are propagated from their inputs' spreads (:mod:`zero_sim.uncertainty`),
+predictions carry, which are propagated from their inputs' spreads (:mod:`zero_sim.intervals.sampling`),
 not taken from these residuals.
 
 The figures live in ``run_overheads.json`` beside this module, written only by the refit; the

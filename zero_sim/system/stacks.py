@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from zero_sim.strategies.capabilities import PYTORCH
 from zero_sim.system.names import NameError_, canonical
 
 # Host time per dispatched op in eager PyTorch: the middle of the 5-25 us that walkthroughs of
@@ -47,14 +48,26 @@ class Stack:
     kernel_host_us: float  # host time per dispatched op (0: the flat per-op host_overhead_us only)
     step_host_ms: float  # the training loop's own host work per optimizer step, ending in a sync
     copies: str | None = None  # FSDP's compute-stream copies (fsdp strategy only)
-    reduce_dtype: str | None = None  # FSDP's gradient reduction dtype (fsdp strategy only)
+    # The precision the trainer runs the model in where PyTorch runs it (ddp, fsdp): ``amp`` for a
+    # trainer that wraps the step in torch.autocast; a DeepSpeed engine follows its own config's.
+    precision: str | None = None
+    param_dtype: str | None = None  # FSDP's MixedPrecision policy: gathered weights (fsdp only)
+    reduce_dtype: str | None = None  # and reduced gradients (fsdp only)
+    grad_accum_dtype: str | None = None  # what the trainer accumulates gradients in (every strategy)
+    gradient_as_bucket_view: bool | None = None  # DDP reduces from the gradients' own buffer (ddp only)
+    # Gradients accumulated in fp32 by the trainer's own hook, which adds each half-precision .grad
+    # into the fp32 buffer and drops it (Megatron's main_grad): no copy kept beside them, whatever the
+    # strategy (zero_sim.scenario.precision).
+    hook_accumulates: bool = False
     sources: dict[str, str] = field(default_factory=dict)
 
     def settings(self) -> dict[str, object]:
         """Every setting the stack fills, by ``simulate()`` keyword."""
         values = {"attention": self.attention, "elementwise": self.elementwise,
                   "kernel_host_us": self.kernel_host_us, "step_host_ms": self.step_host_ms,
-                  "copies": self.copies, "reduce_dtype": self.reduce_dtype}
+                  "copies": self.copies, "precision": self.precision, "param_dtype": self.param_dtype,
+                  "reduce_dtype": self.reduce_dtype, "grad_accum_dtype": self.grad_accum_dtype,
+                  "gradient_as_bucket_view": self.gradient_as_bucket_view}
         return {k: v for k, v in values.items() if v is not None}
 
 
@@ -65,6 +78,14 @@ _EAGER_CHAINS = ("norms and rotary as eager ATen chains (HF LlamaRMSNorm and app
 _EAGER_HOST = "eager PyTorch: 5-25 us of CPU per dispatched op (zero_sim.system.host_costs); 10 us taken"
 _STEP = ("clip_grad_norm_, optimizer.step with foreach kernels, zero_grad and the LR scheduler: about "
          "a hundred Python calls and a loss read per step, taken as 1 ms")
+
+_AMP_HF = ("Trainer's bf16=True / fp16=True: Accelerate wraps the forward in torch.autocast and the model "
+           "keeps fp32 weights; DDP all-reduces their fp32 gradients (under DeepSpeed, its config decides)")
+_ACCELERATE_FSDP = ("Accelerate's FullyShardedDataParallelPlugin.set_mixed_precision: "
+                    "MixedPrecision(param_dtype=bf16, reduce_dtype=bf16, buffer_dtype=bf16) over fp32 "
+                    "sharded weights")
+_LIGHTNING_FSDP = ("Lightning's FSDPPrecision.mixed_precision_config for bf16-mixed: param_dtype float32, "
+                   "reduce_dtype and buffer_dtype bfloat16")
 
 STACKS: dict[str, Stack] = {s.name: s for s in (
     Stack("pytorch-eager", "eager PyTorch 2.x: SDPA (FlashAttention-2) attention, eager norms and rotary, "
@@ -116,16 +137,26 @@ STACKS: dict[str, Stack] = {s.name: s for s in (
                                 "dot_product_attention/utils.py, get_attention_backend)",
                    "elementwise": "TE LayerNorm/RMSNorm kernels, apply_rope_fusion, bias-SwiGLU/GeLU fusion",
                    "kernel_host_us": "eager PyTorch launching fewer, fused kernels: 10 us per op taken",
-                   "step_host_ms": _STEP}),
+                   "step_host_ms": _STEP,
+                   "grad_accum_dtype": "Megatron-LM's validate_args sets "
+                                       "accumulate_allreduce_grads_in_fp32 whenever --bf16 is given: "
+                                       "main_grad buffers in fp32, reduced in fp32",
+                   "gradient_as_bucket_view": "Megatron's DistributedDataParallel reduces its buckets "
+                                              "straight from the contiguous main_grad buffer that the "
+                                              "gradients are views of: no second copy"},
+          grad_accum_dtype="fp32", gradient_as_bucket_view=True, hook_accumulates=True),
     Stack("hf-trainer", "Hugging Face Trainer or Accelerate: SDPA attention, eager norms and rotary, FSDP1, "
-          "a loss check read on the host every step", "flash", "eager", 12.0, 3.0,
+          "AMP (autocast over fp32 weights), a loss check read on the host every step", "flash", "eager",
+          12.0, 3.0,
           sources={"attention": _SDPA, "elementwise": _EAGER_CHAINS,
                    "kernel_host_us": "eager PyTorch (10 us) plus HF modules' keyword plumbing and the "
                                      "autocast dispatch key on every op: 12 us taken",
                    "step_host_ms": "Trainer's logging_nan_inf_filter (default True) reads torch.isnan(loss) "
                                    "on the host each step; callbacks, scheduler and clipping through "
                                    "Accelerate: 3 ms taken",
-                   "copies": "Accelerate's FSDP plugin defaults to fsdp_version 1"}),
+                   "copies": "Accelerate's FSDP plugin defaults to fsdp_version 1",
+                   "precision": _AMP_HF, "param_dtype": _ACCELERATE_FSDP, "reduce_dtype": _ACCELERATE_FSDP},
+          precision="amp", param_dtype="bf16", reduce_dtype="bf16"),
     Stack("hf-trainer-2021", "Hugging Face Trainer before SDPA (transformers before v4.36, 2020-23): softmax "
           "attention over materialized scores, eager norms, FSDP1", "eager", "eager", 12.0, 3.0,
           sources={"attention": "HF modelling code computed softmax(QK^T)V in torch ops until SDPA became "
@@ -135,10 +166,15 @@ STACKS: dict[str, Stack] = {s.name: s for s in (
                    "step_host_ms": "as hf-trainer: the Trainer's per-step loss check and callbacks, "
                                    "3 ms taken"}),
     Stack("lightning", "PyTorch Lightning Trainer: the user's eager model with SDPA attention, FSDPStrategy "
-          "(FSDP1)", "flash", "eager", EAGER_KERNEL_HOST_US, 1.0,
+          "(FSDP1), AMP (bf16-mixed: autocast over fp32 weights)", "flash", "eager",
+          EAGER_KERNEL_HOST_US, 1.0,
           sources={"attention": _SDPA, "elementwise": _EAGER_CHAINS, "kernel_host_us": _EAGER_HOST,
                    "step_host_ms": "Lightning's parity benchmark against plain PyTorch finds its loop's "
-                                   "overhead negligible per step: as plain PyTorch, 1 ms"}),
+                                   "overhead negligible per step: as plain PyTorch, 1 ms",
+                   "precision": "Lightning's precision='bf16-mixed' (MixedPrecision plugin) runs the step "
+                                "under torch.autocast over fp32 weights",
+                   "param_dtype": _LIGHTNING_FSDP, "reduce_dtype": _LIGHTNING_FSDP},
+          precision="amp", param_dtype="fp32", reduce_dtype="bf16"),
     Stack("llm-foundry", "MosaicML llm-foundry (2024-25) MPT: FlashAttention-2 (attn_impl flash), LayerNorm "
           "and GELU kernels, FSDP1 through Composer", "flash", "fused", EAGER_KERNEL_HOST_US, 1.0,
           sources={"attention": "llm-foundry's attn_config default attn_impl: flash (flash-attn 2)",
@@ -160,9 +196,15 @@ STACKS: dict[str, Stack] = {s.name: s for s in (
 )}
 DEFAULT_STACK = "pytorch-eager"
 CPU_STACK = "ideal"
-# Settings a stack fills that belong to one strategy's knobs, not to the common settings.
-STRATEGY_SETTINGS = ("copies", "reduce_dtype")
-
+# Settings a stack fills only for some strategies: FSDP's knobs and its MixedPrecision policy
+# (``copies`` and ``param_dtype`` are the fsdp strategy's knobs; a stack's ``reduce_dtype`` is that
+# policy's, though --reduce-dtype applies to every strategy), DDP's bucket view, and autocast where
+# PyTorch runs the model.
+FSDP_SETTINGS = ("copies", "param_dtype", "reduce_dtype")
+DDP_SETTINGS = ("gradient_as_bucket_view",)
+PYTORCH_SETTINGS = ("precision",)
+# A stack's FSDP dtypes are the policy of its precision: a run given another precision has its own.
+POLICY_SETTINGS = ("param_dtype", "reduce_dtype")
 
 class StackError(ValueError):
     """An unknown stack name; the message lists the known ones."""
@@ -176,13 +218,20 @@ def get_stack(name: str) -> Stack:
         raise StackError(str(exc)) from None
 
 
-def apply_stack(stack: Stack, given: dict[str, object], strategy_knobs: set[str]) -> tuple[dict, list[str]]:
+def apply_stack(stack: Stack, given: dict[str, object], strategy_knobs: set[str],
+                library: str = PYTORCH) -> tuple[dict, list[str]]:
     """The settings with the stack's values filled in where none was given, and a note for each
-    given value that contradicts the stack.  Strategy-specific settings are filled only for a
-    strategy that has the knob."""
+    given value that contradicts the stack.  FSDP's and DDP's settings are filled only for a strategy
+    with their knobs, the precision only for one whose library is PyTorch (``library``), and FSDP's
+    dtypes only where the stack's precision is the one run."""
     filled, notes = dict(given), []
+    other_precision = stack.precision is not None and given.get("precision") not in (None, stack.precision)
     for key, value in stack.settings().items():
-        if key in STRATEGY_SETTINGS and key not in strategy_knobs:
+        if key in FSDP_SETTINGS and "copies" not in strategy_knobs:
+            continue
+        if key in DDP_SETTINGS and key not in strategy_knobs:
+            continue
+        if (key in PYTORCH_SETTINGS and library != PYTORCH) or (key in POLICY_SETTINGS and other_precision):
             continue
         mine = given.get(key)
         if mine is None:

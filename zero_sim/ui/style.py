@@ -33,7 +33,7 @@ COLORS = {
     "fwd": "#4C72B0", "bwd": "#DD8452", "recompute": "#E8C547", "opt": "#55A868",
     "all_reduce": "#C44E52", "reduce_scatter": "#8172B3", "all_gather": "#937860",
     "broadcast": "#DA8BC3", "fetch": "#64B5CD", "wait": "#8C8C8C",
-    "copy_out": "#A6C8E0", "copy_in": "#F2B98C", "fp8_cast": "#B8D98A",
+    "copy_out": "#A6C8E0", "copy_in": "#F2B98C", "fp8_cast": "#B8D98A", "amp_cast": "#D9C98A",
     "d2h": "#17BECF", "h2d": "#BCBD22", "cpu_adam": "#2CA02C",
     "all_to_all": "#B07AA1", "dequantize": "#9DB469", "secondary": "#C9B79C",
 }

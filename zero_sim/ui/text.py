@@ -14,7 +14,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from zero_sim.confidence import widest_inputs
+from zero_sim.intervals.speed import widest_inputs
 from zero_sim.system.gpus import GB
 
 
@@ -59,13 +59,13 @@ def _memory(mem: Mapping[str, Any]) -> str:
 
 
 def _likely(m: Mapping[str, Any]) -> str:
-    """The 80% interval of throughput per GPU, where one applies (zero_sim.confidence)."""
+    """The 80% interval of throughput per GPU, where one applies (zero_sim.intervals.speed)."""
     band = m.get("tokens_per_s_per_gpu_interval")
     return f" · likely {band[0]:,.0f}-{band[1]:,.0f} tokens/s per GPU (80%{_why(m)})" if band else ""
 
 
 def _why(m: Mapping[str, Any]) -> str:
-    """What widens the interval most, and the features no fit has seen (zero_sim.confidence)."""
+    """What widens the interval most, and the features no fit has seen (zero_sim.intervals.speed)."""
     how = m.get("prediction_interval") or {}
     unfitted = [u["feature"] for u in how.get("unfitted", [])]
     return (f"; most from {widest_inputs(how)}" if how.get("shares") else "") + \

@@ -121,6 +121,11 @@ def fp8_cast(layer: int) -> str:
     return f"fp8_cast L{layer}"
 
 
+def amp_cast(layer: int) -> str:
+    """autocast's casts of a layer's fp32 weights to bf16 before its forward (``--precision amp``)."""
+    return f"amp_cast L{layer}"
+
+
 def dequantize(layer: int) -> str:
     """ZeRO++'s dequantize kernel: int8 weights gathered for layer ``layer`` back to bf16 (qwZ)."""
     return f"dequantize L{layer}"
@@ -139,7 +144,7 @@ def _check_kind(kind: str) -> None:
 @dataclass(frozen=True)
 class OpName:
     """An op name taken apart: ``kind`` is fwd/bwd/recompute/opt/wait/fetch, an FSDP
-    copy (copy_out/copy_in), fp8_cast, a host copy (d2h/h2d), cpu_adam, a ZeRO++ kernel
+    copy (copy_out/copy_in), fp8_cast, amp_cast, a host copy (d2h/h2d), cpu_adam, a ZeRO++ kernel
     (dequantize/secondary) or a collective."""
 
     kind: str
@@ -150,7 +155,7 @@ class OpName:
 
 
 _OP_RE = re.compile(
-    r"^(?P<kind>fwd|bwd|recompute|opt|wait|fetch|copy_out|copy_in|fp8_cast|d2h|h2d|cpu_adam|dequantize|secondary"
+    r"^(?P<kind>fwd|bwd|recompute|opt|wait|fetch|copy_out|copy_in|fp8_cast|amp_cast|d2h|h2d|cpu_adam|dequantize|secondary"
     r"|all_reduce|reduce_scatter|all_gather|broadcast|all_to_all)"
     r"(?: (?P<rest>.+))?$"
 )

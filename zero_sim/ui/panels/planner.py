@@ -124,7 +124,8 @@ class Planner(Panel):
         return self.result
 
     def best(self):
-        """The fastest candidate that fits, as a row (None when nothing fits)."""
+        """The first candidate that fits in the plan's order, as a row (None when nothing fits): the
+        fastest, or among those within 5% of it the one with the most room to spare."""
         df = self.result
         fitting = df[df["fits"]]
         return None if fitting.empty else fitting.iloc[0]
@@ -157,7 +158,7 @@ class Planner(Panel):
         low, high = best.get("tokens_per_s_low"), best.get("tokens_per_s_high")
         known = low is not None and high is not None and low == low  # NaN where no interval applies
         likely = f" (likely {low:,.0f}-{high:,.0f})" if known else ""
-        return (f"{html.escape(counts)}. Fastest that fits: "
+        return (f"{html.escape(counts)}. First that fits (within 5% of the fastest, the most room): "
                 f"<b>{best['strategy']}</b> ({best['knobs']}, recompute {best['recompute']}): "
                 f"step {best['step_ms']:.1f} ms, {best['tokens_per_s']:,.0f} tokens/s{likely}, "
                 f"{best['reserved_GB']:.1f} GB reserved of {best['capacity_GB']:.1f} GB{rivals}. "
@@ -193,7 +194,7 @@ class Planner(Panel):
             handles.append(Line2D([], [], color="black", linestyle="--", linewidth=1, label="GPU memory"))
         if best is not None:
             # Above the dots, on a white box, so the words never sit on a candidate.
-            ax.annotate("fastest that fits", (best["reserved_GB"], best["step_ms"]), xytext=(0, 36),
+            ax.annotate("first that fits", (best["reserved_GB"], best["step_ms"]), xytext=(0, 36),
                         textcoords="offset points", fontsize=9, ha="center", arrowprops={"arrowstyle": "->"},
                         bbox={"boxstyle": "round,pad=0.2", "facecolor": "white", "edgecolor": "none"})
         # The chart plots what "fits" compares: the reserved figure against the GPU's memory.
@@ -206,7 +207,7 @@ class Planner(Panel):
 
 
 def _interval_bars(ax, rows, color) -> None:
-    """Each fitting candidate's likely step time (the 80% interval, zero_sim.confidence) as a bar."""
+    """Each fitting candidate's likely step time (the 80% interval, zero_sim.intervals.speed) as a bar."""
     if "step_ms_low" not in rows or rows["step_ms_low"].isna().all():
         return
     below = (rows["step_ms"] - rows["step_ms_low"]).clip(lower=0)

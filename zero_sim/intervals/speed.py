@@ -5,7 +5,7 @@
   time and the GPU's dense bf16 peak (``zero_sim.system.gpus``).  It stays below the highest of
   ``kernel_ceilings``, what the compute model lets each kernel family reach (docs/compute.md).
 * ``prediction_interval``: how the 80% interval was obtained.  It is propagated through the
-  simulator (:mod:`zero_sim.uncertainty`): the inputs' spreads, from microbenchmarks and the
+  simulator (:mod:`zero_sim.intervals.sampling`): the inputs' spreads, from microbenchmarks and the
   models' fits (:mod:`zero_sim.system.input_spreads`), re-time the simulated step many times,
   and the interval is the 10th to 90th percentile, the simulated step its median.  So a step
   whose collectives are exposed gets a wider interval than one hidden behind compute, and a
@@ -25,8 +25,8 @@ intervals only for the rows it shows).
 from __future__ import annotations
 
 from zero_sim.engine.retime import Timeline
+from zero_sim.intervals.sampling import Setting, step_interval
 from zero_sim.system.run_overheads import DEFAULT_STACK_GROUP, KNOWN_STACK
-from zero_sim.uncertainty import Setting, step_interval
 
 LEVEL = 0.8
 THROUGHPUTS = ("tokens_per_s", "tokens_per_s_per_gpu", "tflops_per_gpu", "mfu")
