@@ -79,7 +79,13 @@ class FluidNetwork:
         flow = _Flow(loads, edge_bytes, done, min(self._alone_rate(loads), cap), cap, caller, ranks,
                      len(self._times))
         self.active.append(flow)
-        self._enter(flow)
+        # The per-link bookkeeping is kept only while transfers share the network: a lone
+        # transfer (a collapsed rank's ring over every sibling group's links) pays none of it.
+        if len(self.active) == 2:  # shared from now on: both are booked
+            for entering in self.active:
+                self._enter(entering)
+        elif len(self.active) > 2:
+            self._enter(flow)
         self._reshare(self._touched(flow))
         return done
 
@@ -192,7 +198,11 @@ class FluidNetwork:
         if version != flow.version or flow not in self.active:
             return  # a stale timer: the flow's rate changed since it was set
         self.active.remove(flow)
-        self._leave(flow)
+        if len(self.active) >= 2:
+            self._leave(flow)
+        else:
+            self._on_link.clear()
+            self._by_caller.clear()
         flow.done.succeed()
         flow.rate = 0.0
         if self.active:
