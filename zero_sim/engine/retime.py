@@ -56,43 +56,53 @@ def retime(timeline: Timeline, factors: np.ndarray, row_of_op: np.ndarray,
     ``factors[row_of_op[i]]`` (a table of rows x samples: ops scaled alike share a row, so a
     program of a million ops needs no million-row table), every issue cost by ``host_factor``."""
     zero = np.zeros(host_factor.shape[0])
-    needed = {d for op in timeline.ops for d in op.deps}  # only ends someone waits on are kept
+    ops = _replayed(timeline, row_of_op)
     host, free, last_compute = zero, {}, None
+    issued: dict[float, np.ndarray] = {}  # each issue cost times host_factor, computed once
     before = last = zero
     for _ in range(timeline.steps):
         ends: dict[int, np.ndarray] = {}
-        step_end = zero
-        for op in timeline.ops:
-            issue = timeline.host_overhead_s if op.host_s is None else op.host_s
+        host_end = None  # the end of the step's last sync or host op
+        for index, kind, stream, deps, issue, seconds, row, waits, needed in ops:
             if issue > 0:
-                host = host + issue * host_factor
-            duration = timeline.seconds[op.index] * factors[row_of_op[op.index]]
-            end = _op_end(op, timeline, host, free, last_compute, ends, duration)
-            if op.kind in ("sync", "host"):
-                host = end  # the host thread waited for it or did it
-            elif op.kind == "compute":
-                last_compute = end
-            if op.index in needed:
-                ends[op.index] = end
+                step = issued.get(issue)
+                if step is None:
+                    step = issued[issue] = issue * host_factor
+                host = host + step
+            if kind == "sync":
+                end = host
+                for dep in deps:
+                    end = np.maximum(end, ends[dep])
+                host = host_end = end  # the host thread waited for it
+            elif kind == "host":
+                end = host = host_end = host + seconds * factors[row]  # the host thread did it
+            else:
+                start = np.maximum(host, free[stream]) if stream in free else host
+                if waits and last_compute is not None:
+                    start = np.maximum(start, last_compute)
+                for dep in deps:
+                    start = np.maximum(start, ends[dep])
+                end = free[stream] = start + seconds * factors[row] if seconds else start
+                if kind == "compute":
+                    last_compute = end
+            if needed:
+                ends[index] = end
+        # A stream runs its ops one after another and the host's clock never goes back, so the step's
+        # last end is the last on some stream or the host's: no other op can end later.
+        step_end = zero
+        for end in (*free.values(), *(() if host_end is None else (host_end,))):
             step_end = np.maximum(step_end, end)
         before, last = last, step_end
     return last - before
 
 
-def _op_end(op: Op, timeline: Timeline, host, free: dict, last_compute, ends: dict, duration):
-    """When ``op`` ends, per sample, given the host's clock and its streams' and dependencies' ends."""
-    if op.kind == "sync":
-        start = host
-        for dep in op.deps:
-            start = np.maximum(start, ends[dep])
-        return start
-    if op.kind == "host":
-        return host + duration
-    start = np.maximum(host, free[op.stream]) if op.stream in free else host
-    waits = op.kind == "collective" and (op.after_compute or timeline.always_after_compute)
-    if waits and last_compute is not None:
-        start = np.maximum(start, last_compute)
-    for dep in op.deps:
-        start = np.maximum(start, ends[dep])
-    end = free[op.stream] = start + duration
-    return end
+def _replayed(timeline: Timeline, row_of_op: np.ndarray) -> list[tuple]:
+    """Each op as the replay reads it: index, kind, stream, what it waits on, its issue cost, its
+    recorded seconds, its factors' row, whether it follows the compute before it, and whether any op
+    waits on it."""
+    needed = {d for op in timeline.ops for d in op.deps}  # only ends someone waits on are kept
+    seconds, rows = timeline.seconds.tolist(), row_of_op.tolist()
+    return [(op.index, op.kind, op.stream, op.deps,
+             timeline.host_overhead_s if op.host_s is None else op.host_s, seconds[op.index], rows[op.index],
+             op.kind == "collective" and (op.after_compute or timeline.always_after_compute),
+             op.index in needed) for op in timeline.ops]

@@ -106,9 +106,12 @@ def step_interval(timeline: Timeline, s: Setting, simulated_s: float) -> StepInt
     rows, row_of_op = np.unique(sig, axis=0, return_inverse=True)  # ops scaled alike share a row
     row_of_op = row_of_op.reshape(-1)
     host = np.exp(spreads.sigma(spreads.HOST_PER_KERNEL) * z[HOST])
-    times = retime(timeline, np.exp(rows @ z), row_of_op, host)
+    # One replay for every sample and, as a last column, the step with every factor 1 (the replay's own
+    # step, which median_shift is measured from): each column's arithmetic is its own.
+    ones = np.ones((len(rows), 1))
+    replayed = retime(timeline, np.hstack([np.exp(rows @ z), ones]), row_of_op, np.append(host, 1.0))
+    times, unit = replayed[:-1], replayed[-1]
     low, median, high = np.quantile(times, [LOW_Q, 0.5, HIGH_Q])
-    unit = retime(timeline, np.ones((len(rows), 1)), row_of_op, np.ones(1))[0]
     scale = simulated_s / median
     half_ranges = np.expm1(sig.max(axis=0) * spreads.Z80)
     half_ranges[HOST] = spreads.HOST_PER_KERNEL  # every op's issue cost is scaled by it

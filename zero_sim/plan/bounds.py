@@ -57,6 +57,7 @@ class Bounds:
     capacity_bytes: float
     tokens_per_s_per_gpu_high: float
     gpus: int
+    one_rank_exact: bool = False  # rank 0 alone gives every rank's figures (:func:`one_rank_exact`)
 
     @property
     def tokens_per_s_high(self) -> float:
@@ -160,19 +161,52 @@ def step_low_seconds(p, counted: _Counted) -> float:
     return max(queues)
 
 
+def one_rank_exact(p) -> bool:
+    """Whether simulating rank 0 alone gives what simulating every rank gives, for a scenario whose
+    ranks ``simulate`` would all simulate (eight GPUs or fewer, unless the user chose).  The
+    engine's symmetry rule (docs/engine.md, row 12) holds where every rank runs the same program on
+    the same hardware: a GPU rank without a CPU calibration's shared cores, no straggler draws (they
+    differ by rank), NCCL, and every node full and every PCIe switch's GPUs all in the job (so each
+    rank shares its host link as rank 0 does).  It is the simulator's own default above eight GPUs."""
+    s, topo = p.settings, p.topology
+    if s.explicit_ranks is not None or not explicit_ranks(s):
+        return False  # the user chose, or one rank already stands for all
+    figures = rank_figures(p)
+    plain = (figures.collective_cpu_s, figures.comm_rate_while_computing,
+             figures.comm_bytes_rate_while_computing) == (0.0, 1.0, 1.0)
+    straggles = s.straggler_prob > 0 and s.straggler_ms > 0
+    if not plain or straggles or p.gpu.name == "CPU" or s.backend != "nccl":
+        return False
+    per_link = topo.host.gpus_per_link if topo.host is not None else 1
+    return topo.ranks_per_node % per_link == 0 and s.gpus % topo.ranks_per_node == 0
+
+
+def _resident_bytes(p) -> int:
+    """What the GPU holds across steps: the model states the step's builder starts its program from,
+    known before any op is built."""
+    try:
+        return sum(p.strategy.step(p.ctx).resident().values())
+    except StrategyError as exc:
+        raise ScenarioError(str(exc)) from None
+
+
 def bounds(**scenario) -> Bounds:
-    """The bounds of one ``simulate()`` scenario; refusals raise as :func:`zero_sim.simulate` does."""
+    """The bounds of one ``simulate()`` scenario; refusals raise as :func:`zero_sim.simulate` does.
+    The memory bound comes first, from the model states alone: a candidate that cannot fit has no
+    program built (its throughput bound is left infinite, never used)."""
     p = prepare(**scenario)
-    counted = _counted(p)
     s, workload = p.settings, p.workload
     saved = sum(layer.checkpointed_activation_bytes for layer in workload.layers)
-    peak_low = sum(counted.program.resident.values()) + saved
+    peak_low = _resident_bytes(p) + saved
     reserve = allocator_reserve(workload.recompute, s.allocator_reserve)
     reserved_low = peak_low * (1.0 + reserve) + context_gb(p.gpu.name, s.cuda_context_gb) * 1e9
+    if reserved_low > p.gpu.hbm_bytes:
+        return Bounds(reserved_low, float(p.gpu.hbm_bytes), float("inf"), s.gpus)
+    counted = _counted(p)
     step_low = step_low_seconds(p, counted)
     tokens = workload.tokens_per_micro_batch * s.grad_accum  # per GPU per step
     high = tokens / step_low if step_low > 0 else float("inf")
-    return Bounds(reserved_low, float(p.gpu.hbm_bytes), high, s.gpus)
+    return Bounds(reserved_low, float(p.gpu.hbm_bytes), high, s.gpus, one_rank_exact(p))
 
 
-__all__ = ["BUILT_MICRO_STEPS", "MARGIN", "Bounds", "bounds"]
+__all__ = ["BUILT_MICRO_STEPS", "MARGIN", "Bounds", "bounds", "one_rank_exact"]

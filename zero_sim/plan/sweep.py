@@ -14,6 +14,7 @@ bar the caller made (anything with ``update``, such as a ``tqdm``) is advanced.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from functools import partial
 from typing import Any
 
 import pandas as pd
@@ -68,23 +69,19 @@ def summary_row(result) -> dict:
     }
 
 
-# The columns of a row's 80% interval: None in a row simulated without one (simulate_row_fast).
+# The columns of a row's 80% interval: None in a row simulated without one.
 INTERVAL_COLUMNS = ("step_ms_low", "step_ms_high", "tokens_per_s_low", "tokens_per_s_high")
 
 
 def simulate_row(scenario: Mapping[str, Any], interval: bool = True) -> dict:
-    """One scenario's row: its keywords, then its figures or the sentence that refused it.
-    A top-level function, so that a process pool or a Dask worker can run it."""
+    """One scenario's row: its keywords, then its figures or the sentence that refused it; its 80%
+    interval's columns are None without ``interval``.  A top-level function, so that a process pool or
+    a Dask worker can run it."""
     s = dict(scenario)
     try:
         return s | summary_row(simulate(**s, interval=interval)) | {"error": None}
     except (ScenarioError, ValueError) as exc:
         return s | {"error": str(exc)}
-
-
-def simulate_row_fast(scenario: Mapping[str, Any]) -> dict:
-    """:func:`simulate_row` without the 80% interval: for a search's candidates, most never shown."""
-    return simulate_row(scenario, interval=False)
 
 
 def sweep(scenarios: Iterable[Mapping[str, Any]], progress: Progress = None,
@@ -103,8 +100,7 @@ def sweep(scenarios: Iterable[Mapping[str, Any]], progress: Progress = None,
 
 def run_rows(scenarios: list[dict], progress: Progress = None, description: str = "simulating",
              executor: Any = None, interval: bool = True) -> list[dict]:
-    """:func:`simulate_row` of each scenario (without intervals: :func:`simulate_row_fast`), here or on
-    ``executor``, reporting progress."""
+    """:func:`simulate_row` of each scenario, here or on ``executor``, reporting progress."""
     own_bar = progress is True
     if own_bar:
         from tqdm.auto import tqdm
@@ -112,7 +108,9 @@ def run_rows(scenarios: list[dict], progress: Progress = None, description: str 
         progress = tqdm(total=len(scenarios), desc=description, unit="scenario")
     elif progress is False:
         progress = None
-    results = map_on(executor, simulate_row if interval else simulate_row_fast, scenarios, chunksize=4)
+    # One scenario per message while there are few: a handful of long simulations split evenly.
+    results = map_on(executor, partial(simulate_row, interval=interval), scenarios,
+                     chunksize=1 if len(scenarios) < 64 else 4)
     rows = []
     for done, row in enumerate(results, start=1):
         rows.append(row)
@@ -125,5 +123,4 @@ def run_rows(scenarios: list[dict], progress: Progress = None, description: str 
     return rows
 
 
-__all__ = ["INTERVAL_COLUMNS", "Progress", "run_rows", "simulate_row", "simulate_row_fast", "summary_row",
-           "sweep"]
+__all__ = ["INTERVAL_COLUMNS", "Progress", "run_rows", "simulate_row", "summary_row", "sweep"]

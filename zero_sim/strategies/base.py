@@ -362,8 +362,12 @@ class Strategy:
         """The strategy's typed knobs from checked values (defaults for those missing)."""
         return self.Knobs(**({k.name: k.default for k in self.knobs} | values))
 
+    def step(self, ctx: Context) -> Step:
+        """The step's builder, its model states placed and no op built yet."""
+        return self.Step(ctx, self.can.stage)
+
     def build(self, ctx: Context) -> Program:
-        return self.Step(ctx, self.can.stage).build()
+        return self.step(ctx).build()
 
     def validate(self, ctx: Context) -> None:
         """Refuse impossible knob values with one sentence (override to add checks)."""
