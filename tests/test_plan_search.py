@@ -64,8 +64,11 @@ def test_eight_symmetric_gpus_are_simulated_as_one_rank_with_every_ranks_figures
     assert one_rank == every_rank  # every figure, intervals included, and the scenario's own settings
 
 
-@pytest.mark.parametrize("asymmetric", [dict(gpus=3, offload_optimizer="cpu"), dict(straggler_prob=0.1, straggler_ms=5.0),
-                                        dict(explicit_ranks=True)])
+ASYMMETRIC = [dict(gpus=3, offload_optimizer="cpu"), dict(straggler_prob=0.1, straggler_ms=5.0),
+              dict(explicit_ranks=True)]
+
+
+@pytest.mark.parametrize("asymmetric", ASYMMETRIC)
 def test_ranks_that_differ_are_each_simulated(asymmetric):
     # Three GPUs on a DGX A100 leave the third alone behind its PCIe switch; straggler draws differ by
     # rank; and a user who asks for every rank gets every rank.

@@ -150,7 +150,8 @@ def _simulated(chunk: list[tuple[Any, dict]], executor: Any, interval: bool) -> 
     return rows
 
 
-def with_intervals(rows: list[dict], scenarios: list[tuple[Any, dict]], top: int, executor: Any = None) -> None:
+def with_intervals(rows: list[dict], scenarios: list[tuple[Any, dict]], top: int,
+                   executor: Any = None) -> None:
     """The 80% intervals of the rows a plan shows (the ``top`` fastest that fit), simulated again with
     them; every other candidate was simulated without (re-timing a step for its interval can cost
     more than simulating it)."""
