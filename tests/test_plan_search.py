@@ -14,7 +14,7 @@ from zero_sim.cli import main
 from zero_sim.plan.bounds import MARGIN, bounds
 from zero_sim.plan.executors import default_executor
 from zero_sim.plan.fit_advice import fit_advice
-from zero_sim.plan.search import MEMORY_BOUND, PlanError, _simulated, fp8_variants, rank, search, search_space
+from zero_sim.plan.search import MEMORY_BOUND, PlanError, fp8_variants, rank, search, search_space
 from zero_sim.plan.sweep import run_rows
 
 SMALL = dict(model="gpt2-124m", topology="pcie")
@@ -51,29 +51,6 @@ def test_a_search_ranks_the_top_as_simulating_every_candidate_would():
         full[full["fits"]].head(5)[columns].reset_index(drop=True))
     assert (fast["settled"] == MEMORY_BOUND).sum() > 0  # some were settled without the engine
     assert (fast["settled"] == "simulated").sum() < len(space)
-
-
-def test_eight_symmetric_gpus_are_simulated_as_one_rank_with_every_ranks_figures():
-    # The optimizer offloaded on a DGX A100: two GPUs behind each PCIe switch share its uplink.
-    space = search_space(dict(model="gpt2-350m", topology="dgx-a100", offload_optimizer="cpu"), [8], (2,),
-                         strategies=["zero2", "zero3"], recompute=("none",))[:4]
-    pairs = [(bounds(**s), s) for s in space]
-    assert all(b.one_rank_exact for b, _ in pairs)
-    one_rank = _simulated(pairs, None, interval=True)
-    every_rank = run_rows(space)
-    assert one_rank == every_rank  # every figure, intervals included, and the scenario's own settings
-
-
-ASYMMETRIC = [dict(gpus=3, offload_optimizer="cpu"), dict(straggler_prob=0.1, straggler_ms=5.0),
-              dict(explicit_ranks=True)]
-
-
-@pytest.mark.parametrize("asymmetric", ASYMMETRIC)
-def test_ranks_that_differ_are_each_simulated(asymmetric):
-    # Three GPUs on a DGX A100 leave the third alone behind its PCIe switch; straggler draws differ by
-    # rank; and a user who asks for every rank gets every rank.
-    scenario = dict(model="gpt2-124m", topology="dgx-a100", gpus=8, strategy="zero2") | asymmetric
-    assert not bounds(**scenario).one_rank_exact
 
 
 def test_a_process_pool_gives_the_same_table():

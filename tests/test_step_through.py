@@ -13,8 +13,9 @@ matplotlib.use("Agg")
 
 @pytest.fixture(scope="module")
 def frames():
-    return StepFrames({s: simulate(model="gpt2-124m", strategy=s, gpus=4, topology="pcie", micro_batch=2)
-                       for s in ("ddp", "zero1", "zero2", "zero3")})
+    # Every rank simulated, as the panel asks: each GPU's own shard is drawn.
+    return StepFrames({s: simulate(model="gpt2-124m", strategy=s, gpus=4, topology="pcie", micro_batch=2,
+                                   explicit_ranks=True) for s in ("ddp", "zero1", "zero2", "zero3")})
 
 
 @pytest.mark.parametrize("strategy, params, grads, optimizer", [

@@ -33,7 +33,9 @@ from zero_sim.intervals.speed import interval_line
 from zero_sim.plan.cli import plan_args, run_plan
 from zero_sim.plan.fit_advice import as_flags, fit_advice
 from zero_sim.scenario import ScenarioError, simulate
+from zero_sim.scenario.pipeline import resolve
 from zero_sim.scenario.settings import COMMON
+from zero_sim.scenario.symmetry import EXPLICIT_UP_TO
 from zero_sim.settings import add_flag
 from zero_sim.strategies import STRATEGIES, all_knobs
 from zero_sim.system.collectives import CollectiveError
@@ -236,6 +238,10 @@ def _simulate(args) -> int:
     if args.trace_dir:
         check_named_output(args.trace_dir, directory=True)
         check_output_path(args.trace_dir / "rank-0.pt.trace.json")
+    if args.trace_dir and kwargs.get("explicit_ranks") is None:
+        # Per-rank traces are read side by side (stragglers, load balance): each file is a rank the
+        # simulator computed, never a copy of rank 0 (zero_sim/kineto.py), up to the usual eight.
+        kwargs["explicit_ranks"] = resolve(**kwargs).settings.gpus <= EXPLICIT_UP_TO
     result = simulate(**kwargs)
     if not result.metrics["memory"]["fits"]:
         # The answer a user needs next: settings that fit, simulated, fastest first (plan/fit_advice.py).

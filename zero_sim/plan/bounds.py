@@ -35,7 +35,8 @@ from dataclasses import dataclass, replace
 from zero_sim.engine.groups import process_groups
 from zero_sim.engine.program import Program
 from zero_sim.results import allocator_reserve, context_gb
-from zero_sim.scenario.pipeline import _program, check_size, explicit_ranks, prepare, rank_figures
+from zero_sim.scenario.pipeline import _program, check_size, prepare, rank_figures, ranks_alike_in
+from zero_sim.scenario.symmetry import explicit_ranks
 from zero_sim.settings import ScenarioError
 from zero_sim.strategies.base import StrategyError
 from zero_sim.system.collectives import CollectiveModel
@@ -57,7 +58,6 @@ class Bounds:
     capacity_bytes: float
     tokens_per_s_per_gpu_high: float
     gpus: int
-    one_rank_exact: bool = False  # rank 0 alone gives every rank's figures (:func:`one_rank_exact`)
 
     @property
     def tokens_per_s_high(self) -> float:
@@ -118,7 +118,7 @@ def _comm_seconds(p, counted: _Counted) -> dict[str, float]:
 def _copy_seconds(p, counted: _Counted) -> dict[str, float]:
     """Each copy stream's copies, each at the host link's whole rate (shared with the GPUs behind the
     same uplink when one rank stands for them, as the engine shares it)."""
-    collapsed = not explicit_ranks(p.settings)
+    collapsed = not explicit_ranks(p.settings, ranks_alike_in(p))
     capacity = {name: link.capacity for name, link in p.topology.links.items()}
     busy: dict[str, float] = {}
     for op, n in counted.items("copy"):
@@ -161,26 +161,6 @@ def step_low_seconds(p, counted: _Counted) -> float:
     return max(queues)
 
 
-def one_rank_exact(p) -> bool:
-    """Whether simulating rank 0 alone gives what simulating every rank gives, for a scenario whose
-    ranks ``simulate`` would all simulate (eight GPUs or fewer, unless the user chose).  The
-    engine's symmetry rule (docs/engine.md, row 12) holds where every rank runs the same program on
-    the same hardware: a GPU rank without a CPU calibration's shared cores, no straggler draws (they
-    differ by rank), NCCL, and every node full and every PCIe switch's GPUs all in the job (so each
-    rank shares its host link as rank 0 does).  It is the simulator's own default above eight GPUs."""
-    s, topo = p.settings, p.topology
-    if s.explicit_ranks is not None or not explicit_ranks(s):
-        return False  # the user chose, or one rank already stands for all
-    figures = rank_figures(p)
-    plain = (figures.collective_cpu_s, figures.comm_rate_while_computing,
-             figures.comm_bytes_rate_while_computing) == (0.0, 1.0, 1.0)
-    straggles = s.straggler_prob > 0 and s.straggler_ms > 0
-    if not plain or straggles or p.gpu.name == "CPU" or s.backend != "nccl":
-        return False
-    per_link = topo.host.gpus_per_link if topo.host is not None else 1
-    return topo.ranks_per_node % per_link == 0 and s.gpus % topo.ranks_per_node == 0
-
-
 def _resident_bytes(p) -> int:
     """What the GPU holds across steps: the model states the step's builder starts its program from,
     known before any op is built."""
@@ -206,7 +186,7 @@ def bounds(**scenario) -> Bounds:
     step_low = step_low_seconds(p, counted)
     tokens = workload.tokens_per_micro_batch * s.grad_accum  # per GPU per step
     high = tokens / step_low if step_low > 0 else float("inf")
-    return Bounds(reserved_low, float(p.gpu.hbm_bytes), high, s.gpus, one_rank_exact(p))
+    return Bounds(reserved_low, float(p.gpu.hbm_bytes), high, s.gpus)
 
 
-__all__ = ["BUILT_MICRO_STEPS", "MARGIN", "Bounds", "bounds", "one_rank_exact"]
+__all__ = ["BUILT_MICRO_STEPS", "MARGIN", "Bounds", "bounds"]

@@ -102,13 +102,11 @@ def _bounded(scenario: dict) -> list[tuple[Bounds, dict]]:
     return out
 
 
-def _suggestion(scenario: dict, settings: dict, b: Bounds) -> dict | None:
-    """``settings`` applied and simulated: the suggestion, or None if it does not fit.  Simulated as the
-    user will run it, with rank 0 standing for every rank where that gives the same figures
-    (:func:`zero_sim.plan.bounds.one_rank_exact`) and no interval (a suggestion shows none)."""
-    one_rank = {"explicit_ranks": False} if b.one_rank_exact else {}
+def _suggestion(scenario: dict, settings: dict) -> dict | None:
+    """``settings`` applied and simulated as the user will run it (no interval: a suggestion shows
+    none): the suggestion, or None if it does not fit."""
     try:
-        m = simulate(**(scenario | settings | one_rank), interval=False).metrics
+        m = simulate(**(scenario | settings), interval=False).metrics
     except (ScenarioError, ValueError):
         return None
     mem = m["memory"]
@@ -128,11 +126,11 @@ def _fastest(scenario: dict, open_: list[tuple[Bounds, dict]], keep: int, budget
         speeds = sorted((f["tokens_per_s_per_gpu"] for f in found), reverse=True)
         if len(speeds) >= keep and b.tokens_per_s_per_gpu_high * (1.0 + MARGIN) < speeds[keep - 1]:
             break  # sorted by bound: no later change can enter the top ``keep``
-        if (s := _suggestion(scenario, settings, b)) is not None:
+        if (s := _suggestion(scenario, settings)) is not None:
             found.append(s)
     if not found:
-        for b, settings in sorted(open_[budget:], key=lambda pair: pair[0].reserved_low_bytes)[:LEANEST]:
-            if (s := _suggestion(scenario, settings, b)) is not None:
+        for _, settings in sorted(open_[budget:], key=lambda pair: pair[0].reserved_low_bytes)[:LEANEST]:
+            if (s := _suggestion(scenario, settings)) is not None:
                 found.append(s)
     return sorted(found, key=lambda f: -f["tokens_per_s_per_gpu"])[:keep]
 

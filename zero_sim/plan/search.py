@@ -112,7 +112,7 @@ def search(space: list[dict], top: int = 10, executor: Any = None, progress: Pro
     settled, open_ = _bounded(space, executor)
     rows: list[dict] = []
     fastest: list[float] = []  # tokens/s of the candidates simulated that fit, best first
-    simulated: list[tuple[Any, dict]] = []  # the (bounds, scenario) of each row simulated, in order
+    simulated: list[dict] = []  # the scenario of each row simulated, in the rows' order
     while open_:
         kth = fastest[top - 1] if len(fastest) >= top else 0.0
         still = [(b, s) for b, s in open_ if not b.cannot_reach(kth)]
@@ -121,14 +121,14 @@ def search(space: list[dict], top: int = 10, executor: Any = None, progress: Pro
         if not still:
             break
         chunk, open_ = still[:batch], still[batch:]
-        done = _simulated(chunk, executor, interval=False)
+        done = run_rows([s for _, s in chunk], executor=executor, interval=False)
         for row in done:
             row["settled"] = SIMULATED
             if row.get("error") is None and row.get("fits"):
                 fastest.append(row["tokens_per_s"])
         fastest.sort(reverse=True)
         rows += done
-        simulated += chunk
+        simulated += [s for _, s in chunk]
         if progress is not None:
             progress(len(rows) + len(settled), len(space))
     with_intervals(rows, simulated, top, executor)
@@ -137,21 +137,7 @@ def search(space: list[dict], top: int = 10, executor: Any = None, progress: Pro
     return rank(pd.DataFrame(rows + settled), top)
 
 
-def _simulated(chunk: list[tuple[Any, dict]], executor: Any, interval: bool) -> list[dict]:
-    """The rows of ``chunk``'s scenarios simulated, each with rank 0 standing for every rank where that
-    gives every rank's figures (:func:`zero_sim.plan.bounds.one_rank_exact`: up to eight times fewer
-    engine events at eight GPUs); each row keeps its scenario's own settings."""
-    fast = [s | {"explicit_ranks": False} if b.one_rank_exact else s for b, s in chunk]
-    rows = run_rows(fast, executor=executor, interval=interval)
-    for (b, s), row in zip(chunk, rows, strict=True):
-        if b.one_rank_exact:
-            del row["explicit_ranks"]
-            row.update(s)
-    return rows
-
-
-def with_intervals(rows: list[dict], scenarios: list[tuple[Any, dict]], top: int,
-                   executor: Any = None) -> None:
+def with_intervals(rows: list[dict], scenarios: list[dict], top: int, executor: Any = None) -> None:
     """The 80% intervals of the rows a plan shows (the ``top`` fastest that fit), simulated again with
     them; every other candidate was simulated without (re-timing a step for its interval can cost
     more than simulating it)."""
@@ -161,8 +147,7 @@ def with_intervals(rows: list[dict], scenarios: list[tuple[Any, dict]], top: int
     # The rows shown are those of the table's own order (near-ties broken toward room to spare).
     order = ranked(pd.DataFrame([rows[i] for i in fitting]).assign(_row=fitting))
     fitting = [int(i) for i in order["_row"].head(top)]
-    for i, again in zip(fitting, _simulated([scenarios[i] for i in fitting], executor, interval=True),
-                        strict=True):
+    for i, again in zip(fitting, run_rows([scenarios[i] for i in fitting], executor=executor), strict=True):
         rows[i].update({key: again.get(key) for key in INTERVAL_COLUMNS})
 
 

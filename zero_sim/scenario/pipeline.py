@@ -53,6 +53,7 @@ from zero_sim.scenario.settings import (
     SHAPE_SETTINGS,
     CommonSettings,
 )
+from zero_sim.scenario.symmetry import explicit_ranks, ranks_alike
 from zero_sim.scenario.types import Scenario
 from zero_sim.settings import ScenarioError, check_settings
 from zero_sim.strategies import Context, all_knobs, get_strategy
@@ -107,12 +108,7 @@ def _check_names(s: CommonSettings) -> None:
                             f"each collective takes time per rank); add --allow-huge to run it anyway")
 
 
-def explicit_ranks(s: CommonSettings) -> bool:
-    """Whether every rank is simulated: as asked, else when there are at most eight."""
-    return s.explicit_ranks if s.explicit_ranks is not None else s.gpus <= 8
-
-
-def check_size(s: CommonSettings, layers: int, ops_per_step: int | None = None) -> None:
+def check_size(s: CommonSettings, layers: int, ops_per_step: int | None = None, alike: bool = False) -> None:
     """Refuse a simulation beyond :data:`MAX_OP_INSTANCES` unless ``allow_huge``.
 
     Before the program is built ``ops_per_step`` is unknown, and the two ops every layer has
@@ -121,7 +117,7 @@ def check_size(s: CommonSettings, layers: int, ops_per_step: int | None = None) 
     if s.allow_huge:
         return
     per_step = ops_per_step if ops_per_step is not None else 2 * layers * s.grad_accum
-    instances = per_step * s.steps * (s.gpus if explicit_ranks(s) else 1)
+    instances = per_step * s.steps * (s.gpus if explicit_ranks(s, alike) else 1)
     if instances > MAX_OP_INSTANCES:
         raise ScenarioError(f"this simulation has about {instances:,} op instances (ops per step x --steps x "
                             f"ranks simulated), beyond the budget of {MAX_OP_INSTANCES:,}; lower --steps, "
@@ -301,8 +297,16 @@ def _program(p: Prepared) -> Program:
         program = p.strategy.build(p.ctx)
     except StrategyError as exc:
         raise ScenarioError(str(exc)) from None
-    check_size(p.settings, len(p.workload.layers), len(program.ops))
+    check_size(p.settings, len(p.workload.layers), len(program.ops), ranks_alike_in(p))
     return program
+
+
+def ranks_alike_in(p: Prepared) -> bool:
+    """Whether rank 0 alone gives every rank's figures (zero_sim.scenario.symmetry)."""
+    figures = rank_figures(p)
+    shared = (figures.collective_cpu_s, figures.comm_rate_while_computing,
+              figures.comm_bytes_rate_while_computing) != (0.0, 1.0, 1.0)
+    return ranks_alike(p.settings, p.topology, p.gpu.name, shared)
 
 
 def _engine(p: Prepared, program: Program, figures: RankFigures) -> Engine:
@@ -317,7 +321,8 @@ def _engine(p: Prepared, program: Program, figures: RankFigures) -> Engine:
         # The calibration's CPU figures apply to whatever device the scenario names.
         device = SharedCores(device, *shared)
     config = EngineConfig(steps=s.steps, host_overhead_s=s.host_overhead_us * 1e-6,
-                          explicit_ranks=explicit_ranks(s), straggler=straggler, device=device)
+                          explicit_ranks=explicit_ranks(s, ranks_alike_in(p)), straggler=straggler,
+                          device=device)
     collectives = CollectiveModel(p.topology, s.backend, s.algorithm, p.calibration)
     return Engine(program, p.topology, collectives, config)
 

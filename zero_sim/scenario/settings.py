@@ -160,7 +160,8 @@ COMMON: tuple[Setting, ...] = (
             section="cluster"),
     Setting("seed", 0, "seed for straggler draws", int, ge=0, le=2**63 - 1, section="cluster"),
     Setting("steps", 2, "steps to simulate (the last is reported)", int, gt=0, le=100, section="simulation"),
-    Setting("explicit_ranks", None, "simulate every rank (default: when N <= 8)", bool, section="simulation"),
+    Setting("explicit_ranks", None, "simulate every rank (default: when N <= 8 and the ranks may differ, "
+            "docs/engine.md)", bool, section="simulation"),
     Setting("calibration", None,
             "calibration file (`zero-sim calibrate`): measured collective fits and layer times", str,
             parse=_path_text, section="inputs"),
