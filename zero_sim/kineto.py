@@ -5,7 +5,8 @@ Perfetto and TensorBoard's profiler plugin read a simulation as they read a meas
 directory, the layout ``torch.profiler.tensorboard_trace_handler`` gives a distributed job.  When
 ranks were collapsed (``explicit_ranks`` off, rank 0 standing for every rank) only rank 0's file
 is written: the other ranks were never simulated, and copies would make cross-rank analyses
-(stragglers, load balance) report agreement that nobody computed.
+(stragglers, load balance) report agreement that nobody computed.  (``zero-sim simulate
+--trace-dir`` therefore simulates every rank of a job of up to eight GPUs.)
 
 What a file holds, and which reader needs it:
 
