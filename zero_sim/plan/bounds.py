@@ -5,8 +5,9 @@ times that or more.  Two bounds read off the program let a search skip most of t
 without changing its answer:
 
 * **memory, from below.** No strategy frees an activation before backward, so when the last
-  forward of a micro-step ends every saved activation is allocated on top of the model states
-  that stay across steps: the tensors' peak is at least ``resident + saved activations``, and
+  layer's backward begins every saved activation is allocated (and, under recompute, that layer's
+  recomputed ones) on top of the model states that stay across steps: the tensors' peak is at
+  least ``resident + those activations``, and
   the reserved peak (what must fit) at least that with the allocator's reserve and the context
   added (the same rule :mod:`zero_sim.results` applies).  A candidate whose bound exceeds the
   GPU's memory cannot fit, and is not simulated.
@@ -170,14 +171,23 @@ def _resident_bytes(p) -> int:
         raise ScenarioError(str(exc)) from None
 
 
+def _activations_low(workload) -> int:
+    """Activation bytes held together at some moment of every micro-step: when the last layer's
+    backward begins, every layer's saved activations are still allocated, and under recompute the
+    last layer's recomputed ones on top of them (Step.backward allocates them before any is freed)."""
+    saved = sum(layer.checkpointed_activation_bytes for layer in workload.layers)
+    last = workload.layers[-1]
+    recomputed = last.activation_bytes - last.checkpointed_activation_bytes
+    return saved + (recomputed if workload.recompute != "none" and recomputed > 0 else 0)
+
+
 def bounds(**scenario) -> Bounds:
     """The bounds of one ``simulate()`` scenario; refusals raise as :func:`zero_sim.simulate` does.
     The memory bound comes first, from the model states alone: a candidate that cannot fit has no
     program built (its throughput bound is left infinite, never used)."""
     p = prepare(**scenario)
     s, workload = p.settings, p.workload
-    saved = sum(layer.checkpointed_activation_bytes for layer in workload.layers)
-    peak_low = _resident_bytes(p) + saved
+    peak_low = _resident_bytes(p) + _activations_low(workload)
     reserve = allocator_reserve(workload.recompute, s.allocator_reserve)
     reserved_low = peak_low * (1.0 + reserve) + context_gb(p.gpu.name, s.cuda_context_gb) * 1e9
     if reserved_low > p.gpu.hbm_bytes:
