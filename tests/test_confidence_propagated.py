@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from zero_sim import simulate
@@ -15,6 +16,7 @@ from zero_sim.cli import main
 from zero_sim.engine.retime import retime, timeline_of
 from zero_sim.intervals.speed import interval_line, makes_progress
 from zero_sim.plan.search import search
+from zero_sim.plan.sweep import run_rows
 from zero_sim.scenario import pipeline
 from zero_sim.system import input_spreads
 
@@ -150,3 +152,8 @@ def test_a_plan_computes_intervals_only_for_the_rows_it_shows():
     assert shown["tokens_per_s_low"].notna().all()
     assert (shown["tokens_per_s_low"] < shown["tokens_per_s"]).all()
     assert len(rest) and rest["tokens_per_s_low"].isna().all()
+    # Re-timed from the steps the search kept, they are what simulating with intervals gives.
+    columns = ["step_ms_low", "step_ms_high", "tokens_per_s_low", "tokens_per_s_high"]
+    again = pd.DataFrame(run_rows([{k: row[k] for k in space[0]} for row in shown.to_dict("records")]))
+    assert shown[columns].reset_index(drop=True).equals(again[columns])
+    assert "later_interval" not in table

@@ -117,6 +117,8 @@ class SimResult:
     simulated_ranks: list[int]
     notes: list[str] = field(default_factory=list)
     events: int = 0
+    # simulate(interval="later"): what computes the 80% interval later (zero_sim.intervals.speed)
+    later_interval: Any = field(default=None, repr=False)
 
     @cached_property
     def ops(self) -> list[dict[str, Any]]:

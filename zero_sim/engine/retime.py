@@ -55,12 +55,16 @@ def retime(timeline: Timeline, factors: np.ndarray, row_of_op: np.ndarray,
     """The last step's time per sample.  Op ``i``'s recorded time is scaled by
     ``factors[row_of_op[i]]`` (a table of rows x samples: ops scaled alike share a row, so a
     program of a million ops needs no million-row table), every issue cost by ``host_factor``."""
+    return retime_replayed(replayed_ops(timeline, row_of_op), timeline.steps, factors, host_factor)
+
+
+def retime_replayed(ops: list[tuple], steps: int, factors: np.ndarray, host_factor: np.ndarray) -> np.ndarray:
+    """:func:`retime` of ops already in the replay's form (:func:`replayed_ops`)."""
     zero = np.zeros(host_factor.shape[0])
-    ops = _replayed(timeline, row_of_op)
     host, free, last_compute = zero, {}, None
     issued: dict[float, np.ndarray] = {}  # each issue cost times host_factor, computed once
     before = last = zero
-    for _ in range(timeline.steps):
+    for _ in range(steps):
         ends: dict[int, np.ndarray] = {}
         host_end = None  # the end of the step's last sync or host op
         for index, kind, stream, deps, issue, seconds, row, waits, needed in ops:
@@ -96,7 +100,7 @@ def retime(timeline: Timeline, factors: np.ndarray, row_of_op: np.ndarray,
     return last - before
 
 
-def _replayed(timeline: Timeline, row_of_op: np.ndarray) -> list[tuple]:
+def replayed_ops(timeline: Timeline, row_of_op: np.ndarray) -> list[tuple]:
     """Each op as the replay reads it: index, kind, stream, what it waits on, its issue cost, its
     recorded seconds, its factors' row, whether it follows the compute before it, and whether any op
     waits on it."""

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from zero_sim.engine.program import Op
-from zero_sim.engine.retime import Timeline, retime
+from zero_sim.engine.retime import Timeline, replayed_ops, retime_replayed
 from zero_sim.system import input_spreads as spreads
 from zero_sim.system.run_overheads import fitted
 from zero_sim.vocabulary import CPU_ADAM
@@ -99,21 +99,43 @@ def draws(samples: int = SAMPLES, seed: int = SEED) -> np.ndarray:
     return np.concatenate([half, -half], axis=1)
 
 
+@dataclass(frozen=True)
+class Replay:
+    """A simulated step as its interval re-times it: each op in the replay's form
+    (:func:`zero_sim.engine.retime.replayed_ops`), the distinct rows of spreads its ops take, and each
+    input's largest spread.  Plain tuples and arrays, cheap to send between processes: a search keeps
+    the replay of each row it simulates and re-times only the rows it shows."""
+
+    ops: list[tuple]
+    steps: int
+    sigma_rows: np.ndarray  # distinct rows x inputs
+    widest: np.ndarray  # by input: its largest log-space spread on an op of this step
+
+
+def replay_of(timeline: Timeline, s: Setting) -> Replay:
+    sig = op_sigmas(timeline.ops, s)
+    rows, row_of_op = np.unique(sig, axis=0, return_inverse=True)  # ops scaled alike share a row
+    return Replay(replayed_ops(timeline, row_of_op.reshape(-1)), timeline.steps, rows, sig.max(axis=0))
+
+
 def step_interval(timeline: Timeline, s: Setting, simulated_s: float) -> StepInterval:
     """The step's 80% interval: the re-timed step's 10th and 90th percentiles, median at ``simulated_s``."""
-    sig = op_sigmas(timeline.ops, s)
+    return replay_interval(replay_of(timeline, s), simulated_s)
+
+
+def replay_interval(replay: Replay, simulated_s: float) -> StepInterval:
+    """:func:`step_interval` of a step kept as its :class:`Replay`."""
     z = draws()
-    rows, row_of_op = np.unique(sig, axis=0, return_inverse=True)  # ops scaled alike share a row
-    row_of_op = row_of_op.reshape(-1)
     host = np.exp(spreads.sigma(spreads.HOST_PER_KERNEL) * z[HOST])
     # One replay for every sample and, as a last column, the step with every factor 1 (the replay's own
     # step, which median_shift is measured from): each column's arithmetic is its own.
-    ones = np.ones((len(rows), 1))
-    replayed = retime(timeline, np.hstack([np.exp(rows @ z), ones]), row_of_op, np.append(host, 1.0))
+    ones = np.ones((len(replay.sigma_rows), 1))
+    replayed = retime_replayed(replay.ops, replay.steps, np.hstack([np.exp(replay.sigma_rows @ z), ones]),
+                               np.append(host, 1.0))
     times, unit = replayed[:-1], replayed[-1]
     low, median, high = np.quantile(times, [LOW_Q, 0.5, HIGH_Q])
     scale = simulated_s / median
-    half_ranges = np.expm1(sig.max(axis=0) * spreads.Z80)
+    half_ranges = np.expm1(replay.widest * spreads.Z80)
     half_ranges[HOST] = spreads.HOST_PER_KERNEL  # every op's issue cost is scaled by it
     return StepInterval(float(low * scale), float(high * scale), float(median / unit - 1.0),
                         _named(half_ranges), _named(_shares(z, times, half_ranges > 0)), z.shape[1])

@@ -24,8 +24,17 @@ intervals only for the rows it shows).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from zero_sim.engine.retime import Timeline
-from zero_sim.intervals.sampling import Setting, step_interval
+from zero_sim.intervals.sampling import (
+    Replay,
+    Setting,
+    StepInterval,
+    replay_interval,
+    replay_of,
+    step_interval,
+)
 from zero_sim.system.run_overheads import DEFAULT_STACK_GROUP, KNOWN_STACK
 
 LEVEL = 0.8
@@ -74,9 +83,40 @@ def confidence_fields(metrics: dict, scenario, peak_flops: float, modelled_gpu: 
     out["step_time_s_interval"] = [band.low_s, band.high_s]
     values = metrics | out
     for name in THROUGHPUTS:
-        value = values[name]
-        out[f"{name}_interval"] = [value * step / band.high_s, value * step / band.low_s] if value else None
+        out[f"{name}_interval"] = throughput_interval(values[name], step, band)
     return out
+
+
+def throughput_interval(value: float, step_s: float, band: StepInterval) -> list[float] | None:
+    """A throughput's 80% interval from its step's: the throughput scales as one over the step."""
+    return [value * step_s / band.high_s, value * step_s / band.low_s] if value else None
+
+
+@dataclass(frozen=True)
+class LaterInterval:
+    """What a row's 80% interval is computed from later (:func:`later_interval`)."""
+
+    replay: Replay
+    step_s: float
+    tokens_per_s: float
+
+
+def later_interval(metrics: dict, scenario, modelled_gpu: bool, timeline: Timeline | None,
+                   setting: Setting | None) -> LaterInterval | None:
+    """The interval of a run, left to compute later where one applies: a search keeps it for every
+    row it simulates and computes only the rows it shows (:func:`later_columns`), the same figures
+    as simulating them with their interval."""
+    if interval_group(scenario, modelled_gpu) is None or timeline is None or not makes_progress(metrics):
+        return None
+    return LaterInterval(replay_of(timeline, setting), metrics["step_time_s"], metrics["tokens_per_s"])
+
+
+def later_columns(later: LaterInterval) -> dict[str, float | None]:
+    """The 80% interval's columns of a table row (``zero_sim.plan.sweep.summary_row``'s), computed now."""
+    band = replay_interval(later.replay, later.step_s)
+    low, high = throughput_interval(later.tokens_per_s, later.step_s, band) or (None, None)
+    return {"step_ms_low": band.low_s * 1e3, "step_ms_high": band.high_s * 1e3,
+            "tokens_per_s_low": low, "tokens_per_s_high": high}
 
 
 def widest_inputs(band: dict, n: int = 2) -> str:

@@ -26,10 +26,12 @@ from typing import Any
 
 import pandas as pd
 
+from zero_sim.intervals.speed import later_columns
 from zero_sim.plan.bounds import bounds
 from zero_sim.plan.candidates import FITS, NO_FIT, REFUSED, candidates, knobs_label, ranked
 from zero_sim.plan.executors import map_on
-from zero_sim.plan.sweep import INTERVAL_COLUMNS, Progress, run_rows
+from zero_sim.plan.sweep import Progress, run_rows
+from zero_sim.published.ranking import MIN_DIFFERENCE
 from zero_sim.scenario import ScenarioError
 from zero_sim.strategies import accepting
 from zero_sim.strategies.capabilities import FP8_ALL_GATHER
@@ -112,7 +114,6 @@ def search(space: list[dict], top: int = 10, executor: Any = None, progress: Pro
     settled, open_ = _bounded(space, executor)
     rows: list[dict] = []
     fastest: list[float] = []  # tokens/s of the candidates simulated that fit, best first
-    simulated: list[dict] = []  # the scenario of each row simulated, in the rows' order
     while open_:
         kth = fastest[top - 1] if len(fastest) >= top else 0.0
         still = [(b, s) for b, s in open_ if not b.cannot_reach(kth)]
@@ -121,34 +122,48 @@ def search(space: list[dict], top: int = 10, executor: Any = None, progress: Pro
         if not still:
             break
         chunk, open_ = still[:batch], still[batch:]
-        done = run_rows([s for _, s in chunk], executor=executor, interval=False)
+        done = run_rows([s for _, s in chunk], executor=executor, interval="later")
         for row in done:
             row["settled"] = SIMULATED
             if row.get("error") is None and row.get("fits"):
                 fastest.append(row["tokens_per_s"])
         fastest.sort(reverse=True)
         rows += done
-        simulated += [s for _, s in chunk]
+        _forget_unshowable(rows, fastest, top)
         if progress is not None:
             progress(len(rows) + len(settled), len(space))
-    with_intervals(rows, simulated, top, executor)
+    with_intervals(rows, top)
     if progress is not None:
         progress(len(space), len(space))  # the rest settled by their bounds
     return rank(pd.DataFrame(rows + settled), top)
 
 
-def with_intervals(rows: list[dict], scenarios: list[dict], top: int, executor: Any = None) -> None:
-    """The 80% intervals of the rows a plan shows (the ``top`` fastest that fit), simulated again with
-    them; every other candidate was simulated without (re-timing a step for its interval can cost
-    more than simulating it)."""
-    fitting = [i for i, row in enumerate(rows) if row.get("error") is None and row.get("fits")]
-    if not fitting:
+def _forget_unshowable(rows: list[dict], fastest: list[float], top: int) -> None:
+    """Drop what computes the interval of a row that can no longer be shown: slower than MIN_DIFFERENCE
+    below the K-th fastest, it can neither enter the top K nor tie with the fastest (near-ties are
+    shown by room to spare), and the K-th fastest only grows."""
+    if len(fastest) < top:
         return
-    # The rows shown are those of the table's own order (near-ties broken toward room to spare).
-    order = ranked(pd.DataFrame([rows[i] for i in fitting]).assign(_row=fitting))
-    fitting = [int(i) for i in order["_row"].head(top)]
-    for i, again in zip(fitting, run_rows([scenarios[i] for i in fitting], executor=executor), strict=True):
-        rows[i].update({key: again.get(key) for key in INTERVAL_COLUMNS})
+    floor = fastest[top - 1] * (1.0 - MIN_DIFFERENCE)
+    for row in rows:
+        if row.get("later_interval") is not None and row["tokens_per_s"] < floor:
+            row["later_interval"] = None
+
+
+def with_intervals(rows: list[dict], top: int) -> None:
+    """The 80% intervals of the rows a plan shows (the ``top`` fastest that fit), re-timed from the
+    steps their simulations kept (the same figures as simulating them with intervals); no other row
+    has one.  What computed them is then dropped from every row."""
+    fitting = [i for i, row in enumerate(rows) if row.get("error") is None and row.get("fits")]
+    if fitting:
+        # The rows shown are those of the table's own order (near-ties broken toward room to spare).
+        order = ranked(pd.DataFrame([{k: v for k, v in rows[i].items() if k != "later_interval"}
+                                     for i in fitting]).assign(_row=fitting))
+        for i in (int(i) for i in order["_row"].head(top)):
+            if rows[i].get("later_interval") is not None:
+                rows[i].update(later_columns(rows[i]["later_interval"]))
+    for row in rows:
+        row.pop("later_interval", None)
 
 
 def rank(df: pd.DataFrame, top: int) -> pd.DataFrame:

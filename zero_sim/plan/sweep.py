@@ -69,19 +69,18 @@ def summary_row(result) -> dict:
     }
 
 
-# The columns of a row's 80% interval: None in a row simulated without one.
-INTERVAL_COLUMNS = ("step_ms_low", "step_ms_high", "tokens_per_s_low", "tokens_per_s_high")
-
-
-def simulate_row(scenario: Mapping[str, Any], interval: bool = True) -> dict:
+def simulate_row(scenario: Mapping[str, Any], interval: bool | str = True) -> dict:
     """One scenario's row: its keywords, then its figures or the sentence that refused it; its 80%
-    interval's columns are None without ``interval``.  A top-level function, so that a process pool or
-    a Dask worker can run it."""
+    interval's columns are None without ``interval``, and with ``interval="later"`` the row keeps
+    what computes them in ``later_interval`` (:func:`zero_sim.intervals.speed.later_columns`).
+    A top-level function, so that a process pool or a Dask worker can run it."""
     s = dict(scenario)
     try:
-        return s | summary_row(simulate(**s, interval=interval)) | {"error": None}
+        result = simulate(**s, interval=interval)
     except (ScenarioError, ValueError) as exc:
         return s | {"error": str(exc)}
+    later = {"later_interval": result.later_interval} if interval == "later" else {}
+    return s | summary_row(result) | {"error": None} | later
 
 
 def sweep(scenarios: Iterable[Mapping[str, Any]], progress: Progress = None,
@@ -99,7 +98,7 @@ def sweep(scenarios: Iterable[Mapping[str, Any]], progress: Progress = None,
 
 
 def run_rows(scenarios: list[dict], progress: Progress = None, description: str = "simulating",
-             executor: Any = None, interval: bool = True) -> list[dict]:
+             executor: Any = None, interval: bool | str = True) -> list[dict]:
     """:func:`simulate_row` of each scenario, here or on ``executor``, reporting progress."""
     own_bar = progress is True
     if own_bar:
@@ -123,4 +122,4 @@ def run_rows(scenarios: list[dict], progress: Progress = None, description: str 
     return rows
 
 
-__all__ = ["INTERVAL_COLUMNS", "Progress", "run_rows", "simulate_row", "summary_row", "sweep"]
+__all__ = ["Progress", "run_rows", "simulate_row", "summary_row", "sweep"]

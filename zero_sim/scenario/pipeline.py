@@ -10,8 +10,7 @@ machine (:mod:`zero_sim.scenario.machine`: topology, compute model, host costs, 
 is offloaded (:func:`zero_sim.strategies.features.offload_plan`) and the strategy's context,
 refusing what cannot be simulated in one sentence; then the strategy's program runs on the
 engine, and the result carries the typed :class:`~zero_sim.scenario.types.Scenario` it was
-simulated with. A knob given to a strategy that does not take it is refused with a sentence naming
-the strategies it belongs to.
+simulated with (a knob given to a strategy that does not take it is refused naming its owners).
 """
 
 from __future__ import annotations
@@ -31,7 +30,7 @@ from zero_sim.engine.run_types import EngineConfig, RunOutput, Straggler
 from zero_sim.engine.shared_cores import SharedCores
 from zero_sim.intervals.memory import with_interval
 from zero_sim.intervals.sampling import Setting
-from zero_sim.intervals.speed import confidence_fields
+from zero_sim.intervals.speed import confidence_fields, later_interval
 from zero_sim.results import SimResult, allocator_reserve, compute_metrics, context_gb
 from zero_sim.scenario.inputs import canonical_names, with_stack
 from zero_sim.scenario.machine import (
@@ -109,11 +108,9 @@ def _check_names(s: CommonSettings) -> None:
 
 
 def check_size(s: CommonSettings, layers: int, ops_per_step: int | None = None, alike: bool = False) -> None:
-    """Refuse a simulation beyond :data:`MAX_OP_INSTANCES` unless ``allow_huge``.
-
-    Before the program is built ``ops_per_step`` is unknown, and the two ops every layer has
-    per micro-step (forward and backward) are counted, so an absurd ``grad_accum`` is refused
-    before it is built; after, the program's own op count is used."""
+    """Refuse a simulation beyond :data:`MAX_OP_INSTANCES` unless ``allow_huge``.  Before the program
+    is built its ops are unknown and the forward and backward of every layer and micro-step are
+    counted (an absurd ``grad_accum`` is refused unbuilt); after, the program's own."""
     if s.allow_huge:
         return
     per_step = ops_per_step if ops_per_step is not None else 2 * layers * s.grad_accum
@@ -354,8 +351,8 @@ def _interval_inputs(p: Prepared, program: Program, run: RunOutput,
     s = p.settings
     timeline = timeline_of(program, run.op_seconds, s.steps, s.host_overhead_us * 1e-6,
                            engine.backend.always_after_compute)
-    features = unfitted_features(s, p.knobs)
-    return timeline, Setting(p.gpu.name, p.stack_given, s.gpus, p.topology.ranks_per_node, features)
+    return timeline, Setting(p.gpu.name, p.stack_given, s.gpus, p.topology.ranks_per_node,
+                             unfitted_features(s, p.knobs))
 
 
 def _result(p: Prepared, program: Program, run: RunOutput, scenario: Scenario,
@@ -401,19 +398,22 @@ def _result(p: Prepared, program: Program, run: RunOutput, scenario: Scenario,
                      run.events)
 
 
-def simulate(workload: Workload | None = None, *, interval: bool = True, **kwargs) -> SimResult:
+def simulate(workload: Workload | None = None, *, interval: bool | str = True, **kwargs) -> SimResult:
     """Simulate one training configuration; keywords are the CLI flags with underscores.
 
-    ``workload`` (Python only) replaces the model preset with a workload built elsewhere,
-    e.g. :func:`sim2real.module_workload.workload_from_module` on a real model.  ``calibration``
-    is a file path or a :class:`zero_sim.calibration.Calibration`.  ``interval=False`` leaves the
-    80% intervals out (None), for a search that computes them only for the rows it shows."""
+    ``workload`` (Python only) replaces the model preset with a workload built elsewhere, e.g.
+    :func:`sim2real.module_workload.workload_from_module` on a real model.  ``calibration`` is a file
+    path or a :class:`zero_sim.calibration.Calibration`.  ``interval=False`` leaves the 80% intervals
+    out (None); ``interval="later"`` too, keeping in ``result.later_interval`` what computes it later
+    (zero_sim.intervals.speed.later_columns): a search computes only the rows it shows."""
     p = prepare(workload, **kwargs)
-    program = _program(p)
-    figures = rank_figures(p)
-    # The run and its records allocate much and free little: no cyclic collections meanwhile.
-    with cyclic_gc_paused():
+    program, figures = _program(p), rank_figures(p)
+    with cyclic_gc_paused():  # the run allocates much and frees little: no cyclic collections meanwhile
         engine = _engine(p, program, figures)
         run = engine.run()
         inputs = _interval_inputs(p, program, run, engine) if interval else None
-        return _result(p, program, run, _scenario(p, figures), inputs)
+        result = _result(p, program, run, _scenario(p, figures), inputs if interval is True else None)
+        if interval == "later":
+            modelled = is_modelled_gpu(p.gpu, p.calibration)
+            result.later_interval = later_interval(result.metrics, result.scenario, modelled, *inputs)
+        return result
