@@ -51,6 +51,10 @@ def test_a_search_ranks_the_top_as_simulating_every_candidate_would():
         full[full["fits"]].head(5)[columns].reset_index(drop=True))
     assert (fast["settled"] == MEMORY_BOUND).sum() > 0  # some were settled without the engine
     assert (fast["settled"] == "simulated").sum() < len(space)
+    # A row settled by its time bound says the bound, under its own name: never as an interval.
+    out_of_running = fast[fast["settled"] == "time bound"]
+    assert len(out_of_running) and (out_of_running["tokens_per_s_bound"] > 0).all()
+    assert out_of_running[["tokens_per_s_low", "tokens_per_s_high"]].isna().all().all()
 
 
 def test_a_process_pool_gives_the_same_table():

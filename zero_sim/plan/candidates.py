@@ -23,7 +23,7 @@ from zero_sim.system.workload import RECOMPUTE_MODES
 # Knobs the planner leaves at their defaults: they change number formats, not the schedule; ZeRO++'s
 # quantization and secondary partition trade accuracy or memory for speed, so they are tried only
 # when asked (`zero-sim plan --zero-quantized-weights ...` sets them on every zero3 candidate).
-PLANNER_SKIPS = ("param_dtype", "reduce_dtype", "zero_quantized_weights", "zero_hpz_partition_size",
+PLANNER_SKIPS = ("param_dtype", "zero_quantized_weights", "zero_hpz_partition_size",
                  "zero_quantized_gradients")
 # A candidate's outcome: it fits; it runs but needs more memory than the GPU has; it cannot run here.
 FITS, NO_FIT, REFUSED = "fits", "does not fit in memory", "cannot run"

@@ -118,7 +118,7 @@ def search(space: list[dict], top: int = 10, executor: Any = None, progress: Pro
         kth = fastest[top - 1] if len(fastest) >= top else 0.0
         still = [(b, s) for b, s in open_ if not b.cannot_reach(kth)]
         settled += [s | {"error": None, "settled": TIME_BOUND, "fits": None,
-                         "tokens_per_s_high": b.tokens_per_s_high} for b, s in open_ if b.cannot_reach(kth)]
+                         "tokens_per_s_bound": b.tokens_per_s_high} for b, s in open_ if b.cannot_reach(kth)]
         if not still:
             break
         chunk, open_ = still[:batch], still[batch:]
