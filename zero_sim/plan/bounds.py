@@ -143,9 +143,7 @@ def _slowdown(p) -> float:
     """How much a GPU's compute slows while communication is in flight on its rank (the engine's
     plain GPU device); 0 where a CPU calibration's shared cores time the rank instead."""
     figures = rank_figures(p)
-    shared = (figures.collective_cpu_s, figures.comm_rate_while_computing,
-              figures.comm_bytes_rate_while_computing)
-    plain_gpu = p.gpu.name != "CPU" and shared == (0.0, 1.0, 1.0)
+    plain_gpu = p.gpu.name != "CPU" and figures.shared_cores is None
     return figures.overlap_slowdown if plain_gpu else 0.0
 
 

@@ -274,6 +274,12 @@ class RankFigures:
     comm_rate_while_computing: float = 1.0
     comm_bytes_rate_while_computing: float = 1.0
 
+    @property
+    def shared_cores(self) -> tuple[float, float, float] | None:
+        """The calibration's shared-core figures (zero_sim.engine.shared_cores), None if it measured none."""
+        shared = (self.collective_cpu_s, self.comm_rate_while_computing, self.comm_bytes_rate_while_computing)
+        return None if shared == (0.0, 1.0, 1.0) else shared
+
 
 def rank_figures(p: Prepared) -> RankFigures:
     """The calibration's CPU figures when it measured this many ranks; an explicit
@@ -300,10 +306,7 @@ def _program(p: Prepared) -> Program:
 
 def ranks_alike_in(p: Prepared) -> bool:
     """Whether rank 0 alone gives every rank's figures (zero_sim.scenario.symmetry)."""
-    figures = rank_figures(p)
-    shared = (figures.collective_cpu_s, figures.comm_rate_while_computing,
-              figures.comm_bytes_rate_while_computing) != (0.0, 1.0, 1.0)
-    return ranks_alike(p.settings, p.topology, p.gpu.name, shared)
+    return ranks_alike(p.settings, p.topology, p.gpu.name, rank_figures(p).shared_cores is not None)
 
 
 def _engine(p: Prepared, program: Program, figures: RankFigures) -> Engine:
@@ -312,14 +315,12 @@ def _engine(p: Prepared, program: Program, figures: RankFigures) -> Engine:
     if s.straggler_prob > 0 and s.straggler_ms > 0:
         straggler = Straggler(s.straggler_prob, s.straggler_ms * 1e-3, s.seed)
     device = (CpuDevice if p.gpu.name == "CPU" else GpuDevice)(figures.overlap_slowdown)
-    shared = (figures.collective_cpu_s, figures.comm_rate_while_computing,
-              figures.comm_bytes_rate_while_computing)
-    if shared != (0.0, 1.0, 1.0):
+    if figures.shared_cores is not None:
         # The calibration's CPU figures apply to whatever device the scenario names.
-        device = SharedCores(device, *shared)
+        device = SharedCores(device, *figures.shared_cores)
+    alike = ranks_alike(s, p.topology, p.gpu.name, figures.shared_cores is not None)
     config = EngineConfig(steps=s.steps, host_overhead_s=s.host_overhead_us * 1e-6,
-                          explicit_ranks=explicit_ranks(s, ranks_alike_in(p)), straggler=straggler,
-                          device=device)
+                          explicit_ranks=explicit_ranks(s, alike), straggler=straggler, device=device)
     collectives = CollectiveModel(p.topology, s.backend, s.algorithm, p.calibration)
     return Engine(program, p.topology, collectives, config)
 
