@@ -181,7 +181,10 @@ def _step_ms(page) -> float | None:
     return float(m.group(1).replace(",", "")) if m else None
 
 
-def test_moving_the_bandwidth_slider_changes_the_step_time(jupyter_lab, hard_deadline):
+@contextlib.contextmanager
+def _page_after_run_all(url: str, failure: Path):
+    """A fresh browser's page on the notebook at ``url`` after Run > Run All Cells, closed afterwards;
+    if anything in the ``with`` block fails, what the page showed is saved to ``failure`` first."""
     sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     with sync_api.sync_playwright() as pw, tempfile.TemporaryDirectory() as profile:
@@ -189,48 +192,53 @@ def test_moving_the_bandwidth_slider_changes_the_step_time(jupyter_lab, hard_dea
         try:
             page = context.pages[0] if context.pages else context.new_page()
             page.set_default_timeout(60_000)
-            _open_and_run_all(page, f"{jupyter_lab}/lab/tree/{NOTEBOOK}", sync_api)
-
-            metrics = page.locator(".zs-metrics").first
-            metrics.wait_for(state="attached", timeout=90_000)
-            page.wait_for_function(
-                "() => /step time\\s+[0-9.]+\\s*ms/"
-                ".test(document.querySelector('.zs-metrics')?.textContent || '')",
-                timeout=60_000)
-            metrics.scroll_into_view_if_needed()
-            before = _step_ms(page)
-            assert before is not None and before > 0
-
-            # Move the bandwidth slider: focus its handle and page down (noUiSlider's keyboard support).
-            handle = page.locator(".zs-bandwidth .noUi-handle").first
-            handle.scroll_into_view_if_needed()
-            handle.focus()
-            pressed = time.monotonic()
-            for _ in range(3):
-                page.keyboard.press("PageDown")
-            page.wait_for_function(
-                "(before) => { const m = /step time\\s+([0-9.]+)\\s*ms/.exec("
-                "document.querySelector('.zs-metrics')?.textContent || ''); "
-                "return m && Math.abs(parseFloat(m[1]) - before) > 1e-6; }",
-                arg=before, timeout=60_000)
-            latency_s = time.monotonic() - pressed
-            after = _step_ms(page)
-            assert after is not None and after != before, f"step time stayed at {before} ms"
-            # Less bandwidth, longer step: the explorer showed the new scenario, not a stale one.
-            assert after > before, f"bandwidth went down but the step went from {before} to {after} ms"
-            # The live matplotlib canvas rendered too.
-            assert page.locator(".zs-timeline-explorer canvas").count() > 0
-            page.wait_for_timeout(500)
-            page.screenshot(path=str(ARTIFACTS / "02_timeline_explorer.png"), full_page=True)
-            print(f"step time {before} ms -> {after} ms after lowering the bandwidth "
-                  f"(first new number on screen {latency_s * 1e3:.0f} ms after the key press)")
+            _open_and_run_all(page, url, sync_api)
+            yield page
         except BaseException:
             # What the page looked like when it went wrong: the first thing to look at.
             with contextlib.suppress(Exception):
-                page.screenshot(path=str(ARTIFACTS / "02_timeline_explorer-failure.png"), full_page=True)
+                page.screenshot(path=str(failure), full_page=True)
             raise
         finally:
             context.close()
+
+
+def test_moving_the_bandwidth_slider_changes_the_step_time(jupyter_lab, hard_deadline):
+    with _page_after_run_all(f"{jupyter_lab}/lab/tree/{NOTEBOOK}",
+                             ARTIFACTS / "02_timeline_explorer-failure.png") as page:
+        metrics = page.locator(".zs-metrics").first
+        metrics.wait_for(state="attached", timeout=90_000)
+        page.wait_for_function(
+            "() => /step time\\s+[0-9.]+\\s*ms/"
+            ".test(document.querySelector('.zs-metrics')?.textContent || '')",
+            timeout=60_000)
+        metrics.scroll_into_view_if_needed()
+        before = _step_ms(page)
+        assert before is not None and before > 0
+
+        # Move the bandwidth slider: focus its handle and page down (noUiSlider's keyboard support).
+        handle = page.locator(".zs-bandwidth .noUi-handle").first
+        handle.scroll_into_view_if_needed()
+        handle.focus()
+        pressed = time.monotonic()
+        for _ in range(3):
+            page.keyboard.press("PageDown")
+        page.wait_for_function(
+            "(before) => { const m = /step time\\s+([0-9.]+)\\s*ms/.exec("
+            "document.querySelector('.zs-metrics')?.textContent || ''); "
+            "return m && Math.abs(parseFloat(m[1]) - before) > 1e-6; }",
+            arg=before, timeout=60_000)
+        latency_s = time.monotonic() - pressed
+        after = _step_ms(page)
+        assert after is not None and after != before, f"step time stayed at {before} ms"
+        # Less bandwidth, longer step: the explorer showed the new scenario, not a stale one.
+        assert after > before, f"bandwidth went down but the step went from {before} to {after} ms"
+        # The live matplotlib canvas rendered too.
+        assert page.locator(".zs-timeline-explorer canvas").count() > 0
+        page.wait_for_timeout(500)
+        page.screenshot(path=str(ARTIFACTS / "02_timeline_explorer.png"), full_page=True)
+        print(f"step time {before} ms -> {after} ms after lowering the bandwidth "
+              f"(first new number on screen {latency_s * 1e3:.0f} ms after the key press)")
 
 
 # The notebooks of the course's walk-through that draw widgets, each run in the browser, screenshotted,
@@ -250,18 +258,10 @@ DONE = """() => document.querySelector(".jp-Notebook-ExecutionIndicator")?.datas
 
 @pytest.mark.parametrize("stem", LABELLED)
 def test_every_label_fits_its_box_after_run_all(jupyter_lab, hard_deadline, stem):
-    sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    with sync_api.sync_playwright() as pw, tempfile.TemporaryDirectory() as profile:
-        context = _launch(pw, profile)
-        try:
-            page = context.pages[0] if context.pages else context.new_page()
-            page.set_default_timeout(60_000)
-            _open_and_run_all(page, f"{jupyter_lab}/lab/tree/{stem}.ipynb", sync_api)
-            page.wait_for_function(DONE, timeout=180_000)
-            page.wait_for_timeout(1000)  # the last widgets render
-            page.screenshot(path=str(ARTIFACTS / f"{stem}.png"), full_page=True)
-            cut = page.evaluate(CUT_WORDS)
-            assert not cut, f"{stem}: words cut by their box at JupyterLab's default width: {cut}"
-        finally:
-            context.close()
+    notebook = f"{jupyter_lab}/lab/tree/{stem}.ipynb"
+    with _page_after_run_all(notebook, ARTIFACTS / f"{stem}-failure.png") as page:
+        page.wait_for_function(DONE, timeout=180_000)
+        page.wait_for_timeout(1000)  # the last widgets render
+        page.screenshot(path=str(ARTIFACTS / f"{stem}.png"), full_page=True)
+        cut = page.evaluate(CUT_WORDS)
+        assert not cut, f"{stem}: words cut by their box at JupyterLab's default width: {cut}"
