@@ -13,7 +13,7 @@ from zero_sim import simulate
 from zero_sim.cli import main
 from zero_sim.published import load_points
 from zero_sim.scenario import ScenarioError, resolve
-from zero_sim.system.elementwise import ELEMENTWISE_BYTES
+from zero_sim.system.elementwise import ELEMENTWISE_BYTES, HF_EXTRA_BYTES
 from zero_sim.system.gpt_layers import gpt_workload
 from zero_sim.system.gpus import GPUS
 from zero_sim.system.hardware import MEMORY_BWD_OVER_FWD, ComputeModel
@@ -28,6 +28,18 @@ EAGER_RMSNORM = {"x.float()": (2, 4), "pow(2)": (4, 4), "mean(-1)": (4, 0), "x *
 EAGER_ROTARY = {"xq.float()": (2, 4), "complex multiply": (4, 4), "type_as(xq)": (4, 2)}
 # fms's RotaryEmbedding.adjusted_qk: the product with 2 x 2 rotations writes fp32 twice q's size.
 FMS_ROTARY = {"q.float()": (2, 4), "freqs.mul(q_)": (4, 8), "sum(5)": (8, 4), "type_as(q)": (4, 2)}
+# transformers' GPT2Attention._attn between its two matmuls, per score element, fp16: forward kernels
+# and the backward autograd runs for each (the additive mask needs no gradient: none runs).
+HF_SCORES_FWD = {"/ sqrt(d)": (2, 2), "+ attention_mask": (2, 2)}
+HF_SCORES_BWD = {"grad / sqrt(d)": (2, 2)}
+HF_CAUSAL_FWD = {"torch.where(causal_mask, w, min)": (2, 2)}
+HF_CAUSAL_BWD = {"torch.where(causal_mask, grad, 0)": (2, 2)}
+# NewGELUActivation, 0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x**3))), per element of the MLP.
+GELU_NEW_FWD = {"pow(x, 3)": (2, 2), "0.044715 *": (2, 2), "x +": (4, 2), "sqrt(2 / pi) *": (2, 2),
+                "tanh": (2, 2), "1 +": (2, 2), "0.5 * x": (2, 2), "*": (4, 2)}
+GELU_NEW_BWD = {"grad * (1 + tanh)": (4, 2), "grad * 0.5x": (4, 2), "tanh_backward": (4, 2),
+                "* sqrt(2 / pi)": (2, 2), "* 0.044715": (2, 2), "pow(x, 2)": (2, 2), "* 3": (2, 2),
+                "* grad": (4, 2), "* 0.5": (2, 2), "x's gradients: two adds": (8, 4)}
 
 
 def chain_bytes(chain: dict[str, tuple[int, int]]) -> int:
@@ -52,6 +64,35 @@ def test_eager_rotary_is_the_complex_multiply_and_fms_writes_twice_as_much():
     assert chain_bytes(EAGER_ROTARY) == ELEMENTWISE_BYTES["eager"]["rotary"] == 20
     assert chain_bytes(FMS_ROTARY) == ELEMENTWISE_BYTES["eager-fms"]["rotary"] == 36
     assert ELEMENTWISE_BYTES["fused"]["rotary"] == 4
+
+
+def test_hugging_faces_attention_scores_and_gelu_new_are_counted_kernel_by_kernel_both_ways():
+    assert HF_EXTRA_BYTES["scores"] == (chain_bytes(HF_SCORES_FWD), chain_bytes(HF_SCORES_BWD)) == (8, 4)
+    assert HF_EXTRA_BYTES["causal_mask"] == (chain_bytes(HF_CAUSAL_FWD), chain_bytes(HF_CAUSAL_BWD)) == (4, 4)
+    # The chain less the one GeLU kernel it stands for: forward 2 + 2, backward gelu_backward's 4 + 2.
+    assert chain_bytes(GELU_NEW_FWD) == 36 and chain_bytes(GELU_NEW_BWD) == 56
+    assert HF_EXTRA_BYTES["gelu_tanh"] == (36 - 4, 56 - 6)
+
+
+def test_eager_hf_adds_to_gpt2_what_its_code_runs_and_nothing_to_an_sdpa_llama():
+    model = ComputeModel(GPUS["V100"])
+    eager = block("gpt2-350m", "eager", attention="eager")
+    hf = block("gpt2-350m", "eager-hf", attention="eager")
+    assert hf.work.memory_bytes == eager.work.memory_bytes  # the rule-following part is eager's
+    b, s, a, f = 1, 4096, 16, 4096
+    scores, mlp = b * a * s * s, b * s * f
+    assert hf.work.listed_bytes_fwd == 8 * scores + 4 * scores + 32 * mlp
+    assert hf.work.listed_bytes_bwd == 4 * scores + 4 * scores + 50 * mlp
+    rate = GPUS["V100"].hbm_gbps * 1e9 * model.elementwise_efficiency
+    for direction, listed in (("fwd", hf.work.listed_bytes_fwd), ("bwd", hf.work.listed_bytes_bwd)):
+        extra = model.op_seconds("block", direction, hf.work)["memory"] - \
+            model.op_seconds("block", direction, eager.work)["memory"]
+        assert extra == pytest.approx(listed / rate, rel=1e-9)
+    # Llama under SDPA: the scores never leave the kernel and SwiGLU is not gelu_new.
+    llama_eager, llama_hf = block("llama2-7b", "eager"), block("llama2-7b", "eager-hf")
+    assert llama_hf.work == llama_eager.work
+    assert resolve(stack="hf-trainer").settings.elementwise == "eager-hf"
+    assert resolve(stack="hf-trainer-2021").settings.elementwise == "eager-hf"
 
 
 def test_ops_eager_pytorch_already_runs_as_one_kernel_cost_the_same_in_every_setting():
@@ -106,7 +147,7 @@ def test_fused_keeps_every_presets_bytes_as_the_per_op_count_had_them(name):
 
     def block_bytes(sublayers: int) -> int:  # each sublayer: a norm, a residual add, a dropout
         total = (4 + 6 + (5 if s.dropout else 0)) * t * h * sublayers
-        total += {"gelu": 4, "relu": 4, "swiglu": 10}[s.mlp] * t * f
+        total += {"gelu": 4, "gelu_tanh": 4, "relu": 4, "swiglu": 10}[s.mlp] * t * f
         if s.positions == "rotary":
             total += 4 * t * (s.n_head + s.n_kv_head) * s.d_head
         return total
@@ -160,7 +201,7 @@ def test_elementwise_is_a_setting_and_the_default_stack_runs_eager_chains():
 
 
 def test_a_bad_value_gets_one_sentence():
-    sentence = "--elementwise must be one of fused, fused-norm, eager, eager-fms, got 'compiled'"
+    sentence = "--elementwise must be one of fused, fused-norm, eager, eager-fms, eager-hf, got 'compiled'"
     with pytest.raises(ScenarioError, match=sentence):
         simulate(elementwise="compiled")
     with pytest.raises(WorkloadError, match="unknown elementwise 'compiled'"):
@@ -170,7 +211,8 @@ def test_a_bad_value_gets_one_sentence():
 def test_a_bad_value_on_the_command_line_exits_with_status_2(capsys):
     assert main(["simulate", "--elementwise", "compiled"]) == 2
     err = capsys.readouterr().err.strip()
-    assert "invalid choice: 'compiled' (choose from 'fused', 'fused-norm', 'eager', 'eager-fms')" in err, err
+    choices = "'fused', 'fused-norm', 'eager', 'eager-fms', 'eager-hf'"
+    assert f"invalid choice: 'compiled' (choose from {choices})" in err, err
     assert "Traceback" not in err and len(err.splitlines()) == 1
 
 

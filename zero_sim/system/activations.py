@@ -77,7 +77,7 @@ def block_activation_bytes(s: int, b: int, h: int, a: int, recompute: str, *, kv
         norms += 2 * t * h
         attn += 2 * t * h + 2 * t * q + 4 * t * kv_saved + 2 * t * q + drop * t * h
         core *= 2
-    saved_f = {"gelu": 4 * t * f, "relu": 2 * t * f, "swiglu": 8 * t * f}[mlp]
+    saved_f = {"gelu": 4 * t * f, "gelu_tanh": 4 * t * f, "relu": 2 * t * f, "swiglu": 8 * t * f}[mlp]
     mlp_bytes = 2 * t * h + saved_f + drop * t * h
     return norms + attn + core + mlp_bytes
 

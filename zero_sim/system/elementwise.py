@@ -24,6 +24,20 @@ resolution):
   rotation: ``q.float()`` (2 + 4), a product with the rotation matrices that writes fp32
   twice q's size (reads 4, writes 8), ``sum`` over the pair (8 + 4), ``type_as`` (4 + 2):
   ``36*T*(a*d + kv*d)``;
+* ``"eager-hf"``: as ``"eager"``, plus what Hugging Face's modelling code runs beyond one fused
+  kernel (transformers' ``GPT2Attention._attn``, ``BertSelfAttention`` and
+  ``NewGELUActivation``), listed in :data:`HF_EXTRA_BYTES` with each direction counted kernel by
+  kernel: eager attention's scores go through a separate scale (2 + 2; backward scales the
+  gradient, 2 + 2), the decoder's causal ``torch.where`` (2 + 2; backward another ``where``,
+  2 + 2) and the padding mask the Trainer's batches carry (2 + 2; backward passes the gradient
+  through), before the softmax a fused kernel would run alone; GPT-2's ``gelu_new`` (the
+  ``gelu_tanh`` MLP) is eight kernels, ``pow`` 2 + 2, a scalar product 2 + 2, ``x + ...``
+  2 + 2 + 2, a scalar product 2 + 2, ``tanh`` 2 + 2, ``1 + ...`` 2 + 2, ``0.5 * x`` 2 + 2 and the
+  product 2 + 2 + 2 (36 bytes an element where one kernel moves 4), and autograd runs each one's
+  backward: the product's two (6 + 6), ``tanh``'s (6), two scalar products (4 + 4), ``pow``'s
+  ``3 * x**2 * grad`` (4 + 4 + 6), ``0.5 *`` (4) and two adds gathering x's three gradients
+  (6 + 6): 56 where one ``gelu_backward`` moves 6.  These small kernels' backward is not the
+  2.6x of norm chains (which save fp32 intermediates), hence the separate count;
 * unchanged, because eager PyTorch already runs them as the kernels counted above:
   LayerNorm (one ``native_layer_norm`` kernel), GeLU and ReLU (one kernel each), SwiGLU
   (``silu`` then the product: two kernels, ``10*T*f``), residual adds, dropout, the
@@ -34,7 +48,7 @@ resolution):
   element against the input's 2), so saved activations are the same in every setting.
 
 Eager backward chains are taken at the same ratio: backward moves twice the forward's bytes
-in every setting (:mod:`zero_sim.system.hardware`).
+in every setting (:mod:`zero_sim.system.hardware`), except the kernels ``"eager-hf"`` lists.
 """
 
 from __future__ import annotations
@@ -43,7 +57,9 @@ from __future__ import annotations
 # fused-norm: fused norms beside the eager rotary chain (torchtitan's fused_rmsnorm, uncompiled);
 # eager: the chains of ATen kernels eager PyTorch code runs (see the module docstring); eager-fms:
 # the same, with foundation-model-stack's real-rotation rotary in place of the complex multiply.
-ELEMENTWISE_IMPLS = ("fused", "fused-norm", "eager", "eager-fms")
+# eager-hf: eager's chains plus Hugging Face modelling code's separate attention-score kernels and GPT-2's
+# Python gelu_new.
+ELEMENTWISE_IMPLS = ("fused", "fused-norm", "eager", "eager-fms", "eager-hf")
 DEFAULT_ELEMENTWISE = "fused"
 # Forward HBM bytes per element of each memory-bound op of a block, head or embedding, bf16
 # activations.  The rule: every kernel reads each input once and writes its output once, so a
@@ -55,10 +71,14 @@ _FUSED_BYTES = {
     "residual_add": 6,  # read two bf16 inputs (2 + 2), write 2
     "dropout": 5,  # read 2, write 2 and a 1-byte mask
     "gelu": 4,  # per element of the MLP width: read 2, write 2
+    "gelu_tanh": 4,  # GPT-2's tanh approximation as one kernel (F.gelu(approximate="tanh"), fused bias-GeLU)
     "relu": 4,  # read 2, write 2
     "silu": 4,  # SwiGLU's gate: read 2, write 2
     "product": 6,  # SwiGLU's gate times up: read 2 + 2, write 2
     "gather": 4,  # the embedding lookup: read a row (2), write it (2)
+    # Per element of eager attention's s x s scores, between its two batched GEMMs: one kernel that
+    # scales, masks and softmaxes (read 2, write 2).  Dropout over the scores is the "dropout" entry.
+    "scores": 4,
     "loss": 14,  # per logit, as eager code runs it: cast to fp32 (read 2, write 4), log-softmax (4 + 4)
 }
 ELEMENTWISE_BYTES = {
@@ -75,4 +95,17 @@ ELEMENTWISE_BYTES = {
 # q.float() 2+4; freqs.mul(q_) reads fp32 q (4) and writes a 2 x 2 product per pair, fp32 twice
 # q's size (8); sum(5) reads that (8), writes 4; type_as 4+2: fms's RotaryEmbedding.adjusted_qk.
 ELEMENTWISE_BYTES["eager-fms"] = ELEMENTWISE_BYTES["eager"] | {"rotary": 36}
+ELEMENTWISE_BYTES["eager-hf"] = ELEMENTWISE_BYTES["eager"]
+# What "eager-hf" runs beyond the fused kernel of the same key, per element: (forward, backward)
+# HBM bytes, each counted kernel by kernel (module docstring).  "scores": the separate scale and
+# padding-mask add over eager attention's scores; "causal_mask": the decoder's torch.where;
+# "gelu_tanh": gelu_new's chain less one GeLU kernel (36 - 4 forward, 56 - 6 backward).
+HF_EXTRA_BYTES = {"scores": (8, 4), "causal_mask": (4, 4), "gelu_tanh": (32, 50)}
+
+
+def listed_bytes(elementwise: str) -> dict[str, tuple[int, int]]:
+    """The chains the setting runs beyond fused kernels, counted op by op in both directions."""
+    return HF_EXTRA_BYTES if elementwise == "eager-hf" else {}
+
+
 ELEMENTWISE_BYTES["fused-norm"] = _FUSED_BYTES | {"rotary": ELEMENTWISE_BYTES["eager"]["rotary"]}

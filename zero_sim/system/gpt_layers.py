@@ -9,8 +9,9 @@ and vocabulary projection).  :class:`GPTShape` names its shape:
 
 * ``d_model`` = h, ``n_head`` = a query heads of ``head_dim`` (default h/a), ``kv_heads``
   key/value heads (grouped-query attention; default a), ``ffn_hidden`` = f (default 4h);
-* ``mlp``: ``"gelu"`` (two matrices h×f, f×h; GPT, BERT, MPT), ``"relu"`` (the same two
-  matrices; T5) or ``"swiglu"`` (three: gate and up h×f, down f×h; Llama, Mistral);
+* ``mlp``: ``"gelu"`` (two matrices h×f, f×h; GPT, BERT, MPT), ``"gelu_tanh"`` (the same, with
+  GPT-2's tanh approximation, which Hugging Face's code runs as a chain of kernels), ``"relu"``
+  (the same two matrices; T5) or ``"swiglu"`` (three: gate and up h×f, down f×h; Llama, Mistral);
 * ``norm``: ``"layernorm"`` (a weight, and a bias when ``bias`` is on) or ``"rmsnorm"`` (a
   weight only); ``bias``: biases on every linear layer (GPT-2/3, BERT) or none (Llama, MPT,
   T5); ``positions``: ``"learned"`` (a seq_len×h table), ``"rotary"`` (no parameters),
@@ -39,12 +40,13 @@ here.  Bytes per element of each op are in
 * a norm reads and writes the hidden state: ``4*T*h``; a residual add reads two and writes
   one: ``6*T*h``; a dropout reads, writes and writes a 1-byte mask: ``5*T*h``;
 * rotary embeddings read and write Q and K: ``4*T*(a*d + kv*d)``;
-* the MLP's activation: GeLU or ReLU ``4*T*f``; SwiGLU a SiLU (``4*T*f``) and a product
+* the MLP's activation: GeLU (either form) or ReLU ``4*T*f``; SwiGLU a SiLU (``4*T*f``) and a product
   (reads two, writes one: ``6*T*f``);
 * eager attention also runs a softmax over the score matrix (scale and mask fused into it):
-  ``4*b*a*s*s_k`` bytes, plus its dropout (``5*b*a*s*s_k``), plus, with fewer KV heads than
-  query heads, copying K and V out to every query head (``4*T*(kv*d + a*d)``).  Flash
-  attention keeps all of that on chip: its traffic is part of the attention kernel;
+  ``4*b*a*s*s_k`` bytes (separate kernels: ``"eager-hf"``), plus its dropout
+  (``5*b*a*s*s_k``), plus, with fewer KV heads than query heads, copying K and V out to every
+  query head (``4*T*(kv*d + a*d)``).  Flash attention keeps all of that on chip: its traffic
+  is part of the attention kernel;
 * embedding: the gather (``4*T*h``), the learned position add (``6*T*h``), dropout;
   head: the final norm, and the loss: logits cast to fp32 (reads 2, writes 4 bytes per
   logit) and log-softmax (reads and writes 4): ``14*T*V``.
@@ -71,7 +73,12 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from zero_sim.system.activations import block_activation_bytes, projection_outputs
-from zero_sim.system.elementwise import DEFAULT_ELEMENTWISE, ELEMENTWISE_BYTES, ELEMENTWISE_IMPLS
+from zero_sim.system.elementwise import (
+    DEFAULT_ELEMENTWISE,
+    ELEMENTWISE_BYTES,
+    ELEMENTWISE_IMPLS,
+    listed_bytes,
+)
 from zero_sim.system.workload import (
     ATTENTION_IMPLS,
     DEFAULT_ATTENTION,
@@ -101,7 +108,7 @@ class GPTShape:
     tied: bool = False  # head reuses the embedding's token table (GPT-2 does)
     kv_heads: int | None = None  # key/value heads (grouped-query attention); None: n_head
     ffn_hidden: int | None = None  # MLP width f; None: 4 * d_model
-    mlp: str = "gelu"  # "gelu" | "relu" (2 matrices) | "swiglu" (3 matrices)
+    mlp: str = "gelu"  # "gelu" | "gelu_tanh" | "relu" (2 matrices) | "swiglu" (3 matrices)
     norm: str = "layernorm"  # "layernorm" (weight, + bias when `bias`) | "rmsnorm" (weight)
     bias: bool = True  # biases on the linear layers (and on LayerNorm)
     positions: str = "learned"  # "learned" | "rotary" | "alibi" | "relative"
@@ -138,7 +145,7 @@ class GPTShape:
         if self.ffn_hidden is not None and self.ffn_hidden != 4 * self.d_model:
             parts.append(f"FFN {self.ffn_hidden}")
         if self.mlp != "gelu":
-            parts.append({"swiglu": "SwiGLU", "relu": "ReLU"}[self.mlp])
+            parts.append({"swiglu": "SwiGLU", "relu": "ReLU", "gelu_tanh": "tanh GeLU"}[self.mlp])
         if self.norm != "layernorm":
             parts.append("RMSNorm")
         if not self.bias:
@@ -203,8 +210,12 @@ def _block_work(shape: GPTShape, b: int, attention: str, cross: bool,
     memory += activation * t * f
     if shape.positions == "rotary":
         memory += ops["rotary"] * t * (q + k)
+    # Kernels the setting runs beyond fused ones, counted op by op: elements each key applies to.
+    listed = {"gelu_tanh": t * f if shape.mlp == "gelu_tanh" else 0}
     if attention == "eager":
-        memory += (4 + drop) * b * a * s * sk * n_attn
+        scores = b * a * s * sk
+        memory += (ops["scores"] + drop) * scores * n_attn
+        listed |= {"scores": scores * n_attn, "causal_mask": scores if shape.causal else 0}
         if k < q:
             memory += 4 * t * (k + q) * n_attn
     # Each projection's FLOPs are its output width times its input width; op-level checkpointing
@@ -212,8 +223,11 @@ def _block_work(shape: GPTShape, b: int, attention: str, cross: bool,
     inputs = ([h, h, h, q] * n_attn) + ([h, h, f] if shape.mlp == "swiglu" else [h, f])
     outputs = projection_outputs(q, k, h, f, shape.mlp, cross)
     unsaved = sum(2 * t * i * o for i, o in list(zip(inputs, outputs, strict=True))[1::2])
+    extra = listed_bytes(elementwise)
+    fwd = sum(extra[k][0] * n for k, n in listed.items() if k in extra)
+    bwd = sum(extra[k][1] * n for k, n in listed.items() if k in extra)
     return Work(float(matmul), float(core), float(memory), t, h, s, a, dh, attention, float(unsaved),
-                shape.causal or cross)
+                shape.causal or cross, listed_bytes_fwd=float(fwd), listed_bytes_bwd=float(bwd))
 
 
 def _gpt_layers(shape: GPTShape, micro_batch: int, recompute: str, attention: str = DEFAULT_ATTENTION,

@@ -232,10 +232,12 @@ class ComputeModel:
         """The per-op model's seconds for ``gemm``, ``attention`` and ``memory`` kernels."""
         mult = 1.0 if direction == "fwd" else MEMORY_BWD_OVER_FWD
         dequantize = getattr(work, "dequantize_bytes", 0.0)  # quantized weights, once each way
+        # kernels counted op by op in each direction (Hugging Face's chains), outside the rule above
+        listed = getattr(work, "listed_bytes_fwd" if direction == "fwd" else "listed_bytes_bwd", 0.0)
         return {"gemm": self.gemm_seconds(kind, direction, work),
                 "attention": self.attention_seconds(direction, work),
                 "memory": self._elementwise_seconds(work.memory_bytes) * mult
-                + self._elementwise_seconds(dequantize)}
+                + self._elementwise_seconds(dequantize) + self._elementwise_seconds(listed)}
 
     # --- kernels ----------------------------------------------------------------------------
 

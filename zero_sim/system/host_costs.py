@@ -33,7 +33,8 @@ layout               8         views, transposes and contiguous copies of q, k, 
 norms (x2)           1 / 8     LayerNorm is one kernel; eager RMSNorm: cast, pow, mean, add,
                                rsqrt, mul, cast, mul
 rotary (q and k)     1 / 14    fused / eager rotate-half: two slices, neg, cat, two muls, add each
-activation           1 / 2     GELU or fused SwiGLU / eager SiLU then multiply
+activation           1 / 2 / 8 GELU or fused SwiGLU / eager SiLU then multiply / Hugging Face's
+                               GPT-2 gelu_new (pow, four scalar ops, tanh, add, multiply)
 residuals, dropout   2 / 4     two adds; two dropouts when the model trains with dropout
 ==================== ========= =================================================================
 
@@ -49,6 +50,8 @@ from dataclasses import dataclass
 BACKWARD_HOST_FACTOR = 1.0
 # RMSNorm as eager PyTorch writes it (HF's LlamaRMSNorm, torchtitan's pre-fused RMSNorm).
 EAGER_RMSNORM_OPS = 8
+# Hugging Face's gelu_new, GPT-2's activation (the gelu_tanh MLP under "eager-hf"): eight kernels.
+HF_GELU_NEW_OPS = 8
 # Rotate-half rotary on one of q, k: two slices, negate, concatenate, two multiplies, add.
 EAGER_ROTARY_OPS_EACH = 7
 LAYOUT_OPS = 8
@@ -68,6 +71,8 @@ def block_forward_ops(shape, attention: str, elementwise: str) -> int:
     if shape.positions == "rotary":
         rotary = 2 * EAGER_ROTARY_OPS_EACH if eager_chains else 1
     activation = 2 if shape.mlp == "swiglu" and eager_chains else 1
+    if shape.mlp == "gelu_tanh" and elementwise == "eager-hf":
+        activation = HF_GELU_NEW_OPS
     residuals = 2 + (2 if shape.dropout else 0)
     return projections + core + LAYOUT_OPS + norms + rotary + activation + residuals
 

@@ -61,9 +61,9 @@ _HF_CARD = "the model's Hugging Face page (safetensors parameter count)"
 # of 512.
 _LLAMA = dict(mlp="swiglu", norm="rmsnorm", bias=False, positions="rotary", dropout=False)
 PRESETS: dict[str, GPTShape] = {
-    "gpt2-124m": GPTShape(12, 768, 12, 50257, 1024, tied=True),
-    "gpt2-350m": GPTShape(24, 1024, 16, 50257, 1024, tied=True),
-    "gpt2-1.5b": GPTShape(48, 1600, 25, 50257, 1024, tied=True),
+    "gpt2-124m": GPTShape(12, 768, 12, 50257, 1024, tied=True, mlp="gelu_tanh"),
+    "gpt2-350m": GPTShape(24, 1024, 16, 50257, 1024, tied=True, mlp="gelu_tanh"),
+    "gpt2-1.5b": GPTShape(48, 1600, 25, 50257, 1024, tied=True, mlp="gelu_tanh"),
     "gpt-7.5b": GPTShape(36, 4096, 32, 50257, 2048, tied=True),
     "gpt3-175b": GPTShape(96, 12288, 96, 50257, 2048),
     "roberta-10b": GPTShape(50, 4096, 32, 50265, 512, causal=False),

@@ -75,6 +75,9 @@ _SDPA = ("Hugging Face transformers: attn_implementation='sdpa' is the default s
          "scaled_dot_product_attention runs FlashAttention-2 kernels for bf16 on Ampere and newer")
 _EAGER_CHAINS = ("norms and rotary as eager ATen chains (HF LlamaRMSNorm and apply_rotary_pos_emb; "
                  "torchtitan's RMSNorm without its fused Triton option)")
+_HF_CHAINS = ("Hugging Face modelling code: norms and rotary as eager ATen chains, eager attention's scale, "
+              "causal torch.where, padding mask and softmax as separate kernels (GPT2Attention._attn, "
+              "BertSelfAttention), GPT-2's gelu_new as a Python chain (activations.NewGELUActivation)")
 _EAGER_HOST = "eager PyTorch: 5-25 us of CPU per dispatched op (zero_sim.system.host_costs); 10 us taken"
 _STEP = ("clip_grad_norm_, optimizer.step with foreach kernels, zero_grad and the LR scheduler: about "
          "a hundred Python calls and a loss read per step, taken as 1 ms")
@@ -146,9 +149,9 @@ STACKS: dict[str, Stack] = {s.name: s for s in (
                                               "gradients are views of: no second copy"},
           grad_accum_dtype="fp32", gradient_as_bucket_view=True, hook_accumulates=True),
     Stack("hf-trainer", "Hugging Face Trainer or Accelerate: SDPA attention, eager norms and rotary, FSDP1, "
-          "AMP (autocast over fp32 weights), a loss check read on the host every step", "flash", "eager",
+          "AMP (autocast over fp32 weights), a loss check read on the host every step", "flash", "eager-hf",
           12.0, 3.0,
-          sources={"attention": _SDPA, "elementwise": _EAGER_CHAINS,
+          sources={"attention": _SDPA, "elementwise": _HF_CHAINS,
                    "kernel_host_us": "eager PyTorch (10 us) plus HF modules' keyword plumbing and the "
                                      "autocast dispatch key on every op: 12 us taken",
                    "step_host_ms": "Trainer's logging_nan_inf_filter (default True) reads torch.isnan(loss) "
@@ -158,10 +161,10 @@ STACKS: dict[str, Stack] = {s.name: s for s in (
                    "precision": _AMP_HF, "param_dtype": _ACCELERATE_FSDP, "reduce_dtype": _ACCELERATE_FSDP},
           precision="amp", param_dtype="bf16", reduce_dtype="bf16"),
     Stack("hf-trainer-2021", "Hugging Face Trainer before SDPA (transformers before v4.36, 2020-23): softmax "
-          "attention over materialized scores, eager norms, FSDP1", "eager", "eager", 12.0, 3.0,
+          "attention over materialized scores, eager norms, FSDP1", "eager", "eager-hf", 12.0, 3.0,
           sources={"attention": "HF modelling code computed softmax(QK^T)V in torch ops until SDPA became "
                                 "the default in v4.36 (December 2023)",
-                   "elementwise": _EAGER_CHAINS,
+                   "elementwise": _HF_CHAINS,
                    "kernel_host_us": "as hf-trainer: eager PyTorch plus HF modules' plumbing, 12 us taken",
                    "step_host_ms": "as hf-trainer: the Trainer's per-step loss check and callbacks, "
                                    "3 ms taken"}),

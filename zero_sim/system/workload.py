@@ -31,7 +31,7 @@ ATTENTION_IMPLS = ("flash", "flash1", "cudnn", "eager")
 # FlashAttention (Dao et al. 2022) is what torch's scaled_dot_product_attention runs for bf16 on
 # Ampere and newer GPUs, the setting of every preset here: it is the default.
 DEFAULT_ATTENTION = "flash"
-MLP_KINDS = ("gelu", "relu", "swiglu")
+MLP_KINDS = ("gelu", "gelu_tanh", "relu", "swiglu")
 NORMS = ("layernorm", "rmsnorm")
 POSITIONS = ("learned", "rotary", "alibi", "relative")
 RELATIVE_BUCKETS = 32  # T5's relative position buckets, one bias per bucket per head per stack
@@ -79,6 +79,11 @@ class Work:
     # HBM traffic of dequantizing quantized weights to bf16 before their GEMMs (QLoRA): paid once in
     # forward and once in backward (the input gradient's GEMM needs the weight again).
     dequantize_bytes: float = 0.0
+    # HBM traffic of memory-bound kernels counted op by op in each direction, outside the backward-
+    # over-forward rule (Hugging Face's separate attention-score kernels and gelu_new chain:
+    # zero_sim.system.elementwise.HF_EXTRA_BYTES).
+    listed_bytes_fwd: float = 0.0
+    listed_bytes_bwd: float = 0.0
 
 
 @dataclass(frozen=True)
