@@ -13,7 +13,7 @@ from zero_sim import simulate
 from zero_sim.cli import main
 from zero_sim.published import load_points
 from zero_sim.scenario import ScenarioError, resolve
-from zero_sim.system.elementwise import ELEMENTWISE_BYTES, HF_EXTRA_BYTES
+from zero_sim.system.elementwise import AUTOCAST_SCORE_BYTES, ELEMENTWISE_BYTES, HF_EXTRA_BYTES
 from zero_sim.system.gpt_layers import gpt_workload
 from zero_sim.system.gpus import GPUS
 from zero_sim.system.hardware import MEMORY_BWD_OVER_FWD, ComputeModel
@@ -93,6 +93,28 @@ def test_eager_hf_adds_to_gpt2_what_its_code_runs_and_nothing_to_an_sdpa_llama()
     assert llama_hf.work == llama_eager.work
     assert resolve(stack="hf-trainer").settings.elementwise == "eager-hf"
     assert resolve(stack="hf-trainer-2021").settings.elementwise == "eager-hf"
+
+
+def test_under_autocast_eager_attention_softmaxes_its_scores_in_fp32_and_flash_pays_nothing():
+    """The softmax is on autocast's fp32 list: cast up, softmax and dropout in fp32, cast back."""
+    cast_in, softmax, dropout, cast_out = (2, 4), (4 + 4) - (2 + 2), (4 + 4 + 1) - (2 + 2 + 1), (4, 2)
+    assert sum(cast_in) + softmax + dropout + sum(cast_out) == AUTOCAST_SCORE_BYTES[0] == 20
+    # backward: the casts' (2 + 4 and 4 + 2), dropout's and softmax's in fp32 against fp16
+    assert 6 + ((4 + 1 + 4) - (2 + 1 + 2)) + ((4 + 4 + 4) - (2 + 2 + 2)) + 6 == AUTOCAST_SCORE_BYTES[1]
+    plain, amp = ComputeModel(GPUS["V100"]), ComputeModel(GPUS["V100"], autocast=True)
+    eager = block("gpt2-350m", "eager-hf", attention="eager").work
+    scores = 16 * 4096 * 4096
+    rate = GPUS["V100"].hbm_gbps * 1e9 * plain.elementwise_efficiency
+    for i, direction in enumerate(("fwd", "bwd")):
+        extra = amp.op_seconds("block", direction, eager)["memory"] - \
+            plain.op_seconds("block", direction, eager)["memory"]
+        assert extra == pytest.approx(AUTOCAST_SCORE_BYTES[i] * scores / rate, rel=1e-9)
+    flash = block("gpt2-350m", "eager-hf").work
+    assert amp.op_seconds("block", "bwd", flash) == plain.op_seconds("block", "bwd", flash)
+    kw = dict(model="gpt2-350m", strategy="ddp", gpus=2, micro_batch=1, attention="eager", steps=1)
+    assert simulate(**kw, precision="amp").metrics["compute_time_s"] > \
+        simulate(**kw, precision="mixed").metrics["compute_time_s"]
+    assert resolve(stack="hf-trainer-2021", strategy="ddp").settings.precision == "amp"
 
 
 def test_ops_eager_pytorch_already_runs_as_one_kernel_cost_the_same_in_every_setting():

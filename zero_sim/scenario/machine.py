@@ -81,7 +81,7 @@ def compute_model(s: CommonSettings, gpu, calibration: Calibration | None) -> Co
                             slowest_rank_factor=c.slowest_rank_factor)
     return ComputeModel(gpu, efficiency=s.efficiency,
                         slowest_rank_factor=slowest_gpu_factor(s.gpus, s.gpu_spread),
-                        run_overhead=run_overhead_for(s, gpu))
+                        run_overhead=run_overhead_for(s, gpu), autocast=s.precision == "amp")
 
 
 def cores_shared(ranks: int, measured_ranks: int, cores: int | None) -> float:

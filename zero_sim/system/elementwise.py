@@ -103,6 +103,17 @@ ELEMENTWISE_BYTES["eager-hf"] = ELEMENTWISE_BYTES["eager"]
 HF_EXTRA_BYTES = {"scores": (8, 4), "causal_mask": (4, 4), "gelu_tanh": (32, 50)}
 
 
+# Under AMP (torch.autocast), eager attention's softmax is on autocast's fp32 list, so its scores
+# are cast up, softmaxed and dropped out in fp32 and cast back for the second matmul (GPT-2's
+# ``attn_weights.type(value.dtype)``, or autocast's own cast of the matmul's input).  Per score
+# element, beyond the fp16 softmax and dropout: forward the cast in (read 2, write 4), the softmax
+# in fp32 (4 + 4 against 2 + 2), the dropout in fp32 (4 + 4 + 1 against 2 + 2 + 1) and the cast out
+# (4 + 2): 6 + 4 + 4 + 6 = 20; backward the cast out's (2 + 4), the dropout's in fp32 (4 + 1 + 4
+# against 2 + 1 + 2), the softmax's in fp32 (4 + 4 + 4 against 2 + 2 + 2) and the cast in's
+# (4 + 2): 6 + 4 + 6 + 6 = 22.  Flash attention runs the whole core in half precision.
+AUTOCAST_SCORE_BYTES = (20, 22)
+
+
 def listed_bytes(elementwise: str) -> dict[str, tuple[int, int]]:
     """The chains the setting runs beyond fused kernels, counted op by op in both directions."""
     return HF_EXTRA_BYTES if elementwise == "eager-hf" else {}

@@ -70,6 +70,7 @@ from zero_sim.system.attention_kernels import (
     flash_forward,
     head_dim_factor,
 )
+from zero_sim.system.elementwise import AUTOCAST_SCORE_BYTES
 from zero_sim.system.gpus import GPU
 
 # --- the per-op model's shared constants --------------------------------------------------
@@ -140,6 +141,9 @@ class ComputeModel:
     # zero_sim.system.fp8.Fp8Training under --precision fp8: the blocks' GEMMs at its FP8 peak and
     # fraction of peak; None: every GEMM in bf16.
     fp8: Any = None
+    # The step runs under torch.autocast (--precision amp): eager attention's softmax and dropout in
+    # fp32 (zero_sim.system.elementwise.AUTOCAST_SCORE_BYTES).
+    autocast: bool = False
 
     @property
     def stretch(self) -> float:
@@ -234,6 +238,8 @@ class ComputeModel:
         dequantize = getattr(work, "dequantize_bytes", 0.0)  # quantized weights, once each way
         # kernels counted op by op in each direction (Hugging Face's chains), outside the rule above
         listed = getattr(work, "listed_bytes_fwd" if direction == "fwd" else "listed_bytes_bwd", 0.0)
+        if self.autocast and work.attention == "eager":
+            listed += AUTOCAST_SCORE_BYTES[0 if direction == "fwd" else 1] * _score_elements(work)
         return {"gemm": self.gemm_seconds(kind, direction, work),
                 "attention": self.attention_seconds(direction, work),
                 "memory": self._elementwise_seconds(work.memory_bytes) * mult

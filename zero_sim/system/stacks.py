@@ -167,7 +167,10 @@ STACKS: dict[str, Stack] = {s.name: s for s in (
                    "elementwise": _HF_CHAINS,
                    "kernel_host_us": "as hf-trainer: eager PyTorch plus HF modules' plumbing, 12 us taken",
                    "step_host_ms": "as hf-trainer: the Trainer's per-step loss check and callbacks, "
-                                   "3 ms taken"}),
+                                   "3 ms taken",
+                   "precision": "the Trainer's fp16=True ran native AMP (torch.cuda.amp autocast and "
+                                "GradScaler over fp32 weights) from transformers v4 on PyTorch 1.6+"},
+          precision="amp"),
     Stack("lightning", "PyTorch Lightning Trainer: the user's eager model with SDPA attention, FSDPStrategy "
           "(FSDP1), AMP (bf16-mixed: autocast over fp32 weights)", "flash", "eager",
           EAGER_KERNEL_HOST_US, 1.0,
