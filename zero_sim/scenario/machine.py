@@ -17,6 +17,7 @@ from zero_sim.system.fp8 import Fp8Training, fp8_training
 from zero_sim.system.gpu_spread import GPU_SPEED_SIGMA, slowest_gpu_factor
 from zero_sim.system.hardware import ComputeModel
 from zero_sim.system.host_costs import MeasuredHostCosts, host_costs
+from zero_sim.system.optimizer_kernels import optimizer_kernels
 from zero_sim.system.run_overheads import run_overhead
 from zero_sim.system.topology import Topology, build_topology
 from zero_sim.system.workload import Workload, WorkloadError
@@ -81,7 +82,8 @@ def compute_model(s: CommonSettings, gpu, calibration: Calibration | None) -> Co
                             slowest_rank_factor=c.slowest_rank_factor)
     return ComputeModel(gpu, efficiency=s.efficiency,
                         slowest_rank_factor=slowest_gpu_factor(s.gpus, s.gpu_spread),
-                        run_overhead=run_overhead_for(s, gpu), autocast=s.precision == "amp")
+                        run_overhead=run_overhead_for(s, gpu), autocast=s.precision == "amp",
+                        optimizer_bytes_per_param=optimizer_kernels(s.optimizer_impl).bytes_per_param)
 
 
 def cores_shared(ranks: int, measured_ranks: int, cores: int | None) -> float:
@@ -114,7 +116,7 @@ def host_pricing(workload, s: CommonSettings, calibration: Calibration | None, m
     host times a trace measured beside its kernel times, else nobody (a layer table timed end to end
     already holds them; CPU ranks' host *is* their compute)."""
     if modelled_gpu:
-        return host_costs(workload, s.kernel_host_us)
+        return host_costs(workload, s.kernel_host_us, optimizer_kernels(s.optimizer_impl).kernels_per_tensor)
     measured = measured_figure(calibration, "host_seconds")
     return MeasuredHostCosts(measured) if measured else None
 

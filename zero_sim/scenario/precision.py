@@ -32,6 +32,7 @@ from zero_sim.settings import ScenarioError
 from zero_sim.strategies import PRECISIONS
 from zero_sim.strategies.base import DTYPE_BYTES, Precision, Strategy
 from zero_sim.strategies.capabilities import DEEPSPEED
+from zero_sim.system.optimizer_kernels import optimizer_kernels
 from zero_sim.system.stacks import get_stack
 
 
@@ -61,7 +62,16 @@ def _dtype(nbytes: int) -> str:
 
 def precision_note(s: CommonSettings, p: Precision) -> str | None:
     """The dtypes assumed, in one line, under ``amp`` or when a setting moves one off its mode's
-    (the other modes' dtypes are their names')."""
+    (the other modes' dtypes are their names'), and Adam run as a per-parameter loop."""
+    dtypes = _dtypes_note(s, p)
+    if s.optimizer_impl != "per-param":
+        return dtypes
+    loop, before = optimizer_kernels("per-param"), dtypes or f"precision {s.precision}"
+    return (f"{before}; Adam as a per-parameter loop ({loop.kernels_per_tensor} kernels a tensor, "
+            f"{loop.bytes_per_param:g} B of traffic a parameter)")
+
+
+def _dtypes_note(s: CommonSettings, p: Precision) -> str | None:
     if p.compute_bytes is None and s.reduce_dtype is None and s.grad_accum_dtype is None:
         return None
     if p.compute_bytes is not None:

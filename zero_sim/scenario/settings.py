@@ -17,6 +17,7 @@ from zero_sim.strategies.base import DTYPE_BYTES
 from zero_sim.system.collectives import ALGORITHMS, BACKENDS
 from zero_sim.system.gpus import GPUS
 from zero_sim.system.model_presets import parse_count
+from zero_sim.system.optimizer_kernels import OPTIMIZER_IMPLS
 from zero_sim.system.stacks import DEFAULT_STACK
 from zero_sim.system.workload import ATTENTION_IMPLS, ELEMENTWISE_IMPLS, RECOMPUTE_MODES
 
@@ -84,6 +85,10 @@ COMMON: tuple[Setting, ...] = (
     Setting("grad_accum_dtype", None, "dtype gradients are held and accumulated in (default: the "
             "precision's); fp32 under bf16 weights also keeps the bf16 gradients backward writes", str,
             ("bf16", "fp32"), section="training"),
+    Setting("optimizer_impl", None, "how Adam's update runs: fused (one multi-tensor pass, 28 B a "
+            "parameter) or per-param (a Python loop, 7 kernels a tensor, 76 B a parameter: transformers' "
+            "own AdamW, torch.optim before foreach); default: the stack's, else fused", str, OPTIMIZER_IMPLS,
+            section="training"),
     Setting("optimizer_k", None, "bytes of optimizer state per parameter (overrides the precision's K)", int,
             ge=0, le=1024, section="training"),
     Setting("lora_rank", None, "fine-tune with LoRA adapters of this rank: every model weight frozen, "

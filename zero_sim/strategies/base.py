@@ -88,6 +88,13 @@ class Context:
     def backward_host_s(self, layer: Layer) -> float | None:
         return self.host.backward_s(layer.kind) if self.host is not None else None
 
+    def update_host_s(self, layer: Layer) -> float | None:
+        """The host's launches of the layer's update by a per-tensor optimizer; None for a multi-tensor
+        one."""
+        if self.host is None:
+            return None
+        return self.host.update_s(sum(1 for t in layer.tensors if t.trainable))
+
     @property
     def nodes(self) -> int:
         return self.world_size // self.gpus_per_node
@@ -335,7 +342,8 @@ class Step:
         for layer in layers or self.w.layers:
             updated = int(layer.trainable_numel * share)
             ops.append(self.b.compute(opt(layer.index), OPTIMIZER, seconds(updated), layer=layer.index,
-                                      deps=deps, host_s=None if host is None else host * updated))
+                                      deps=deps, host_s=host * updated if host is not None
+                                      else self.ctx.update_host_s(layer)))
         return ops
 
 

@@ -49,7 +49,9 @@ the scores eager attention's batched GEMMs write and read.
 The optimizer step of mixed-precision Adam reads the bf16 gradient and the fp32 master
 weights, momentum and variance, and writes the last three plus the bf16 parameters:
 ``2 + 12 + 12 + 2 = 28`` bytes of HBM traffic per parameter it owns, at the stream-copy
-fraction of HBM bandwidth (its multi-tensor kernels stream large buffers; not measured).
+fraction of HBM bandwidth (its multi-tensor kernels stream large buffers; not measured).  A
+per-parameter Python loop (``--optimizer-impl per-param``) moves 76 and launches 7 kernels a
+tensor (:mod:`zero_sim.system.optimizer_kernels`).
 
 Under ``--precision fp8`` the blocks' GEMMs take the GPU's FP8 peak on the same curve
 (:meth:`ComputeModel.gemm_rate`; the model and its casts are :mod:`zero_sim.system.fp8`).
@@ -72,6 +74,7 @@ from zero_sim.system.attention_kernels import (
 )
 from zero_sim.system.elementwise import AUTOCAST_SCORE_BYTES
 from zero_sim.system.gpus import GPU
+from zero_sim.system.optimizer_kernels import OPTIMIZER_KERNELS
 
 # --- the per-op model's shared constants --------------------------------------------------
 
@@ -100,7 +103,7 @@ EAGER_SOFTMAX_SCORE_BYTES_FWD = 4
 FLAT_DEFAULT_EFFICIENCY = 0.5
 FLAT_DEFAULT_MEMORY_EFFICIENCY = 0.8
 
-ADAM_BYTES_PER_PARAM = 28
+ADAM_BYTES_PER_PARAM = OPTIMIZER_KERNELS["fused"].bytes_per_param
 
 
 # Compute overlapped by a collective runs this much slower, for as long as the overlap lasts
@@ -144,6 +147,8 @@ class ComputeModel:
     # The step runs under torch.autocast (--precision amp): eager attention's softmax and dropout in
     # fp32 (zero_sim.system.elementwise.AUTOCAST_SCORE_BYTES).
     autocast: bool = False
+    # HBM bytes of the optimizer's update per parameter (zero_sim.system.optimizer_kernels).
+    optimizer_bytes_per_param: float = ADAM_BYTES_PER_PARAM
 
     @property
     def stretch(self) -> float:
@@ -356,7 +361,7 @@ class ComputeModel:
     def optimizer_time(self, params: int) -> float:
         if self.optimizer_seconds_per_param is not None:
             return params * self.optimizer_seconds_per_param
-        return self._memory_seconds(params * ADAM_BYTES_PER_PARAM) * self.stretch
+        return self._memory_seconds(params * self.optimizer_bytes_per_param) * self.stretch
 
     def copy_time(self, nbytes: float) -> float:
         """A memory-bound copy kernel that moves ``nbytes`` (reads plus writes) through HBM."""

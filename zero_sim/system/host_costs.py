@@ -98,12 +98,21 @@ class HostCosts:
     shape: object  # the workload's GPTShape
     attention: str
     elementwise: str
+    # The optimizer's launches per parameter tensor (zero_sim.system.optimizer_kernels; 0: a
+    # multi-tensor pass, whose few launches are not counted).
+    optimizer_kernels_per_tensor: int = 0
 
     def forward_s(self, kind: str) -> float:
         return self.kernel_host_s * layer_forward_ops(kind, self.shape, self.attention, self.elementwise)
 
     def backward_s(self, kind: str) -> float:
         return BACKWARD_HOST_FACTOR * self.forward_s(kind)
+
+    def update_s(self, tensors: int) -> float | None:
+        """Host time to launch the update of ``tensors`` parameter tensors; None for a multi-tensor pass."""
+        if not self.optimizer_kernels_per_tensor:
+            return None
+        return self.kernel_host_s * self.optimizer_kernels_per_tensor * tensors
 
 
 @dataclass(frozen=True)
@@ -120,11 +129,15 @@ class MeasuredHostCosts:
     def backward_s(self, kind: str) -> float:
         return self.seconds.get(kind, {}).get("bwd", 0.0)
 
+    def update_s(self, tensors: int) -> None:
+        """A trace's update host time is the calibration's optimizer figure, not this."""
+        return None
 
-def host_costs(workload, kernel_host_us: float) -> HostCosts | None:
+
+def host_costs(workload, kernel_host_us: float, optimizer_kernels_per_tensor: int = 0) -> HostCosts | None:
     """The host model for a GPT workload at ``kernel_host_us`` per op; None without a shape
     (a workload read off a module) or at zero cost."""
     if kernel_host_us <= 0 or workload.shape is None:
         return None
     return HostCosts(kernel_host_us * 1e-6, workload.shape, workload.attention or "flash",
-                     workload.elementwise or "fused")
+                     workload.elementwise or "fused", optimizer_kernels_per_tensor)

@@ -55,6 +55,9 @@ class Stack:
     reduce_dtype: str | None = None  # and reduced gradients (fsdp only)
     grad_accum_dtype: str | None = None  # what the trainer accumulates gradients in (every strategy)
     gradient_as_bucket_view: bool | None = None  # DDP reduces from the gradients' own buffer (ddp only)
+    # How the trainer's own optimizer runs Adam (zero_sim.system.optimizer_kernels); a DeepSpeed engine
+    # runs its own FusedAdam.
+    optimizer_impl: str | None = None
     # Gradients accumulated in fp32 by the trainer's own hook, which adds each half-precision .grad
     # into the fp32 buffer and drops it (Megatron's main_grad): no copy kept beside them, whatever the
     # strategy (zero_sim.scenario.precision).
@@ -67,7 +70,8 @@ class Stack:
                   "kernel_host_us": self.kernel_host_us, "step_host_ms": self.step_host_ms,
                   "copies": self.copies, "precision": self.precision, "param_dtype": self.param_dtype,
                   "reduce_dtype": self.reduce_dtype, "grad_accum_dtype": self.grad_accum_dtype,
-                  "gradient_as_bucket_view": self.gradient_as_bucket_view}
+                  "gradient_as_bucket_view": self.gradient_as_bucket_view,
+                  "optimizer_impl": self.optimizer_impl}
         return {k: v for k, v in values.items() if v is not None}
 
 
@@ -161,7 +165,8 @@ STACKS: dict[str, Stack] = {s.name: s for s in (
                    "precision": _AMP_HF, "param_dtype": _ACCELERATE_FSDP, "reduce_dtype": _ACCELERATE_FSDP},
           precision="amp", param_dtype="bf16", reduce_dtype="bf16"),
     Stack("hf-trainer-2021", "Hugging Face Trainer before SDPA (transformers before v4.36, 2020-23): softmax "
-          "attention over materialized scores, eager norms, FSDP1", "eager", "eager-hf", 12.0, 3.0,
+          "attention over materialized scores, eager norms, FSDP1, AMP, transformers' own AdamW", "eager",
+          "eager-hf", 12.0, 3.0,
           sources={"attention": "HF modelling code computed softmax(QK^T)V in torch ops until SDPA became "
                                 "the default in v4.36 (December 2023)",
                    "elementwise": _HF_CHAINS,
@@ -169,8 +174,10 @@ STACKS: dict[str, Stack] = {s.name: s for s in (
                    "step_host_ms": "as hf-trainer: the Trainer's per-step loss check and callbacks, "
                                    "3 ms taken",
                    "precision": "the Trainer's fp16=True ran native AMP (torch.cuda.amp autocast and "
-                                "GradScaler over fp32 weights) from transformers v4 on PyTorch 1.6+"},
-          precision="amp"),
+                                "GradScaler over fp32 weights) from transformers v4 on PyTorch 1.6+",
+                   "optimizer_impl": "the Trainer's default optimizer was transformers' own AdamW "
+                                     "(adamw_hf), a Python loop over the parameters"},
+          precision="amp", optimizer_impl="per-param"),
     Stack("lightning", "PyTorch Lightning Trainer: the user's eager model with SDPA attention, FSDPStrategy "
           "(FSDP1), AMP (bf16-mixed: autocast over fp32 weights)", "flash", "eager",
           EAGER_KERNEL_HOST_US, 1.0,
@@ -208,7 +215,7 @@ CPU_STACK = "ideal"
 # PyTorch runs the model.
 FSDP_SETTINGS = ("copies", "param_dtype", "reduce_dtype")
 DDP_SETTINGS = ("gradient_as_bucket_view",)
-PYTORCH_SETTINGS = ("precision",)
+PYTORCH_SETTINGS = ("precision", "optimizer_impl")
 # A stack's FSDP dtypes are the policy of its precision: a run given another precision has its own.
 POLICY_SETTINGS = ("param_dtype", "reduce_dtype")
 
