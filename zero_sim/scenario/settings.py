@@ -121,8 +121,10 @@ COMMON: tuple[Setting, ...] = (
             section="workload"),
     Setting("elementwise", None, "norms and rotary embeddings: fused (one HBM round trip "
             "each, as fused or compiled kernels), fused-norm (fused norms, eager rotary), eager (the "
-            "chain of ATen kernels eager PyTorch runs) or eager-fms (eager with foundation-model-stack's "
-            "real-rotation rotary); default: the stack's", str, ELEMENTWISE_IMPLS, section="workload"),
+            "chain of ATen kernels eager PyTorch runs), eager-fms (eager with foundation-model-stack's "
+            "real-rotation rotary) or eager-hf (eager with Hugging Face code's separate attention-score "
+            "kernels and GPT-2's gelu_new chain); default: the stack's", str, ELEMENTWISE_IMPLS,
+            section="workload"),
     Setting("efficiency", None, "a flat fraction of peak FLOP/s for all compute (default: the GPU's per-op "
             "model)", float, gt=0, le=1, section="hardware"),
     Setting("run_overhead", None, "factor on modelled compute time for what whole runs lose that kernel "
