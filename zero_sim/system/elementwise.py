@@ -47,8 +47,10 @@ resolution):
   eager RMSNorm saves for backward (its input's fp32 copy and its bf16 output, 6 bytes an
   element against the input's 2), so saved activations are the same in every setting.
 
-Eager backward chains are taken at the same ratio: backward moves twice the forward's bytes
-in every setting (:mod:`zero_sim.system.hardware`), except the kernels ``"eager-hf"`` lists.
+Eager backward chains are taken at the same ratio: backward moves 2.6 times the forward's bytes
+in every setting (:mod:`zero_sim.system.hardware`), except the kernels ``"eager-hf"`` lists and
+autocast's fp32 softmax over eager attention's scores (:data:`AUTOCAST_SCORE_BYTES`), each
+counted kernel by kernel in both directions.
 """
 
 from __future__ import annotations
@@ -95,6 +97,7 @@ ELEMENTWISE_BYTES = {
 # q.float() 2+4; freqs.mul(q_) reads fp32 q (4) and writes a 2 x 2 product per pair, fp32 twice
 # q's size (8); sum(5) reads that (8), writes 4; type_as 4+2: fms's RotaryEmbedding.adjusted_qk.
 ELEMENTWISE_BYTES["eager-fms"] = ELEMENTWISE_BYTES["eager"] | {"rotary": 36}
+ELEMENTWISE_BYTES["fused-norm"] = _FUSED_BYTES | {"rotary": ELEMENTWISE_BYTES["eager"]["rotary"]}
 ELEMENTWISE_BYTES["eager-hf"] = ELEMENTWISE_BYTES["eager"]
 # What "eager-hf" runs beyond the fused kernel of the same key, per element: (forward, backward)
 # HBM bytes, each counted kernel by kernel (module docstring).  "scores": the separate scale and
@@ -117,6 +120,3 @@ AUTOCAST_SCORE_BYTES = (20, 22)
 def listed_bytes(elementwise: str) -> dict[str, tuple[int, int]]:
     """The chains the setting runs beyond fused kernels, counted op by op in both directions."""
     return HF_EXTRA_BYTES if elementwise == "eager-hf" else {}
-
-
-ELEMENTWISE_BYTES["fused-norm"] = _FUSED_BYTES | {"rotary": ELEMENTWISE_BYTES["eager"]["rotary"]}
