@@ -9,8 +9,9 @@ settings in :mod:`zero_sim.scenario.settings`, each strategy's knobs beside it) 
 machine (:mod:`zero_sim.scenario.machine`: topology, compute model, host costs, precision), what
 is offloaded (:func:`zero_sim.strategies.features.offload_plan`) and the strategy's context,
 refusing what cannot be simulated in one sentence; then the strategy's program runs on the
-engine, and the result carries the typed :class:`~zero_sim.scenario.types.Scenario` it was
-simulated with (a knob given to a strategy that does not take it is refused naming its owners).
+engine, and :mod:`zero_sim.scenario.reporting` turns the run into the result, which carries the
+typed :class:`~zero_sim.scenario.types.Scenario` it was simulated with (a knob given to a
+strategy that does not take it is refused naming its owners).
 """
 
 from __future__ import annotations
@@ -25,13 +26,10 @@ from zero_sim.engine.cpu_device import CpuDevice
 from zero_sim.engine.engine import Engine, cyclic_gc_paused
 from zero_sim.engine.gpu_device import GpuDevice
 from zero_sim.engine.program import Program
-from zero_sim.engine.retime import Timeline, timeline_of
-from zero_sim.engine.run_types import EngineConfig, RunOutput, Straggler
+from zero_sim.engine.run_types import EngineConfig, Straggler
 from zero_sim.engine.shared_cores import SharedCores
-from zero_sim.intervals.memory import with_interval
-from zero_sim.intervals.sampling import Setting
-from zero_sim.intervals.speed import confidence_fields, later_interval
-from zero_sim.results import SimResult, allocator_reserve, compute_metrics, context_gb
+from zero_sim.intervals.speed import later_interval
+from zero_sim.results import SimResult, allocator_reserve, context_gb
 from zero_sim.scenario.inputs import canonical_names, with_stack
 from zero_sim.scenario.machine import (
     compute_model,
@@ -43,7 +41,9 @@ from zero_sim.scenario.machine import (
     step_host_s,
     topology_for,
 )
-from zero_sim.scenario.precision import precision_note, precision_of
+from zero_sim.scenario.precision import precision_of
+from zero_sim.scenario.prepared import Prepared
+from zero_sim.scenario.reporting import interval_inputs, result_of
 from zero_sim.scenario.settings import (
     COMMON,
     COMMON_NAMES,
@@ -61,13 +61,11 @@ from zero_sim.strategies.features import offload_plan
 from zero_sim.system.collectives import CollectiveModel
 from zero_sim.system.gpt_layers import gpt_workload
 from zero_sim.system.gpus import GPUS
-from zero_sim.system.hardware import ComputeModel, default_overlap_slowdown
-from zero_sim.system.input_spreads import unfitted_features
+from zero_sim.system.hardware import default_overlap_slowdown
 from zero_sim.system.lora import DEFAULT_TARGETS, with_lora
 from zero_sim.system.model_presets import PRESETS, human_params, preset, synthesize_shape
 from zero_sim.system.topology import PRESETS as TOPOLOGIES
 from zero_sim.system.workload import Workload, WorkloadError
-from zero_sim.system.zeropp import ZeroPP
 from zero_sim.vocabulary import PARAMS
 
 
@@ -180,25 +178,6 @@ def _resolve_with_config(kwargs: dict, reading) -> Resolved:
     for finish in reading.finish:
         finish(values)
     return replace(r, settings=CommonSettings(**values))
-
-
-@dataclass(frozen=True)
-class Prepared:
-    """A scenario checked up to the program: every setting resolved, the workload, topology,
-    compute model and the strategy's context built, and the strategy's own checks passed."""
-
-    reading: Any  # ConfigReading of a --*-config file, or None
-    settings: CommonSettings
-    knobs: Any  # the strategy's typed knobs
-    strategy: Any
-    calibration: Calibration | None
-    workload: Workload
-    topology: Any
-    gpu: Any
-    compute: ComputeModel
-    ctx: Context
-    stack_notes: tuple[str, ...] = ()
-    stack_given: bool = False
 
 
 def prepare(workload: Workload | None = None, **kwargs) -> Prepared:
@@ -346,59 +325,6 @@ def _scenario(p: Prepared, figures: RankFigures) -> Scenario:
     }, p.knobs)
 
 
-def _interval_inputs(p: Prepared, program: Program, run: RunOutput,
-                     engine: Engine) -> tuple[Timeline, Setting]:
-    """The recorded step to re-time and what the inputs' spreads depend on (zero_sim.intervals.sampling)."""
-    s = p.settings
-    timeline = timeline_of(program, run.op_seconds, s.steps, s.host_overhead_us * 1e-6,
-                           engine.backend.always_after_compute)
-    return timeline, Setting(p.gpu.name, p.stack_given, s.gpus, p.topology.ranks_per_node,
-                             unfitted_features(s, p.knobs))
-
-
-def _result(p: Prepared, program: Program, run: RunOutput, scenario: Scenario,
-            interval: tuple[Timeline, Setting] | None = None) -> SimResult:
-    s, reading = p.settings, p.reading
-    tokens = s.gpus * p.workload.tokens_per_micro_batch * s.grad_accum
-    metrics = compute_metrics(run, program, scenario, s.gpus, tokens, p.gpu.hbm_bytes,
-                              context_bytes=int(round(scenario.hardware.cuda_context_gb * 1e9)),
-                              allocator_reserve=scenario.hardware.allocator_reserve)
-    # Offloaded states: where they live, what updates them, and whether the nodes' RAM holds them.
-    if p.ctx.offload is not None:
-        p.ctx.offload.results(metrics, program, p.topology, run)
-    # How sure "it fits" is: reserved memory's 80% interval and the verdict (zero_sim.intervals.memory).
-    metrics["memory"] = with_interval(metrics["memory"])
-    modelled = is_modelled_gpu(p.gpu, p.calibration)
-    metrics |= confidence_fields(metrics, scenario, p.gpu.peak_flops, modelled, *(interval or (None, None)),
-                                 needed_flops=p.workload.needed_flops() * s.grad_accum)
-    # The most each kernel family reaches, which MFU stays below (zero_sim.system.hardware).
-    metrics["kernel_ceilings"] = (p.compute.kernel_ceilings(p.workload.attention or "flash")
-                                  if modelled else None)
-    # What a configuration file set, ignored (and why) or had overridden, beside the figures it produced.
-    metrics["config_notes"] = reading.notes if reading is not None else []
-    # The stack assumed in one line, then each setting given that overrides it.
-    metrics["stack_notes"] = list(p.stack_notes)
-    # With frozen weights (LoRA), what trains: gradients, optimizer state and reductions are for these.
-    metrics["trainable_params"] = p.workload.trainable_params
-    if s.lora_rank is not None:
-        base = ", base in 4-bit NF4 (QLoRA)" if s.lora_base == "nf4" else ""
-        metrics["lora"] = f"r={s.lora_rank} on {s.lora_targets or DEFAULT_TARGETS}{base}"
-    # Under --precision fp8, what ran in float8 and the sources of its rates (zero_sim.system.fp8).
-    metrics["fp8"] = p.compute.fp8.record() if p.compute.fp8 is not None else None
-    # The dtypes a precision mode or --reduce-dtype / --grad-accum-dtype set, in one line; None by default.
-    metrics["precision"] = precision_note(s, p.ctx.precision)
-    # ZeRO++'s parts assumed (zero3 only), in one line; None when off.
-    metrics["zeropp"] = ZeroPP.from_knobs(p.knobs).describe(
-        p.topology.nodes, p.workload.params, p.ctx.precision.param_bytes) or None
-    # A calibration replaces presets: say which figures came from it (as the scenario already states).
-    metrics["calibration"] = scenario.inputs.calibration
-    ends = run.step_ends[run.simulated_ranks[0]]
-    window = (ends[-2] if len(ends) > 1 else 0.0, ends[-1])
-    notes = list(p.stack_notes) + list(program.notes) + (reading.notes if reading is not None else [])
-    return SimResult(metrics, run.records, run.memory, scenario, window, s.gpus, run.simulated_ranks, notes,
-                     run.events)
-
-
 def simulate(workload: Workload | None = None, *, interval: bool | str = True, **kwargs) -> SimResult:
     """Simulate one training configuration; keywords are the CLI flags with underscores.
 
@@ -412,8 +338,8 @@ def simulate(workload: Workload | None = None, *, interval: bool | str = True, *
     with cyclic_gc_paused():  # the run allocates much and frees little: no cyclic collections meanwhile
         engine = _engine(p, program, figures)
         run = engine.run()
-        inputs = _interval_inputs(p, program, run, engine) if interval else None
-        result = _result(p, program, run, _scenario(p, figures), inputs if interval is True else None)
+        inputs = interval_inputs(p, program, run, engine) if interval else None
+        result = result_of(p, program, run, _scenario(p, figures), inputs if interval is True else None)
         if interval == "later":
             modelled = is_modelled_gpu(p.gpu, p.calibration)
             result.later_interval = later_interval(result.metrics, result.scenario, modelled, *inputs)
