@@ -63,10 +63,10 @@ def _dtype(nbytes: int) -> str:
 def precision_note(s: CommonSettings, p: Precision) -> str | None:
     """The dtypes assumed, in one line, under ``amp`` or when a setting moves one off its mode's
     (the other modes' dtypes are their names'), and Adam run as a per-parameter loop."""
-    dtypes = _dtypes_note(s, p)
-    if s.optimizer_impl != "per-param":
+    dtypes, loop = _dtypes_note(s, p), optimizer_kernels(s.optimizer_impl)
+    if not loop.kernels_per_tensor:  # a multi-tensor pass: the default, nothing to say
         return dtypes
-    loop, before = optimizer_kernels("per-param"), dtypes or f"precision {s.precision}"
+    before = dtypes or f"precision {s.precision}"
     return (f"{before}; Adam as a per-parameter loop ({loop.kernels_per_tensor} kernels a tensor, "
             f"{loop.bytes_per_param:g} B of traffic a parameter)")
 
